@@ -1,0 +1,53 @@
+"""The OpenAI error envelope and the errors the API raises."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from .schemas import ErrorBody, ErrorEnvelope, encoder
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or []
+
+    def body(self) -> bytes:
+        return encoder.encode(ErrorEnvelope(ErrorBody(self.message, self.type, self.param, self.code)))
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+_AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+
+
+def from_validation(err: msgspec.MsgspecError) -> ApiError:
+    """A 400 naming the offending field, from a msgspec decode/validation error."""
+    text = str(err)
+    m = _AT_PATH.search(text)
+    param = None
+    if m:
+        param = m.group("path").lstrip(".") or None
+        text = text[: m.start()]
+    if isinstance(err, msgspec.ValidationError):
+        msg = f"invalid value for '{param}': {text}" if param else f"invalid request body: {text}"
+        return ApiError(400, msg, param=param, code="invalid_value")
+    return ApiError(400, f"request body is not valid JSON: {text}", code="invalid_json")

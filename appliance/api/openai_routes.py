@@ -1,0 +1,201 @@
+"""POST /v1/chat/completions, POST /v1/completions, GET /v1/models."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Callable
+
+import msgspec
+
+from ..config import Config
+from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
+from .errors import ApiError, from_validation
+from .generation import (
+    Generations,
+    chat_messages,
+    collect,
+    completion_prompts,
+    deadline,
+    failure_error,
+    generation_limits,
+    render_chat,
+    resolve_runner,
+    sampling_params,
+    stop_list,
+)
+from .http import EventStream, Request
+from .schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Delta,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+
+FINGERPRINT = "eie"
+_chat_decoder = msgspec.json.Decoder(ChatRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def _decode(decoder: msgspec.json.Decoder, body: bytes):
+    try:
+        return decoder.decode(body)
+    except msgspec.MsgspecError as e:
+        raise from_validation(e) from None
+
+
+def _usage(outs_prompt: int, completion: int) -> Usage:
+    return Usage(outs_prompt, completion, outs_prompt + completion)
+
+
+class OpenAIRoutes:
+    def __init__(self, config: Config, runners: dict[str, ModelRunner]):
+        self.config = config
+        self.runners = runners
+        self.created = int(time.time())
+
+    async def models(self, request: Request) -> None:
+        cards = [ModelCard(name, self.created, "eie", r.state) for name, r in self.runners.items()]
+        await request.json(200, ModelList(cards))
+
+    async def chat(self, request: Request) -> None:
+        req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        runner = resolve_runner(self.runners, req.model)
+        messages = chat_messages(req)
+        params = sampling_params(req, runner.vocab.n_vocab)
+        prompt = await asyncio.to_thread(render_chat, runner, messages)
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = generation_limits(self.config, runner, prompt, requested, None, "messages")
+        stops = stop_list(req)
+        until = deadline(self.config)
+        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stops, until) for _ in range(req.n)])
+        await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
+                        self._chat_stream, self._chat_response, req.model)
+
+    async def completions(self, request: Request) -> None:
+        req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        runner = resolve_runner(self.runners, req.model)
+        params = sampling_params(req, runner.vocab.n_vocab)
+        prompts = await asyncio.to_thread(completion_prompts, runner, req)
+        # OpenAI's default for the legacy completions endpoint is 16 tokens.
+        limits = [generation_limits(self.config, runner, p, req.max_tokens, 16, "prompt") for p in prompts]
+        stops = stop_list(req)
+        until = deadline(self.config)
+        seqs = [
+            GenerationRequest(p, m, params, stops, until) for p, m in zip(prompts, limits) for _ in range(req.n)
+        ]
+        await self._run(request, Generations(runner, seqs), req.stream,
+                        req.stream_options and req.stream_options.include_usage,
+                        self._completion_stream, self._completion_response, req.model)
+
+    async def _run(self, request: Request, gens: Generations, stream: bool, include_usage: bool | None,
+                   streamer: Callable, responder: Callable, model: str) -> None:
+        gens.start()
+        watcher = asyncio.ensure_future(request.watch_disconnect())
+        disconnect = asyncio.ensure_future(request.disconnected.wait())
+        disconnect.add_done_callback(lambda _: gens.cancel())
+        try:
+            if stream:
+                await streamer(request, gens, bool(include_usage), model)
+            else:
+                outs = await collect(gens)
+                await request.json(200, responder(outs, model))
+        finally:
+            gens.cancel() if gens.pending else None
+            watcher.cancel()
+            disconnect.cancel()
+
+    # ---- chat ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _chat_response(outs, model: str) -> ChatCompletion:
+        choices = [ChatChoice(i, AssistantMessage("assistant", o.text), o.finish_reason) for i, o in enumerate(outs)]
+        completion = sum(o.completion_tokens for o in outs)
+        return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
+                              _usage(outs[0].prompt_tokens, completion), system_fingerprint=FINGERPRINT)
+
+    async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str) -> None:
+        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        sse = EventStream(request)
+
+        def chunk(choices, usage=None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
+
+        await self._stream(
+            sse, gens, include_usage,
+            first=lambda i: chunk([ChatChunkChoice(i, Delta(role="assistant", content=""))]),
+            delta=lambda i, text: chunk([ChatChunkChoice(i, Delta(content=text))]),
+            final=lambda i, reason: chunk([ChatChunkChoice(i, Delta(), reason)]),
+            usage=lambda u: chunk([], u),
+        )
+
+    # ---- completions -----------------------------------------------------------------------
+
+    @staticmethod
+    def _completion_response(outs, model: str) -> Completion:
+        choices = [CompletionChoice(i, o.text, o.finish_reason) for i, o in enumerate(outs)]
+        prompt = sum(o.prompt_tokens for o in outs)
+        completion = sum(o.completion_tokens for o in outs)
+        return Completion(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
+                          system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion))
+
+    async def _completion_stream(self, request: Request, gens: Generations, include_usage: bool, model: str) -> None:
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        sse = EventStream(request)
+
+        def chunk(choices, usage=None) -> Completion:
+            return Completion(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
+
+        await self._stream(
+            sse, gens, include_usage,
+            first=None,
+            delta=lambda i, text: chunk([CompletionChoice(i, text, None)]),
+            final=lambda i, reason: chunk([CompletionChoice(i, "", reason)]),
+            usage=lambda u: chunk([], u),
+        )
+
+    # ---- shared streaming loop -------------------------------------------------------------
+
+    @staticmethod
+    async def _stream(sse: EventStream, gens: Generations, include_usage: bool, *, first, delta, final, usage) -> None:
+        """Relay events as SSE; a failure before the first byte keeps its HTTP status."""
+        opened: set[int] = set()
+        prompt_tokens: dict[int, int] = {}
+        completion = 0
+        try:
+            async for i, ev in gens.events():
+                if isinstance(ev, Failed):
+                    err = failure_error(ev)
+                    if not sse.started:
+                        raise err
+                    await sse.raw(b"data: " + err.body() + b"\n\n")
+                    gens.cancel()
+                    break
+                if first is not None and i not in opened:
+                    opened.add(i)
+                    await sse.event(first(i))
+                if isinstance(ev, TextDelta):
+                    await sse.event(delta(i, ev.text))
+                elif isinstance(ev, Finished):
+                    prompt_tokens[i] = ev.prompt_tokens
+                    completion += ev.completion_tokens
+                    await sse.event(final(i, ev.reason))
+            else:
+                if include_usage:
+                    await sse.event(usage(_usage(next(iter(prompt_tokens.values()), 0), completion)))
+            await sse.raw(b"data: [DONE]\n\n")
+            await sse.close()
+        except OSError:  # client went away mid-stream
+            gens.cancel()

@@ -1,0 +1,171 @@
+"""OpenAI-compatible request and response schemas (msgspec).
+
+Unknown request fields are ignored, as OpenAI-compatible servers do, so newer SDKs keep
+working; fields we know but cannot honour are refused by the handlers with the field named.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+MaxTokens = Annotated[int, Meta(ge=1, le=1_048_576)]
+StopList = Annotated[list[Annotated[str, Meta(min_length=1, max_length=512)]], Meta(max_length=16)]
+
+
+class TextPart(Struct, frozen=True, forbid_unknown_fields=False):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Struct, frozen=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(Struct, frozen=True):
+    include_usage: bool = False
+
+
+class ResponseFormat(Struct, frozen=True):
+    type: str = "text"
+
+
+class SamplingFields(Struct, frozen=True, kw_only=True):
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: Probability = 1.0
+    top_k: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    min_p: Probability = 0.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] = 1.0
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
+    stop: Annotated[str, Meta(min_length=1, max_length=512)] | StopList | None = None
+    n: Annotated[int, Meta(ge=1, le=16)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    logprobs: bool | int | None = None
+    user: str | None = None
+
+
+class ChatRequest(SamplingFields, frozen=True, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: MaxTokens | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
+    # A string, a list of strings, or a list of token ids (checked by the handler).
+    prompt: str | list[str | int]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+class Usage(Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(Struct, frozen=True):
+    role: str
+    content: str
+
+
+class ChatChoice(Struct, frozen=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(Struct, frozen=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: str = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class Delta(Struct, frozen=True, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(Struct, frozen=True):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(Struct, frozen=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: str = "chat.completion.chunk"
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+
+
+class CompletionChoice(Struct, frozen=True):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class Completion(Struct, frozen=True):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+
+
+class ModelCard(Struct, frozen=True):
+    id: str
+    created: int
+    owned_by: str
+    state: str
+    object: str = "model"
+
+
+class ModelList(Struct, frozen=True):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class ErrorBody(Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(Struct, frozen=True):
+    error: ErrorBody
+
+
+encoder = msgspec.json.Encoder()

@@ -1,0 +1,74 @@
+"""The `eie` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import __version__
+from .config import ConfigError, load_config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"eie: invalid configuration {e.source}:", file=sys.stderr)
+        for p in e.problems:
+            print(f"  {p}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from .api.app import App
+    from .engine.manager import ModelManager
+
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+    app = App(config, ModelManager(config))
+    uv = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(uv).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eie", description="EIE edge inference appliance")
+    parser.add_argument("--version", action="version", version=f"eie {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the models of a config file")
+    serve.add_argument("--config", required=True, help="YAML config file (see presets/)")
+    serve.add_argument("--host", help="listen address (overrides server.host)")
+    serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    check = sub.add_parser("check-config", help="validate a config file and print its problems")
+    check.add_argument("config")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, getattr(args, "log_level", "info").upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check-config":
+        try:
+            load_config(args.config)
+        except ConfigError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        print(f"{args.config}: ok")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

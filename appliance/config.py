@@ -1,0 +1,305 @@
+"""YAML configuration → immutable msgspec Structs, with every problem reported by key path.
+
+msgspec stops at the first error, so `load_config` first walks the raw YAML against the
+schema (unknown keys, types, bounds, allowed values) and collects one message per problem,
+then runs the cross-field checks, and only then converts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import msgspec
+import yaml
+from msgspec import Meta, Struct, field
+from msgspec import inspect as mi
+
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+FlashAttn = Literal["auto", "on", "off"]
+Strategy = Literal["fixed-appliance"]
+
+Port = Annotated[int, Meta(ge=1, le=65535)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+ModelName = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+
+
+class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    mode: KvType = "f16"
+    # Optional asymmetric override for K (K is more sensitive to quantization than V).
+    k: KvType | None = None
+
+    @property
+    def type_k(self) -> str:
+        return self.k or self.mode
+
+    @property
+    def type_v(self) -> str:
+        return self.mode
+
+
+class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    name: ModelName
+    path: Annotated[str, Meta(min_length=1)]
+    # Context length of one sequence; the context holds n_ctx * n_parallel tokens of KV.
+    n_ctx: Annotated[int, Meta(ge=256, le=1_048_576)] = 4096
+    n_parallel: Annotated[int, Meta(ge=1, le=256)] = 4
+    n_batch: Annotated[int, Meta(ge=32, le=8192)] = 512
+    threads: Annotated[int, Meta(ge=1, le=512)] | None = None
+    kv_cache: KvCacheConfig = field(default_factory=KvCacheConfig)
+    flash_attn: FlashAttn = "auto"
+    chat_template: str | None = None
+    # Requests waiting for a sequence slot beyond this are refused with 429.
+    max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
+
+
+class LimitsConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 4 * 1024 * 1024
+    request_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] = 600.0
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+
+
+class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    host: Annotated[str, Meta(min_length=1)] = "127.0.0.1"
+    port: Port = 8080
+    api_keys: list[Annotated[str, Meta(min_length=8)]] = []
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+
+class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    strategy: Strategy = "fixed-appliance"
+
+
+class Config(Struct, frozen=True, forbid_unknown_fields=True):
+    models: Annotated[list[ModelConfig], Meta(min_length=1)]
+    server: ServerConfig = field(default_factory=ServerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # Relative model paths resolve against model_dir, itself relative to the config file.
+    model_dir: str = "."
+    # Where the config was read from; set by load_config, not by users.
+    source_dir: str = "."
+
+    def model_path(self, model: ModelConfig) -> Path:
+        path = Path(model.path)
+        if path.is_absolute():
+            return path
+        base = Path(self.model_dir)
+        if not base.is_absolute():
+            base = Path(self.source_dir) / base
+        return (base / path).resolve()
+
+    def model(self, name: str) -> ModelConfig | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; `problems` holds one message per problem."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = problems
+        self.source = source
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in problems))
+
+
+_USER_KEYS_HIDDEN = {"source_dir"}
+
+
+def _describe(t: mi.Type) -> str:
+    """A short human description of what a schema type accepts."""
+    if isinstance(t, mi.IntType):
+        return "int" + _bounds(t)
+    if isinstance(t, mi.FloatType):
+        return "number" + _bounds(t)
+    if isinstance(t, mi.StrType):
+        parts = []
+        if t.min_length:
+            parts.append(f"at least {t.min_length} characters")
+        if t.max_length is not None:
+            parts.append(f"at most {t.max_length} characters")
+        if t.pattern:
+            parts.append(f"matching {t.pattern}")
+        return "string" + (f" ({', '.join(parts)})" if parts else "")
+    if isinstance(t, mi.BoolType):
+        return "bool (true or false)"
+    if isinstance(t, mi.LiteralType):
+        return "one of " + ", ".join(str(v) for v in t.values)
+    if isinstance(t, mi.ListType):
+        return f"list of {_describe(t.item_type)}"
+    if isinstance(t, mi.StructType):
+        return "mapping"
+    if isinstance(t, mi.UnionType):
+        return " or ".join(_describe(a) for a in t.types)
+    if isinstance(t, mi.NoneType):
+        return "null"
+    return type(t).__name__
+
+
+def _bounds(t: mi.IntType | mi.FloatType) -> str:
+    parts = []
+    for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        v = getattr(t, attr, None)
+        if v is not None:
+            parts.append(f"{sym} {v}")
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def _got(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _check(value: Any, t: mi.Type, path: str, problems: list[str]) -> None:
+    """Validate `value` against `t`, appending one message per problem found."""
+    if isinstance(t, mi.UnionType):
+        non_null = [a for a in t.types if not isinstance(a, mi.NoneType)]
+        if value is None and len(non_null) < len(t.types):
+            return
+        if len(non_null) == 1:
+            _check(value, non_null[0], path, problems)
+            return
+        for alt in non_null:
+            trial: list[str] = []
+            _check(value, alt, path, trial)
+            if not trial:
+                return
+        problems.append(f"{path}: expected {_describe(t)}, got {_got(value)}")
+        return
+    if isinstance(t, mi.StructType):
+        if not isinstance(value, dict):
+            problems.append(f"{path}: expected a mapping, got {_got(value)}")
+            return
+        known = {f.encode_name: f for f in t.fields if f.encode_name not in _USER_KEYS_HIDDEN}
+        for key in value:
+            if key not in known:
+                allowed = ", ".join(sorted(known))
+                problems.append(f"{_join(path, str(key))}: unknown key (allowed: {allowed})")
+        for f in known.values():
+            sub = _join(path, f.encode_name)
+            if f.encode_name in value:
+                _check(value[f.encode_name], f.type, sub, problems)
+            elif f.required:
+                problems.append(f"{sub}: required key is missing (expected {_describe(f.type)})")
+        return
+    if isinstance(t, mi.ListType):
+        if not isinstance(value, list):
+            problems.append(f"{path}: expected {_describe(t)}, got {_got(value)}")
+            return
+        if t.min_length is not None and len(value) < t.min_length:
+            problems.append(f"{path}: expected at least {t.min_length} item(s), got {len(value)}")
+        for i, item in enumerate(value):
+            _check(item, t.item_type, f"{path}[{i}]", problems)
+        return
+    try:
+        msgspec.convert(value, mi_to_python(t), strict=True)
+    except msgspec.ValidationError:
+        if isinstance(t, mi.FloatType) and isinstance(value, int) and not isinstance(value, bool):
+            try:
+                msgspec.convert(float(value), mi_to_python(t), strict=True)
+                return
+            except msgspec.ValidationError:
+                pass
+        problems.append(f"{path}: expected {_describe(t)}, got {_got(value)}")
+
+
+def mi_to_python(t: mi.Type) -> Any:
+    """Rebuild a Python annotation (with its Meta constraints) from an inspected scalar type."""
+    if isinstance(t, mi.LiteralType):
+        return Literal[t.values]  # type: ignore[valid-type]
+    base: Any
+    meta: dict[str, Any] = {}
+    if isinstance(t, mi.IntType):
+        base = int
+        meta = {k: getattr(t, k) for k in ("ge", "gt", "le", "lt") if getattr(t, k) is not None}
+    elif isinstance(t, mi.FloatType):
+        base = float
+        meta = {k: getattr(t, k) for k in ("ge", "gt", "le", "lt") if getattr(t, k) is not None}
+    elif isinstance(t, mi.StrType):
+        base = str
+        meta = {k: getattr(t, k) for k in ("min_length", "max_length", "pattern") if getattr(t, k) is not None}
+        if meta.get("min_length") == 0:
+            meta.pop("min_length")
+    elif isinstance(t, mi.BoolType):
+        base = bool
+    elif isinstance(t, mi.NoneType):
+        return type(None)
+    else:
+        return Any
+    return Annotated[base, Meta(**meta)] if meta else base
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
+    models = raw.get("models")
+    if not isinstance(models, list):
+        return
+    seen: dict[str, int] = {}
+    for i, m in enumerate(models):
+        if not isinstance(m, dict):
+            continue
+        name = m.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                problems.append(f"models[{i}].name: duplicate model name {_got(name)} (also models[{seen[name]}])")
+            else:
+                seen[name] = i
+        kv = m.get("kv_cache")
+        if isinstance(kv, dict) and m.get("flash_attn") == "off":
+            mode = kv.get("mode", "f16")
+            if mode not in ("f32", "f16", "bf16"):
+                problems.append(
+                    f"models[{i}].kv_cache.mode: a quantized V cache ({mode}) needs flash attention; "
+                    f"set models[{i}].flash_attn to auto or on, or use f16"
+                )
+        n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
+        if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
+            problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
+    server = raw.get("server")
+    if isinstance(server, dict):
+        keys = server.get("api_keys")
+        if isinstance(keys, list) and len(set(map(str, keys))) != len(keys):
+            problems.append("server.api_keys: duplicate keys")
+
+
+_SCHEMA = mi.type_info(Config)
+
+
+def parse_config(raw: Any, source: str = "config", source_dir: str = ".") -> Config:
+    """Validate a decoded YAML document and build the Config, or raise ConfigError."""
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise ConfigError([f"(top level): expected a mapping, got {_got(raw)}"], source)
+    _check(raw, _SCHEMA, "", problems)
+    _cross_checks(raw, problems)
+    if problems:
+        raise ConfigError(problems, source)
+    try:
+        return msgspec.convert({**raw, "source_dir": source_dir}, Config, strict=False)
+    except msgspec.ValidationError as e:  # the walker should have caught it; never let it pass silently
+        raise ConfigError([str(e)], source) from e
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"cannot read config file: {e.strerror or e}"], str(p)) from e
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"invalid YAML: {e}"], str(p)) from e
+    return parse_config(raw, str(p), str(p.resolve().parent))
+
+
+def literal_values(t: Any) -> tuple[str, ...]:
+    return get_args(t)

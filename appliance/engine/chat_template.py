@@ -1,0 +1,84 @@
+"""Chat prompts rendered with the model's own Jinja template (`tokenizer.chat_template`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class TemplateError(ValueError):
+    """The messages cannot be rendered by this model's template (e.g. roles out of order)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    def __init__(self, source: str, bos_token: str, eos_token: str):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template does not compile: {e}") from e
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template failed: {e}") from e
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            raise TemplateError(f"chat template failed on these messages: {e}") from e
+
+
+# Formats for GGUF files that carry no `tokenizer.chat_template`, by `general.architecture` prefix.
+GEMMA = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set prefix = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('conversation roles must alternate user/assistant/user/...') }}{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n'"
+    " + (prefix if loop.first else '') + m['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_BY_ARCHITECTURE = (("gemma", GEMMA),)
+
+
+def default_template(metadata: dict[str, str]) -> str:
+    """The GGUF's own template, else the known format of its architecture, else ChatML."""
+    own = metadata.get("tokenizer.chat_template")
+    if own:
+        return own
+    arch = metadata.get("general.architecture", "")
+    for prefix, source in _BY_ARCHITECTURE:
+        if arch.startswith(prefix):
+            return source
+    return CHATML

@@ -1,0 +1,266 @@
+"""The thin layer over llama-cpp-python's low-level API: loading, tokens, logging, buffer sizes.
+
+Only `engine/` imports `llama_cpp`. Everything here is synchronous and may block; callers run
+it off the event loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as lc
+
+log = logging.getLogger("eie.llama")
+
+GGML_TYPES: dict[str, int] = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "q8_0": 8,
+    "iq4_nl": 20,
+    "bf16": 30,
+}
+
+FLASH_ATTN = {
+    "auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+_BUFFER_LINE = re.compile(
+    r"^(?P<fn>\w+):\s+(?P<buf>\S+)\s+(?P<kind>model|KV|compute|output|RS)\b.*buffer size =\s+(?P<mib>[0-9.]+) MiB"
+)
+
+
+class _LogRouter:
+    """Routes llama.cpp's log lines to Python logging and to an active capture, if any.
+
+    llama.cpp has one global log callback; loads are serialised so a capture belongs to one load.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._capture: list[str] | None = None
+        self._partial = ""
+        self._callback = lc.llama_log_callback(self._on_log)
+        lc.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        try:
+            msg = text.decode("utf-8", errors="replace")
+        except Exception:  # never let an exception cross into C
+            return
+        line = self._partial + msg
+        if not line.endswith("\n"):
+            self._partial = line
+            return
+        self._partial = ""
+        line = line.rstrip("\n")
+        capture = self._capture
+        if capture is not None:
+            capture.append(line)
+        if level == 4:  # GGML_LOG_LEVEL_ERROR
+            log.error("%s", line)
+        elif level == 3:
+            log.warning("%s", line)
+        else:
+            log.debug("%s", line)
+
+    def start_capture(self) -> list[str]:
+        self._lock.acquire()
+        self._capture = []
+        return self._capture
+
+    def stop_capture(self) -> None:
+        self._capture = None
+        self._lock.release()
+
+
+_router: _LogRouter | None = None
+_init_lock = threading.Lock()
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and take over its logging."""
+    global _router
+    with _init_lock:
+        if _router is None:
+            lc.llama_backend_init()
+            _router = _LogRouter()
+
+
+@dataclass(frozen=True)
+class BufferSizes:
+    """Bytes of the buffers llama.cpp allocated for one model, read from its own reports."""
+
+    weights: int = 0
+    kv: int = 0
+    compute: int = 0
+    output: int = 0
+
+
+def parse_buffer_sizes(lines: list[str]) -> BufferSizes:
+    sizes = {"model": 0, "KV": 0, "RS": 0, "compute": 0, "output": 0}
+    for line in lines:
+        m = _BUFFER_LINE.match(line.strip())
+        if m:
+            sizes[m.group("kind")] += int(float(m.group("mib")) * 1024 * 1024)
+    return BufferSizes(
+        weights=sizes["model"], kv=sizes["KV"] + sizes["RS"], compute=sizes["compute"], output=sizes["output"]
+    )
+
+
+class LoadError(Exception):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    """A llama_model with one llama_context; freed with `free()`."""
+
+    model: lc.llama_model_p
+    ctx: lc.llama_context_p
+    vocab: lc.llama_vocab_p
+    n_ctx_total: int
+    n_vocab: int
+    buffers: BufferSizes
+    metadata: dict[str, str]
+
+    def free(self) -> None:
+        if self.ctx:
+            lc.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            lc.llama_model_free(self.model)
+            self.model = None
+
+
+def _read_metadata(model: lc.llama_model_p) -> dict[str, str]:
+    out: dict[str, str] = {}
+    buf = ctypes.create_string_buffer(1 << 16)
+    key = ctypes.create_string_buffer(512)
+    for i in range(lc.llama_model_meta_count(model)):
+        if lc.llama_model_meta_key_by_index(model, i, key, len(key)) < 0:
+            continue
+        n = lc.llama_model_meta_val_str_by_index(model, i, buf, len(buf))
+        if n < 0:
+            continue
+        if n >= len(buf):  # long values (chat templates) need a bigger buffer
+            big = ctypes.create_string_buffer(n + 1)
+            lc.llama_model_meta_val_str_by_index(model, i, big, len(big))
+            val = big.value
+        else:
+            val = buf.value
+        out[key.value.decode("utf-8", "replace")] = val.decode("utf-8", "replace")
+    return out
+
+
+def load(
+    path: Path,
+    *,
+    n_ctx_total: int,
+    n_seq_max: int,
+    n_batch: int,
+    n_threads: int,
+    type_k: str,
+    type_v: str,
+    flash_attn: str,
+) -> LoadedModel:
+    """Load weights and create one context with `n_seq_max` sequences over a unified KV cache."""
+    init_backend()
+    if not path.is_file():
+        raise LoadError(f"model file not found: {path}")
+    assert _router is not None
+    lines = _router.start_capture()
+    model = None
+    try:
+        mparams = lc.llama_model_default_params()
+        mparams.use_mmap = True
+        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx_total
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.type_k = GGML_TYPES[type_k]
+        cparams.type_v = GGML_TYPES[type_v]
+        cparams.flash_attn_type = FLASH_ATTN[flash_attn]
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
+        vocab = lc.llama_model_get_vocab(model)
+        loaded = LoadedModel(
+            model=model,
+            ctx=ctx,
+            vocab=vocab,
+            n_ctx_total=lc.llama_n_ctx(ctx),
+            n_vocab=lc.llama_vocab_n_tokens(vocab),
+            buffers=parse_buffer_sizes(lines),
+            metadata=_read_metadata(model),
+        )
+        model = None
+        return loaded
+    finally:
+        if model:
+            lc.llama_model_free(model)
+        _router.stop_capture()
+
+
+def _last_error(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        low = line.lower()
+        if "error" in low or "failed" in low or "invalid" in low:
+            return line.strip()
+    return None
+
+
+class Vocab:
+    """Tokenization and detokenization for one model."""
+
+    def __init__(self, vocab: lc.llama_vocab_p, n_vocab: int):
+        self._vocab = vocab
+        self.n_vocab = n_vocab
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(vocab))
+        self.bos = int(lc.llama_vocab_bos(vocab))
+        self.eos = int(lc.llama_vocab_eos(vocab))
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog = {t for t in range(n_vocab) if lc.llama_vocab_is_eog(vocab, t)} if n_vocab <= 1_000_000 else set()
+        self.bos_text = self.piece(self.bos, special=True).decode("utf-8", "replace") if self.bos >= 0 else ""
+        self.eos_text = self.piece(self.eos, special=True).decode("utf-8", "replace") if self.eos >= 0 else ""
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        buf = self._piece_buf
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            big = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, big, len(big), 0, special)
+            return big.raw[:n]
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog

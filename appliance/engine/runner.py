@@ -1,0 +1,357 @@
+"""ModelRunner: one llama_model + llama_context, one OS thread, continuous batching.
+
+Step loop: admit waiting requests into free sequence slots → drop cancelled or expired ones →
+build one batch (one token per decoding sequence, then prompt chunks of prefilling sequences up
+to n_batch tokens, so a long prompt never stalls the others) → llama_decode with cores taken
+from the process budget → sample each sequence that produced logits → emit text.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import llama_cpp as lc
+import numpy as np
+
+from ..config import ModelConfig
+from ..resources.cores import CoreBudget
+from . import native
+from .chat_template import ChatTemplate, default_template
+from .sampling import SamplingParams, build_chain, free_chain
+from .text import TextStream
+
+log = logging.getLogger("eie.runner")
+
+
+@dataclass
+class GenerationRequest:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    deadline: float = float("inf")  # time.monotonic() value
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    kind: str  # "timeout" | "internal" | "cancelled" | "shutdown"
+    message: str
+
+
+Event = TextDelta | Finished | Failed
+Sink = Callable[[Event], None]
+
+
+class QueueFull(Exception):
+    pass
+
+
+class NotReady(Exception):
+    pass
+
+
+class _Sequence:
+    __slots__ = (
+        "req",
+        "sink",
+        "seq_id",
+        "chain",
+        "n_prefilled",
+        "pos",
+        "last_token",
+        "n_generated",
+        "stream",
+        "cancelled",
+        "out_index",
+    )
+
+    def __init__(self, req: GenerationRequest, sink: Sink):
+        self.req = req
+        self.sink = sink
+        self.seq_id = -1
+        self.chain = None
+        self.n_prefilled = 0
+        self.pos = 0
+        self.last_token = -1
+        self.n_generated = 0
+        self.stream: TextStream | None = None
+        self.cancelled = False
+        self.out_index = -1
+
+
+class Handle:
+    """What a caller holds for a submitted request: it can cancel it."""
+
+    __slots__ = ("_seq", "_runner")
+
+    def __init__(self, seq: _Sequence, runner: "ModelRunner"):
+        self._seq = seq
+        self._runner = runner
+
+    def cancel(self) -> None:
+        self._seq.cancelled = True
+        self._runner._wake()
+
+
+class ModelRunner:
+    def __init__(self, cfg: ModelConfig, path: Path, cores: CoreBudget):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.path = path
+        self.cores = cores
+        self.state = "loading"
+        self.error: str | None = None
+        self.loaded: native.LoadedModel | None = None
+        self.vocab: native.Vocab | None = None
+        self.template: ChatTemplate | None = None
+        self.threads = min(cfg.threads or cores.total, cores.total)
+        self.batch_cap = max(cfg.n_batch, cfg.n_parallel)
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._active: list[_Sequence] = []
+        self._free_ids = list(range(cfg.n_parallel - 1, -1, -1))
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._threads_set = self.threads
+        self.load_seconds = 0.0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load weights and context (blocking), then start the step thread."""
+        t0 = time.monotonic()
+        try:
+            self.loaded = native.load(
+                self.path,
+                n_ctx_total=self.cfg.n_ctx * self.cfg.n_parallel,
+                n_seq_max=self.cfg.n_parallel,
+                n_batch=self.batch_cap,
+                n_threads=self.threads,
+                type_k=self.cfg.kv_cache.type_k,
+                type_v=self.cfg.kv_cache.type_v,
+                flash_attn=self.cfg.flash_attn,
+            )
+            self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
+            source = self.cfg.chat_template or default_template(self.loaded.metadata)
+            self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
+        except Exception as e:  # a load failure is a state, reported by /health, never a crash
+            self.error = str(e)
+            self.state = "failed"
+            if self.loaded:
+                self.loaded.free()
+                self.loaded = None
+            log.error("model %s failed to load: %s", self.name, e)
+            return
+        self._mem = lc.llama_get_memory(self.loaded.ctx)
+        self._batch = lc.llama_batch_init(self.batch_cap, 0, 1)
+        cap = self.batch_cap
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(cap,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(cap,))
+        self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(cap,))
+        self._logits = np.ctypeslib.as_array(self._batch.logits, shape=(cap,))
+        self._seq_ptrs = [self._batch.seq_id[i] for i in range(cap)]
+        self._nseq[:] = 1
+        self.load_seconds = time.monotonic() - t0
+        self._thread = threading.Thread(target=self._run, name=f"runner-{self.name}", daemon=True)
+        self.state = "ready"
+        self._thread.start()
+        log.info("model %s ready in %.2fs", self.name, self.load_seconds)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread:
+            self._thread.join(timeout=30)
+        if self.loaded:
+            lc.llama_batch_free(self._batch)
+            self.loaded.free()
+            self.loaded = None
+        self.state = "stopped"
+
+    # ---- requests --------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.cfg.n_ctx
+
+    def submit(self, req: GenerationRequest, sink: Sink) -> Handle:
+        """Queue a request; raises NotReady or QueueFull. Events reach `sink` from the runner thread."""
+        if self.state != "ready":
+            raise NotReady(self.error or self.state)
+        seq = _Sequence(req, sink)
+        with self._cond:
+            if len(self._active) + len(self._waiting) >= self.cfg.n_parallel + self.cfg.max_queue:
+                raise QueueFull(self.name)
+            self._waiting.append(seq)
+            self._cond.notify_all()
+        return Handle(seq, self)
+
+    def queue_depth(self) -> int:
+        with self._cond:
+            return len(self._waiting)
+
+    def running(self) -> int:
+        return len(self._active)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # ---- the step loop ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._waiting and not self._active:
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                self._admit_locked()
+            try:
+                self._step()
+            except Exception as e:  # keep serving: fail what was in flight, clear its KV
+                log.exception("runner %s step failed", self.name)
+                for seq in list(self._active):
+                    self._finish(seq, Failed("internal", f"generation failed: {e}"))
+        with self._cond:
+            pending = list(self._waiting) + list(self._active)
+            self._waiting.clear()
+        for seq in pending:
+            if seq.seq_id >= 0:
+                self._finish(seq, Failed("shutdown", "server is shutting down"))
+            else:
+                seq.sink(Failed("shutdown", "server is shutting down"))
+
+    def _admit_locked(self) -> None:
+        now = time.monotonic()
+        kept: collections.deque[_Sequence] = collections.deque()
+        while self._waiting:
+            seq = self._waiting.popleft()
+            if seq.cancelled:
+                continue
+            if now > seq.req.deadline:
+                seq.sink(Failed("timeout", "request deadline passed while waiting for a sequence slot"))
+                continue
+            if not self._free_ids:
+                kept.append(seq)
+                continue
+            seq.seq_id = self._free_ids.pop()
+            seq.chain = build_chain(seq.req.sampling, self.loaded.n_vocab)
+            seq.stream = TextStream(seq.req.stop)
+            self._active.append(seq)
+        self._waiting = kept
+
+    def _finish(self, seq: _Sequence, event: Event) -> None:
+        lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        free_chain(seq.chain)
+        seq.chain = None
+        with self._cond:
+            self._active.remove(seq)
+            self._free_ids.append(seq.seq_id)
+        seq.sink(event)
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        for seq in list(self._active):
+            if seq.cancelled:
+                self._finish(seq, Failed("cancelled", "request cancelled"))
+            elif now > seq.req.deadline:
+                self._finish(seq, Failed("timeout", "request deadline passed during generation"))
+        if not self._active:
+            return
+
+        n = 0
+        outputs: list[_Sequence] = []
+        tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
+        for seq in self._active:  # decoding sequences first: one token each
+            if seq.n_prefilled < len(seq.req.prompt):
+                continue
+            tok[n] = seq.last_token
+            pos[n] = seq.pos
+            seq.pos += 1
+            seq_ptrs[n][0] = seq.seq_id
+            logits[n] = 1
+            seq.out_index = n
+            outputs.append(seq)
+            n += 1
+        budget = self.batch_cap - n
+        for seq in self._active:  # then prompt chunks, oldest first
+            if budget <= 0:
+                break
+            prompt = seq.req.prompt
+            start = seq.n_prefilled
+            if start >= len(prompt):
+                continue
+            take = min(budget, len(prompt) - start)
+            end = n + take
+            tok[n:end] = prompt[start : start + take]
+            pos[n:end] = np.arange(start, start + take, dtype=np.int32)
+            logits[n:end] = 0
+            sid = seq.seq_id
+            for i in range(n, end):
+                seq_ptrs[i][0] = sid
+            seq.n_prefilled += take
+            seq.pos = seq.n_prefilled
+            if seq.n_prefilled == len(prompt):
+                logits[end - 1] = 1
+                seq.out_index = end - 1
+                outputs.append(seq)
+            n = end
+            budget -= take
+        if n == 0:
+            return
+        self._batch.n_tokens = n
+
+        granted = self.cores.acquire(self.threads)
+        try:
+            if granted != self._threads_set:
+                lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
+                self._threads_set = granted
+            rc = lc.llama_decode(self.loaded.ctx, self._batch)
+        finally:
+            self.cores.release(granted)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+        ctx = self.loaded.ctx
+        vocab = self.vocab
+        for seq in outputs:
+            token = lc.llama_sampler_sample(seq.chain, ctx, seq.out_index)
+            if vocab.is_eog(token):
+                self._emit_end(seq, "stop")
+                continue
+            seq.n_generated += 1
+            text, hit_stop = seq.stream.push(vocab.piece(token))
+            if text:
+                seq.sink(TextDelta(text))
+            if hit_stop:
+                self._finish(seq, Finished("stop", len(seq.req.prompt), seq.n_generated))
+            elif seq.n_generated >= seq.req.max_tokens or seq.pos >= self.cfg.n_ctx:
+                self._emit_end(seq, "length")
+            else:
+                seq.last_token = token
+
+    def _emit_end(self, seq: _Sequence, reason: str) -> None:
+        rest = seq.stream.finish()
+        if rest:
+            seq.sink(TextDelta(rest))
+        self._finish(seq, Finished(reason, len(seq.req.prompt), seq.n_generated))

@@ -1,0 +1,64 @@
+"""Per-sequence llama.cpp sampler chains built from request parameters."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import llama_cpp as lc
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def build_chain(params: SamplingParams, n_vocab: int) -> lc.llama_sampler_p:
+    """A sampler chain in llama.cpp's usual order: bias, penalties, truncation, temperature, draw."""
+    chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    add = lc.llama_sampler_chain_add
+    if params.logit_bias:
+        items = list(params.logit_bias.items())
+        arr = (lc.llama_logit_bias * len(items))()
+        for i, (tok, bias) in enumerate(items):
+            arr[i].token = tok
+            arr[i].bias = bias
+        add(chain, lc.llama_sampler_init_logit_bias(n_vocab, len(items), arr))
+    if params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+        add(
+            chain,
+            lc.llama_sampler_init_penalties(
+                n_vocab,
+                params.penalty_last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+            ),
+        )
+    if params.greedy:
+        add(chain, lc.llama_sampler_init_greedy())
+        return chain
+    if params.top_k > 0:
+        add(chain, lc.llama_sampler_init_top_k(params.top_k))
+    if params.top_p < 1.0:
+        add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
+    if params.min_p > 0.0:
+        add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
+    add(chain, lc.llama_sampler_init_temp(params.temperature))
+    seed = params.seed if params.seed is not None else random.getrandbits(32)
+    add(chain, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+    return chain
+
+
+def free_chain(chain: lc.llama_sampler_p) -> None:
+    lc.llama_sampler_free(chain)

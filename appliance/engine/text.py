@@ -1,0 +1,62 @@
+"""Turning a stream of token bytes into safe text: UTF-8 across token boundaries, stop strings."""
+
+from __future__ import annotations
+
+import codecs
+
+
+class StopMatcher:
+    """Holds back text that could be the start of a stop string; never emits a stop string.
+
+    `feed(text)` returns (text safe to emit now, True if a stop string was found). After a
+    match, everything from the stop string on is dropped.
+    """
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self._held = ""
+        self._max = max((len(s) for s in self.stops), default=0)
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        buf = self._held + text
+        first = -1
+        for s in self.stops:
+            i = buf.find(s)
+            if i != -1 and (first == -1 or i < first):
+                first = i
+        if first != -1:
+            self._held = ""
+            return buf[:first], True
+        keep = self._partial_suffix(buf)
+        self._held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], False
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of some stop string."""
+        for n in range(min(len(buf), self._max - 1), 0, -1):
+            tail = buf[-n:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n
+        return 0
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+class TextStream:
+    """Token bytes in, emit-safe text out (multi-byte characters are never split)."""
+
+    def __init__(self, stops: list[str]):
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopMatcher(stops)
+
+    def push(self, piece: bytes) -> tuple[str, bool]:
+        return self._stops.feed(self._utf8.decode(piece))
+
+    def finish(self) -> str:
+        """The rest once generation ends without a stop string."""
+        text, hit = self._stops.feed(self._utf8.decode(b"", final=True))
+        return text if hit else text + self._stops.flush()

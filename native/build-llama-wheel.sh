@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds the llama-cpp-python wheel from source once per (version, CMake flags, patches)
+# and caches it, so a second setup on the same machine installs in seconds.
+# Prints the path of the cached wheel on its last line.
+set -euo pipefail
+
+version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+python="${PYTHON:-python3.11}"
+here="$(cd "$(dirname "$0")" && pwd)"
+cache_root="${EIE_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eie/wheels}"
+cmake_args="${EIE_CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF}"
+
+key_material="$version|$cmake_args|$(uname -m)|$("$python" -c 'import sys; print(sys.version_info[:2])')"
+if [ -d "$here/patches" ]; then
+  key_material="$key_material|$(cat "$here"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)"
+fi
+key="$(printf '%s' "$key_material" | sha256sum | cut -c1-16)"
+dest="$cache_root/$key"
+
+if ls "$dest"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  echo "cached llama-cpp-python wheel: $dest" >&2
+  ls "$dest"/llama_cpp_python-*.whl | head -n1
+  exit 0
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$python" -m pip download --no-deps --no-binary :all: -d "$work/sdist" "llama-cpp-python==$version" >&2
+tar xzf "$work"/sdist/llama_cpp_python-*.tar.gz -C "$work"
+src="$(echo "$work"/llama_cpp_python-*/)"
+if [ -d "$here/patches" ]; then
+  for p in "$here"/patches/*.patch; do
+    [ -e "$p" ] || continue
+    echo "applying $(basename "$p")" >&2
+    patch -d "$src/vendor/llama.cpp" -p1 --forward < "$p" >&2
+  done
+fi
+
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+export CMAKE_ARGS="$cmake_args"
+echo "building llama-cpp-python $version (CMAKE_ARGS=$CMAKE_ARGS, $CMAKE_BUILD_PARALLEL_LEVEL jobs)" >&2
+"$python" -m pip wheel --no-deps -w "$work/wheel" "$src" >&2
+mkdir -p "$dest.tmp"
+cp "$work"/wheel/llama_cpp_python-*.whl "$dest.tmp/"
+rm -rf "$dest"
+mv "$dest.tmp" "$dest"
+ls "$dest"/llama_cpp_python-*.whl | head -n1
