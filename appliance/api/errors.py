@@ -37,6 +37,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
 
 def from_validation(err: msgspec.MsgspecError) -> ApiError:
@@ -47,6 +48,9 @@ def from_validation(err: msgspec.MsgspecError) -> ApiError:
     if m:
         param = m.group("path").lstrip(".") or None
         text = text[: m.start()]
+    missing = _MISSING.search(text)
+    if missing:
+        param = f"{param}.{missing.group('field')}" if param else missing.group("field")
     if isinstance(err, msgspec.ValidationError):
         msg = f"invalid value for '{param}': {text}" if param else f"invalid request body: {text}"
         return ApiError(400, msg, param=param, code="invalid_value")

@@ -174,7 +174,7 @@ def load(
     type_v: str,
     flash_attn: str,
 ) -> LoadedModel:
-    """Load weights and create one context with `n_seq_max` sequences over a unified KV cache."""
+    """Load weights and create one context with `n_seq_max` sequences, one KV stream each."""
     init_backend()
     if not path.is_file():
         raise LoadError(f"model file not found: {path}")
@@ -197,7 +197,10 @@ def load(
         cparams.type_k = GGML_TYPES[type_k]
         cparams.type_v = GGML_TYPES[type_v]
         cparams.flash_attn_type = FLASH_ATTN[flash_attn]
-        cparams.kv_unified = True
+        # One KV stream per sequence: attention for a sequence then runs over its own cells
+        # only, so its output does not depend on what the other sequences hold, and greedy
+        # results match a solo run (a unified cache interleaves cells and changes the sums).
+        cparams.kv_unified = False
         cparams.no_perf = True
         ctx = lc.llama_init_from_model(model, cparams)
         if not ctx:

@@ -9,6 +9,7 @@ from the process budget → sample each sequence that produced logits → emit t
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import threading
 import time
@@ -127,7 +128,8 @@ class ModelRunner:
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._active: list[_Sequence] = []
-        self._free_ids = list(range(cfg.n_parallel - 1, -1, -1))
+        self._by_id: list[_Sequence] = []
+        self._free_ids = list(range(cfg.n_parallel))  # a heap
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._threads_set = self.threads
@@ -254,11 +256,12 @@ class ModelRunner:
             if not self._free_ids:
                 kept.append(seq)
                 continue
-            seq.seq_id = self._free_ids.pop()
+            seq.seq_id = heapq.heappop(self._free_ids)  # lowest free id keeps active ids contiguous
             seq.chain = build_chain(seq.req.sampling, self.loaded.n_vocab)
             seq.stream = TextStream(seq.req.stop)
             self._active.append(seq)
         self._waiting = kept
+        self._by_id = sorted(self._active, key=lambda s: s.seq_id)
 
     def _finish(self, seq: _Sequence, event: Event) -> None:
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
@@ -266,61 +269,67 @@ class ModelRunner:
         seq.chain = None
         with self._cond:
             self._active.remove(seq)
-            self._free_ids.append(seq.seq_id)
+            self._by_id.remove(seq)
+            heapq.heappush(self._free_ids, seq.seq_id)
         seq.sink(event)
 
     def _step(self) -> None:
+        """One scheduling step: a decode call for every decoding sequence, then prompt chunks.
+
+        Each prompt chunk is its own llama_decode, cut at the same n_batch boundaries a solo
+        run would use, and decode tokens never share a ubatch with a prompt chunk: together
+        with one KV stream per sequence, a sequence computes exactly what it would alone, so
+        concurrency never changes a greedy answer.
+        """
         now = time.monotonic()
         for seq in list(self._active):
             if seq.cancelled:
                 self._finish(seq, Failed("cancelled", "request cancelled"))
             elif now > seq.req.deadline:
                 self._finish(seq, Failed("timeout", "request deadline passed during generation"))
-        if not self._active:
-            return
-
-        n = 0
-        outputs: list[_Sequence] = []
-        tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
-        for seq in self._active:  # decoding sequences first: one token each
-            if seq.n_prefilled < len(seq.req.prompt):
+        decoding = [s for s in self._by_id if s.n_prefilled >= len(s.req.prompt)]
+        if decoding:
+            tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
+            for n, seq in enumerate(decoding):  # ascending ids: consecutive ids share one ubatch
+                tok[n] = seq.last_token
+                pos[n] = seq.pos
+                seq.pos += 1
+                seq_ptrs[n][0] = seq.seq_id
+                logits[n] = 1
+                seq.out_index = n
+            self._decode(len(decoding))
+            self._sample(decoding)
+        budget = self.batch_cap
+        for seq in list(self._active):  # prompt chunks, oldest request first
+            remaining = len(seq.req.prompt) - seq.n_prefilled
+            if remaining <= 0:
                 continue
-            tok[n] = seq.last_token
-            pos[n] = seq.pos
-            seq.pos += 1
-            seq_ptrs[n][0] = seq.seq_id
-            logits[n] = 1
-            seq.out_index = n
-            outputs.append(seq)
-            n += 1
-        budget = self.batch_cap - n
-        for seq in self._active:  # then prompt chunks, oldest first
-            if budget <= 0:
-                break
-            prompt = seq.req.prompt
-            start = seq.n_prefilled
-            if start >= len(prompt):
-                continue
-            take = min(budget, len(prompt) - start)
-            end = n + take
-            tok[n:end] = prompt[start : start + take]
-            pos[n:end] = np.arange(start, start + take, dtype=np.int32)
-            logits[n:end] = 0
-            sid = seq.seq_id
-            for i in range(n, end):
-                seq_ptrs[i][0] = sid
-            seq.n_prefilled += take
-            seq.pos = seq.n_prefilled
-            if seq.n_prefilled == len(prompt):
-                logits[end - 1] = 1
-                seq.out_index = end - 1
-                outputs.append(seq)
-            n = end
+            take = min(self.batch_cap, remaining)
+            if take > budget and budget < self.batch_cap:
+                break  # the step's token budget is spent; the next step continues
+            self._prefill_chunk(seq, take)
             budget -= take
-        if n == 0:
-            return
-        self._batch.n_tokens = n
+            if seq.n_prefilled == len(seq.req.prompt):
+                self._sample([seq])
 
+    def _prefill_chunk(self, seq: _Sequence, take: int) -> None:
+        start = seq.n_prefilled
+        tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
+        tok[:take] = seq.req.prompt[start : start + take]
+        pos[:take] = np.arange(start, start + take, dtype=np.int32)
+        logits[:take] = 0
+        sid = seq.seq_id
+        for i in range(take):
+            seq_ptrs[i][0] = sid
+        seq.n_prefilled += take
+        seq.pos = seq.n_prefilled
+        if seq.n_prefilled == len(seq.req.prompt):
+            logits[take - 1] = 1
+            seq.out_index = take - 1
+        self._decode(take)
+
+    def _decode(self, n_tokens: int) -> None:
+        self._batch.n_tokens = n_tokens
         granted = self.cores.acquire(self.threads)
         try:
             if granted != self._threads_set:
@@ -332,9 +341,10 @@ class ModelRunner:
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
+    def _sample(self, seqs: list[_Sequence]) -> None:
         ctx = self.loaded.ctx
         vocab = self.vocab
-        for seq in outputs:
+        for seq in seqs:
             token = lc.llama_sampler_sample(seq.chain, ctx, seq.out_index)
             if vocab.is_eog(token):
                 self._emit_end(seq, "stop")

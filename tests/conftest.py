@@ -1,0 +1,140 @@
+"""Shared fixtures: real GGUF models from `make setup`, real `eie serve` processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
+EIE = Path(sys.executable).parent / "eie"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An `eie serve` process on a free loopback port."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "server"):
+        self.port = free_port()
+        self.config_path = workdir / f"{name}.yaml"
+        config = {**config, "server": {**config.get("server", {}), "host": "127.0.0.1", "port": self.port}}
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / f"{name}.log"
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Server":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [str(EIE), "serve", "--config", str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT
+        )
+        return self
+
+    def wait_up(self, timeout: float = 60) -> None:
+        """Until the HTTP port answers (models may still be loading)."""
+        self._wait(lambda r: True, timeout)
+
+    def wait_settled(self, timeout: float = 120) -> dict:
+        """Until no model is still loading; returns the /health body."""
+        return self._wait(lambda r: r.json()["status"] != "loading", timeout)
+
+    def _wait(self, done, timeout: float) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(self.base + "/health", timeout=2)
+                if done(r):
+                    return r.json()
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc:
+            self._log.close()
+
+
+def model_entry(name: str, path: Path, **kw: Any) -> dict[str, Any]:
+    return {"name": name, "path": str(path), "n_ctx": 2048, "n_parallel": 2, "threads": os.cpu_count() or 2, **kw}
+
+
+@pytest.fixture(scope="session")
+def real_models() -> None:
+    missing = [str(p) for p in (SMOLLM2, GEMMA3) if not p.is_file()]
+    if missing:
+        pytest.fail(f"models missing (run `make setup`): {missing}")
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory, real_models) -> Iterator:
+    started: list[Server] = []
+
+    def make(config: dict[str, Any], name: str = "server", wait: bool = True) -> Server:
+        srv = Server(config, tmp_path_factory.mktemp(name), name).start()
+        started.append(srv)
+        if wait:
+            srv.wait_settled()
+        return srv
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def main_server(server_factory) -> Server:
+    """Both real models; smollm2 with 8 sequence slots for the concurrency tests."""
+    return server_factory(
+        {
+            "models": [
+                model_entry("smollm2-135m", SMOLLM2, n_parallel=8),
+                model_entry("gemma3-270m", GEMMA3, n_parallel=2),
+            ]
+        },
+        "main",
+    )
+
+
+@pytest.fixture
+def truncated_gguf(tmp_path: Path) -> Path:
+    bad = tmp_path / "truncated.gguf"
+    with open(SMOLLM2, "rb") as src, open(bad, "wb") as dst:
+        dst.write(src.read(1 << 20))
+    return bad
+
+
+def copy_model(src: Path, dst_dir: Path) -> Path:
+    dst = dst_dir / src.name
+    shutil.copyfile(src, dst)
+    return dst

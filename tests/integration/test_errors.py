@@ -1,0 +1,220 @@
+"""Every designed error status, produced for real against a real server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import GEMMA3, SMOLLM2, model_entry
+
+KEY = "test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def strict_server(server_factory, tmp_path_factory):
+    """One slot and no queue, an API key, a small body limit, a broken and a missing model."""
+    broken = tmp_path_factory.mktemp("broken") / "truncated.gguf"
+    with open(SMOLLM2, "rb") as src, open(broken, "wb") as dst:
+        dst.write(src.read(1 << 20))
+    return server_factory(
+        {
+            "server": {"api_keys": [KEY], "limits": {"max_body_bytes": 8192, "max_tokens": 512}},
+            "models": [
+                model_entry("smollm2-135m", SMOLLM2, n_parallel=1, max_queue=0, n_ctx=512),
+                model_entry("broken", broken),
+                model_entry("missing", SMOLLM2.parent / "does-not-exist.gguf"),
+            ],
+        },
+        "strict",
+    )
+
+
+def post(srv, path: str, body, key: str | None = KEY, **kw) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if isinstance(body, (bytes, str)):
+        return httpx.post(srv.base + path, content=body, headers={**headers, "content-type": "application/json"}, **kw)
+    return httpx.post(srv.base + path, json=body, headers=headers, timeout=60, **kw)
+
+
+def envelope(r: httpx.Response) -> dict:
+    body = r.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def chat(model="smollm2-135m", **kw) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **kw}
+
+
+def test_health_reports_failed_models_with_reasons(strict_server):
+    r = httpx.get(strict_server.base + "/health")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "degraded"
+    assert body["models"]["smollm2-135m"] == {"state": "ready"}
+    assert body["models"]["broken"]["state"] == "failed" and body["models"]["broken"]["error"]
+    assert body["models"]["missing"]["state"] == "failed"
+    assert "not found" in body["models"]["missing"]["error"]
+
+
+def test_healthy_models_still_serve_beside_failed_ones(strict_server):
+    r = post(strict_server, "/v1/chat/completions", chat())
+    assert r.status_code == 200, r.text
+
+
+def test_503_for_a_failed_model(strict_server):
+    for name in ("broken", "missing"):
+        r = post(strict_server, "/v1/chat/completions", chat(name))
+        assert r.status_code == 503
+        err = envelope(r)
+        assert err["code"] == "model_not_ready" and err["param"] == "model"
+
+
+def test_401_without_or_with_a_bogus_key(strict_server):
+    for key in (None, "bogus-key-000000"):
+        r = post(strict_server, "/v1/chat/completions", chat(), key=key)
+        assert r.status_code == 401
+        assert envelope(r)["code"] == "invalid_api_key"
+    assert httpx.get(strict_server.base + "/v1/models").status_code == 401
+    assert httpx.get(strict_server.base + "/health").status_code == 503  # open for probes
+    sdk = openai.OpenAI(base_url=strict_server.base + "/v1", api_key="wrong-key-1234", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        sdk.models.list()
+
+
+def test_404_unknown_model_and_endpoint(strict_server):
+    r = post(strict_server, "/v1/chat/completions", chat("no-such-model"))
+    assert r.status_code == 404
+    err = envelope(r)
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+    r = post(strict_server, "/v1/nothing", chat())
+    assert r.status_code == 404
+    r = httpx.get(strict_server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 405
+
+
+def test_413_body_too_large(strict_server):
+    big = chat(messages=[{"role": "user", "content": "x" * 20000}])
+    r = post(strict_server, "/v1/chat/completions", big)
+    assert r.status_code == 413
+    assert envelope(r)["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        (chat(max_tokens=-1), "max_tokens"),
+        (chat(max_tokens="ten"), "max_tokens"),
+        (chat(temperature=5), "temperature"),
+        ({"model": "smollm2-135m", "messages": []}, "messages"),
+        ({"model": "smollm2-135m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        (chat(stop=[""]), "stop[0]"),
+        (chat(max_tokens=100000), "max_tokens"),
+        (chat(logit_bias={"abc": 1}), "logit_bias"),
+        (chat(tools=[{"type": "function"}]), "tools"),
+        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content[0].type"),
+    ],
+)
+def test_400_names_the_offending_field(strict_server, body, param):
+    r = post(strict_server, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    err = envelope(r)
+    assert err["param"] == param, err
+    assert err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe{}", b"[]", b'{"model": "smollm2-135m", "prompt": {"a": 1}}'])
+def test_400_for_malformed_bodies(strict_server, raw):
+    r = post(strict_server, "/v1/completions", raw)
+    assert r.status_code == 400
+    envelope(r)
+
+
+def test_400_context_overflow(strict_server):
+    long = "word " * 2000
+    r = post(strict_server, "/v1/completions", {"model": "smollm2-135m", "prompt": long[:7000], "max_tokens": 4})
+    assert r.status_code == 400
+    err = envelope(r)
+    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    r = post(strict_server, "/v1/completions", {"model": "smollm2-135m", "prompt": "Hello", "max_tokens": 512})
+    assert r.status_code == 400 and envelope(r)["param"] == "max_tokens"
+
+
+def test_429_when_queue_is_full_and_slot_freed_on_disconnect(strict_server):
+    """One slot, no queue: a second request is refused; a disconnecting client frees the slot."""
+    body = {"model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    got_first = threading.Event()
+    release = threading.Event()
+
+    def hold_stream() -> None:
+        with httpx.Client(timeout=60) as c:
+            with c.stream("POST", strict_server.base + "/v1/completions", json=body,
+                          headers={"Authorization": f"Bearer {KEY}"}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        got_first.set()
+                        if release.wait(30):
+                            return  # closes the connection mid-stream
+
+    t = threading.Thread(target=hold_stream)
+    t.start()
+    assert got_first.wait(30)
+    r = post(strict_server, "/v1/completions", {"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "1"
+    assert envelope(r)["code"] == "queue_full"
+    release.set()
+    t.join()
+    deadline = time.monotonic() + 5  # the runner frees the sequence at its next step
+    while time.monotonic() < deadline:
+        r = post(strict_server, "/v1/completions", {"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 2})
+        if r.status_code == 200:
+            break
+        time.sleep(0.05)
+    assert r.status_code == 200, r.text
+
+
+def test_admin_status_needs_key_and_reports_measured_memory(strict_server):
+    assert httpx.get(strict_server.base + "/v1/admin/vram/status").status_code == 401
+    r = httpx.get(strict_server.base + "/v1/admin/vram/status", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200
+    body = r.json()
+    cpu = body["devices"][0]
+    assert cpu["device"] == "cpu" and cpu["total_bytes"] > cpu["free_bytes"] > 0
+    models = {m["name"]: m for m in body["models"]}
+    smol = models["smollm2-135m"]
+    assert smol["state"] == "ready"
+    # Weights as llama.cpp reports them are within a few percent of the GGUF file.
+    assert 0.9 < smol["weights_bytes"] / SMOLLM2.stat().st_size < 1.05
+    # f16 K and V: 2 bytes x 2 x n_layer(30) x n_embd_kv(192) x 512 cells.
+    assert smol["kv_cache_bytes"] == 2 * 2 * 30 * 192 * 512
+    assert smol["compute_bytes"] > 0
+    assert smol["kv_type_k"] == "f16" and smol["n_ctx"] == 512
+    assert models["broken"]["state"] == "failed" and models["broken"]["weights_bytes"] == 0
+
+
+def test_504_when_the_deadline_passes(server_factory):
+    srv = server_factory(
+        {"server": {"limits": {"request_timeout_s": 0.3}}, "models": [model_entry("smollm2-135m", SMOLLM2)]},
+        "deadline",
+    )
+    t0 = time.monotonic()
+    r = post(srv, "/v1/completions", {"model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 1000},
+             key=None)
+    assert r.status_code == 504
+    assert envelope(r)["code"] == "deadline_exceeded"
+    assert time.monotonic() - t0 < 5
+    # A stream that already started reports the timeout in-band, then ends.
+    with httpx.stream("POST", srv.base + "/v1/completions", timeout=30, json={
+        "model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 1000, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200
+    assert '"deadline_exceeded"' in lines[-2] and lines[-1] == "data: [DONE]"
+    # The server is still fine afterwards.
+    assert httpx.get(srv.base + "/health").status_code == 200

@@ -1,0 +1,120 @@
+"""The official OpenAI SDK against the real server, both real models."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+MODELS = ["smollm2-135m", "gemma3-270m"]
+CHAT = [{"role": "user", "content": "Write one sentence about cats."}]
+
+
+@pytest.fixture(scope="module")
+def client(main_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=main_server.base + "/v1", api_key="unused", max_retries=0)
+
+
+def test_model_listing(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == MODELS
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_chat_streamed_equals_non_streamed(client, model):
+    full = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=24)
+    choice = full.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content.strip()
+    assert choice.finish_reason in ("stop", "length")
+    assert full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 5
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+
+    stream = client.chat.completions.create(
+        model=model, messages=CHAT, temperature=0, max_tokens=24, stream=True,
+        stream_options={"include_usage": True},
+    )
+    parts, reasons, usage, roles = [], [], None, []
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.role:
+                roles.append(c.delta.role)
+            if c.delta.content:
+                parts.append(c.delta.content)
+            if c.finish_reason:
+                reasons.append(c.finish_reason)
+    assert "".join(parts) == choice.message.content
+    assert roles == ["assistant"]
+    assert reasons == [choice.finish_reason]
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_completion_streamed_equals_non_streamed(client, model):
+    full = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=12)
+    text = full.choices[0].text
+    assert text.strip()
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12
+
+    stream = client.completions.create(
+        model=model, prompt="The capital of France is", temperature=0, max_tokens=12, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == text
+
+
+def test_completion_default_max_tokens_is_16(client):
+    r = client.completions.create(model="smollm2-135m", prompt="Once upon a time", temperature=0)
+    assert r.usage.completion_tokens <= 16
+    assert r.choices[0].finish_reason == "length" or r.usage.completion_tokens < 16
+
+
+def test_stop_string_is_never_emitted(client):
+    base = client.completions.create(model="smollm2-135m", prompt="Count: 1, 2, 3, 4,", temperature=0, max_tokens=20)
+    text = base.choices[0].text
+    assert " 6" in text, text  # the model counts on; stop at a multi-character string inside the output
+    stop = text[text.index(" 6") : text.index(" 6") + 3]
+    r = client.completions.create(
+        model="smollm2-135m", prompt="Count: 1, 2, 3, 4,", temperature=0, max_tokens=20, stop=[stop]
+    )
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == text[: text.index(stop)]
+    streamed = client.completions.create(
+        model="smollm2-135m", prompt="Count: 1, 2, 3, 4,", temperature=0, max_tokens=20, stop=[stop], stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == r.choices[0].text
+
+
+def test_seeded_sampling_is_reproducible_and_n_choices(client):
+    kw = dict(model="smollm2-135m", messages=CHAT, temperature=0.9, top_p=0.95, seed=1234, max_tokens=16,
+              extra_body={"top_k": 40, "min_p": 0.05})
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    many = client.chat.completions.create(**{**kw, "seed": None}, n=3)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+
+
+def test_logit_bias_bans_a_token(client):
+    base = client.completions.create(model="smollm2-135m", prompt="The capital of France is", temperature=0, max_tokens=1)
+    assert base.choices[0].text == " Paris"
+    import httpx
+
+    # 7042 is " Paris" in SmolLM2's vocabulary
+    tok = httpx.post(
+        str(client.base_url).rstrip("/") + "/completions",
+        json={"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0,
+              "logit_bias": {"7042": -100}},
+    ).json()
+    assert tok["choices"][0]["text"] != " Paris"
+
+
+def test_utf8_multibyte_characters_survive_streaming(client):
+    prompt = "Translate to Japanese: cat = 猫, dog = 犬, bird ="
+    full = client.completions.create(model="gemma3-270m", prompt=prompt, temperature=0, max_tokens=24)
+    stream = client.completions.create(model="gemma3-270m", prompt=prompt, temperature=0, max_tokens=24, stream=True)
+    chunks = [c.choices[0].text for c in stream if c.choices]
+    assert "".join(chunks) == full.choices[0].text
+    assert all("\ufffd" not in c for c in chunks)
+    assert any(ord(ch) > 0x2E80 for ch in full.choices[0].text), full.choices[0].text

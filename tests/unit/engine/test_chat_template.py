@@ -1,0 +1,32 @@
+import pytest
+
+from appliance.engine.chat_template import CHATML, GEMMA, ChatTemplate, TemplateError, default_template
+
+
+def test_gemma_format_folds_system_into_first_user_turn():
+    t = ChatTemplate(GEMMA, "<bos>", "<eos>")
+    out = t.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}])
+    assert out == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+                   "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_gemma_refuses_roles_out_of_order():
+    t = ChatTemplate(GEMMA, "<bos>", "<eos>")
+    with pytest.raises(TemplateError, match="alternate"):
+        t.render([{"role": "assistant", "content": "x"}])
+
+
+def test_default_template_choice():
+    assert default_template({"tokenizer.chat_template": "X"}) == "X"
+    assert default_template({"general.architecture": "gemma3"}) == GEMMA
+    assert default_template({"general.architecture": "llama"}) == CHATML
+    assert ChatTemplate(CHATML, "", "").render([{"role": "user", "content": "Hi"}]) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_sandbox_blocks_attribute_escape():
+    t = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}", "", "")
+    with pytest.raises(TemplateError, match="unsafe"):
+        t.render([{"role": "user", "content": "x"}])

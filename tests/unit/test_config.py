@@ -1,0 +1,93 @@
+"""Config validation: one message per problem, each naming its key path and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD_MODEL = {"name": "m", "path": "m.gguf"}
+
+
+def problems(raw) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    return e.value.problems
+
+
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ({"models": [{**GOOD_MODEL, "n_ctx": "big"}]}, 'models[0].n_ctx: expected int >= 256 and <= 1048576, got "big"'),
+        ({"models": [GOOD_MODEL, {**GOOD_MODEL, "n_ctx": 100}]}, "models[1].n_ctx: expected int >= 256 and <= 1048576, got 100"),
+        ({"models": [{**GOOD_MODEL, "kv_cache": {"mode": "q9"}}]}, 'models[0].kv_cache.mode: expected one of'),
+        ({"models": [{**GOOD_MODEL, "flash_attn": "maybe"}]}, 'models[0].flash_attn: expected one of auto, off, on, got "maybe"'),
+        ({"models": [{**GOOD_MODEL, "colour": "red"}]}, "models[0].colour: unknown key (allowed:"),
+        ({"models": [GOOD_MODEL], "sever": {}}, "sever: unknown key (allowed: model_dir, models, policy, server)"),
+        ({"models": []}, "models: expected at least 1 item(s), got 0"),
+        ({}, "models: required key is missing"),
+        ({"models": [{"path": "x.gguf"}]}, "models[0].name: required key is missing"),
+        ({"models": [GOOD_MODEL, GOOD_MODEL]}, 'models[1].name: duplicate model name "m" (also models[0])'),
+        ({"models": [GOOD_MODEL], "server": {"port": 70000}}, "server.port: expected int >= 1 and <= 65535, got 70000"),
+        ({"models": [GOOD_MODEL], "server": {"port": True}}, "server.port: expected int >= 1 and <= 65535, got true"),
+        ({"models": [GOOD_MODEL], "server": {"api_keys": ["short"]}}, 'server.api_keys[0]: expected string (at least 8 characters), got "short"'),
+        ({"models": [GOOD_MODEL], "server": {"limits": {"request_timeout_s": 0}}}, "server.limits.request_timeout_s: expected number > 0"),
+        ({"models": [GOOD_MODEL], "policy": {"strategy": "lru"}}, 'policy.strategy: expected one of fixed-appliance, got "lru"'),
+        ({"models": [{**GOOD_MODEL, "name": "bad name!"}]}, "models[0].name: expected string"),
+        ({"models": [{**GOOD_MODEL, "flash_attn": "off", "kv_cache": {"mode": "q8_0"}}]}, "models[0].kv_cache.mode: a quantized V cache (q8_0) needs flash attention"),
+        ({"models": {"name": "m"}}, "models: expected list of mapping"),
+        ({"models": [{**GOOD_MODEL, "n_parallel": 0}]}, "models[0].n_parallel: expected int >= 1 and <= 256, got 0"),
+        ({"models": [{**GOOD_MODEL, "n_ctx": 256, "n_parallel": 1, "n_batch": 1024}]}, "models[0].n_batch: must not exceed n_ctx * n_parallel (256)"),
+    ],
+)
+def test_each_mistake_is_reported_by_key_path(raw, expected):
+    found = problems(raw)
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_all_problems_are_reported_at_once():
+    raw = {
+        "models": [{"name": "a", "path": "", "n_ctx": "big", "threads": -1}, {"name": "a", "path": "b"}],
+        "server": {"port": 0},
+        "extra": 1,
+    }
+    found = problems(raw)
+    assert len(found) == 6, found
+
+
+def test_top_level_must_be_a_mapping():
+    assert problems(["models"]) == ['(top level): expected a mapping, got ["models"]']
+
+
+def test_yaml_syntax_error_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_defaults_and_relative_model_paths(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("model_dir: models\nmodels:\n  - {name: m, path: m.gguf}\n")
+    cfg = load_config(cfg_file)
+    m = cfg.models[0]
+    assert (m.n_ctx, m.n_parallel, m.kv_cache.type_k, m.kv_cache.type_v, m.flash_attn) == (4096, 4, "f16", "f16", "auto")
+    assert cfg.model_path(m) == tmp_path / "models" / "m.gguf"
+    assert cfg.server.host == "127.0.0.1" and cfg.server.port == 8080
+
+
+def test_asymmetric_kv_override():
+    cfg = parse_config({"models": [{**GOOD_MODEL, "kv_cache": {"mode": "q8_0", "k": "f16"}}]})
+    assert cfg.models[0].kv_cache.type_k == "f16" and cfg.models[0].kv_cache.type_v == "q8_0"
+
+
+@pytest.mark.parametrize("preset", sorted((ROOT / "presets").glob("*.yaml")), ids=lambda p: p.name)
+def test_presets_are_valid_and_point_at_installed_models(preset):
+    cfg = load_config(preset)
+    for m in cfg.models:
+        assert cfg.model_path(m).is_file(), f"{preset.name}: {m.name} -> {cfg.model_path(m)}"
