@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -117,7 +117,7 @@ def _describe(t: mi.Type) -> str:
     if isinstance(t, mi.StrType):
         parts = []
         if t.min_length:
-            parts.append(f"at least {t.min_length} characters")
+            parts.append(f"at least {t.min_length} character{'s' if t.min_length > 1 else ''}")
         if t.max_length is not None:
             parts.append(f"at most {t.max_length} characters")
         if t.pattern:
@@ -300,6 +300,3 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError([f"invalid YAML: {e}"], str(p)) from e
     return parse_config(raw, str(p), str(p.resolve().parent))
 
-
-def literal_values(t: Any) -> tuple[str, ...]:
-    return get_args(t)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from ..config import Config
@@ -67,6 +67,13 @@ def sampling_params(req: SamplingFields, n_vocab: int) -> SamplingParams:
         seed=None if req.seed is None else req.seed & 0xFFFFFFFF,
         logit_bias=bias,
     )
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The n choices of one request differ: choice i draws with seed + i."""
+    if index == 0 or params.seed is None:
+        return params
+    return replace(params, seed=(params.seed + index) & 0xFFFFFFFF)
 
 
 def stop_list(req: SamplingFields) -> list[str]:

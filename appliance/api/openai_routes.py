@@ -15,6 +15,7 @@ from .errors import ApiError, from_validation
 from .generation import (
     Generations,
     chat_messages,
+    choice_params,
     collect,
     completion_prompts,
     deadline,
@@ -78,7 +79,9 @@ class OpenAIRoutes:
         max_tokens = generation_limits(self.config, runner, prompt, requested, None, "messages")
         stops = stop_list(req)
         until = deadline(self.config)
-        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stops, until) for _ in range(req.n)])
+        gens = Generations(
+            runner, [GenerationRequest(prompt, max_tokens, choice_params(params, i), stops, until) for i in range(req.n)]
+        )
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
                         self._chat_stream, self._chat_response, req.model)
 
@@ -92,7 +95,9 @@ class OpenAIRoutes:
         stops = stop_list(req)
         until = deadline(self.config)
         seqs = [
-            GenerationRequest(p, m, params, stops, until) for p, m in zip(prompts, limits) for _ in range(req.n)
+            GenerationRequest(p, m, choice_params(params, i), stops, until)
+            for p, m in zip(prompts, limits)
+            for i in range(req.n)
         ]
         await self._run(request, Generations(runner, seqs), req.stream,
                         req.stream_options and req.stream_options.include_usage,
@@ -111,7 +116,8 @@ class OpenAIRoutes:
                 outs = await collect(gens)
                 await request.json(200, responder(outs, model))
         finally:
-            gens.cancel() if gens.pending else None
+            if gens.pending:
+                gens.cancel()
             watcher.cancel()
             disconnect.cancel()
 
