@@ -54,6 +54,41 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
 
 
+class ReplaceWith(Struct, frozen=True, forbid_unknown_fields=True):
+    replace_with: ModelName
+
+
+Fallback = Literal["strict", "partial", "retry_once"] | ReplaceWith
+GroupType = Literal["parallel", "sequential", "fanout"]
+Select = Annotated[str, Meta(pattern=r"^(consensus|logprob|first|judge:[A-Za-z0-9][A-Za-z0-9._:-]*)$")]
+
+
+class GroupConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    name: ModelName
+    models: Annotated[list[ModelName], Meta(min_length=1, max_length=32)]
+    type: GroupType = "parallel"
+    # parallel/fanout: successful answers needed for the group to succeed (default: all members).
+    required_responses: Annotated[int, Meta(ge=1)] | None = None
+    pinned: bool = False
+    timeout_ms: Annotated[int, Meta(ge=1, le=86_400_000)] = 60_000
+    # Per-model override of timeout_ms.
+    member_timeout_ms: dict[ModelName, Annotated[int, Meta(ge=1, le=86_400_000)]] = {}
+    fallback: Fallback = "partial"
+    # fanout only: how the answer is chosen.
+    select: Select = "consensus"
+    # fanout only: samples drawn from each member model (they share the prompt's KV).
+    samples: Annotated[int, Meta(ge=1, le=16)] = 1
+    # sequential only: one template per member, `{input}` is the previous output (null: as is).
+    prompt_templates: list[str | None] = []
+
+    def timeout_s(self, model: str) -> float:
+        return self.member_timeout_ms.get(model, self.timeout_ms) / 1000.0
+
+    @property
+    def replacement(self) -> str | None:
+        return self.fallback.replace_with if isinstance(self.fallback, ReplaceWith) else None
+
+
 class LimitsConfig(Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 4 * 1024 * 1024
     request_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] = 600.0
@@ -73,6 +108,7 @@ class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
 
 class Config(Struct, frozen=True, forbid_unknown_fields=True):
     models: Annotated[list[ModelConfig], Meta(min_length=1)]
+    groups: list[GroupConfig] = []
     server: ServerConfig = field(default_factory=ServerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # Relative model paths resolve against model_dir, itself relative to the config file.
@@ -93,6 +129,12 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         for m in self.models:
             if m.name == name:
                 return m
+        return None
+
+    def group(self, name: str) -> GroupConfig | None:
+        for g in self.groups:
+            if g.name == name:
+                return g
         return None
 
 
@@ -130,7 +172,9 @@ def _describe(t: mi.Type) -> str:
     if isinstance(t, mi.ListType):
         return f"list of {_describe(t.item_type)}"
     if isinstance(t, mi.StructType):
-        return "mapping"
+        return "mapping with keys " + ", ".join(f.encode_name for f in t.fields if f.encode_name not in _USER_KEYS_HIDDEN)
+    if isinstance(t, mi.DictType):
+        return f"mapping of {_describe(t.key_type)} to {_describe(t.value_type)}"
     if isinstance(t, mi.UnionType):
         return " or ".join(_describe(a) for a in t.types)
     if isinstance(t, mi.NoneType):
@@ -185,6 +229,14 @@ def _check(value: Any, t: mi.Type, path: str, problems: list[str]) -> None:
                 _check(value[f.encode_name], f.type, sub, problems)
             elif f.required:
                 problems.append(f"{sub}: required key is missing (expected {_describe(f.type)})")
+        return
+    if isinstance(t, mi.DictType):
+        if not isinstance(value, dict):
+            problems.append(f"{path}: expected {_describe(t)}, got {_got(value)}")
+            return
+        for key, item in value.items():
+            _check(key, t.key_type, f"{path} key {_got(key)}", problems)
+            _check(item, t.value_type, _join(path, str(key)), problems)
         return
     if isinstance(t, mi.ListType):
         if not isinstance(value, list):
@@ -262,11 +314,64 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
+    _group_checks(raw, {m.get("name") for m in models if isinstance(m, dict)}, problems)
     server = raw.get("server")
     if isinstance(server, dict):
         keys = server.get("api_keys")
         if isinstance(keys, list) and len(set(map(str, keys))) != len(keys):
             problems.append("server.api_keys: duplicate keys")
+
+
+def _group_checks(raw: dict[str, Any], model_names: set[Any], problems: list[str]) -> None:
+    groups = raw.get("groups")
+    if not isinstance(groups, list):
+        return
+    known = ", ".join(sorted(str(n) for n in model_names if isinstance(n, str)))
+    seen: dict[str, int] = {}
+    for i, g in enumerate(groups):
+        if not isinstance(g, dict):
+            continue
+        at = f"groups[{i}]"
+        name = g.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                problems.append(f"{at}.name: duplicate group name {_got(name)} (also groups[{seen[name]}])")
+            seen.setdefault(name, i)
+        members = g.get("models") if isinstance(g.get("models"), list) else []
+        for j, m in enumerate(members):
+            if isinstance(m, str) and m not in model_names:
+                problems.append(f"{at}.models[{j}]: unknown model {_got(m)} (configured: {known})")
+        gtype = g.get("type", "parallel")
+        required = g.get("required_responses")
+        if isinstance(required, int) and members and gtype != "sequential":
+            total = len(members) * (g.get("samples", 1) if isinstance(g.get("samples"), int) else 1)
+            if required > total:
+                problems.append(f"{at}.required_responses: {required} is more than the group's {total} answers")
+        fallback = g.get("fallback")
+        if isinstance(fallback, dict) and isinstance(fallback.get("replace_with"), str):
+            if fallback["replace_with"] not in model_names:
+                problems.append(f"{at}.fallback.replace_with: unknown model {_got(fallback['replace_with'])} (configured: {known})")
+        select = g.get("select")
+        if select is not None and gtype != "fanout":
+            problems.append(f"{at}.select: only fanout groups select an answer (this group is {gtype})")
+        if isinstance(select, str) and select.startswith("judge:") and select[6:] not in model_names:
+            problems.append(f"{at}.select: judge model {_got(select[6:])} is not configured (configured: {known})")
+        if g.get("samples", 1) != 1 and gtype != "fanout":
+            problems.append(f"{at}.samples: only fanout groups draw several samples (this group is {gtype})")
+        templates = g.get("prompt_templates")
+        if isinstance(templates, list) and templates:
+            if gtype != "sequential":
+                problems.append(f"{at}.prompt_templates: only sequential groups use prompt templates")
+            elif len(templates) != len(members):
+                problems.append(f"{at}.prompt_templates: expected one entry per member ({len(members)}), got {len(templates)}")
+            for j, t in enumerate(templates):
+                if isinstance(t, str) and "{input}" not in t:
+                    problems.append(f"{at}.prompt_templates[{j}]: must contain {{input}} (where the previous output goes)")
+        overrides = g.get("member_timeout_ms")
+        if isinstance(overrides, dict):
+            for m in overrides:
+                if m not in members:
+                    problems.append(f"{at}.member_timeout_ms.{m}: {_got(m)} is not a member of this group")
 
 
 _SCHEMA = mi.type_info(Config)

@@ -1,25 +1,13 @@
-"""From an API request to engine sequences and back: prompts, limits, sampling, the async bridge."""
+"""From an API request to engine sequences: model lookup, sampling, prompts, and engine errors as HTTP."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import dataclass, replace
-from typing import AsyncIterator
+from dataclasses import replace
 
 from ..config import Config
-from ..engine.chat_template import TemplateError
-from ..engine.runner import (
-    Event,
-    Failed,
-    Finished,
-    GenerationRequest,
-    Handle,
-    ModelRunner,
-    NotReady,
-    QueueFull,
-    TextDelta,
-)
+from ..engine.client import GenerationFailed, PromptError
+from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..engine.sampling import SamplingParams
 from .errors import ApiError, bad_request
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingFields
@@ -110,18 +98,6 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
     return out
 
 
-def render_chat(runner: ModelRunner, messages: list[dict[str, str]]) -> list[int]:
-    """Render with the model's template and tokenize (blocking: run it off the event loop)."""
-    try:
-        text = runner.template.render(messages)
-    except TemplateError as e:
-        raise bad_request(f"messages cannot be rendered for model '{runner.name}': {e}", param="messages") from e
-    vocab = runner.vocab
-    if vocab.add_bos and vocab.bos_text and text.startswith(vocab.bos_text):
-        text = text[len(vocab.bos_text) :]  # the tokenizer adds BOS itself
-    return vocab.tokenize(text, add_special=True, parse_special=True)
-
-
 def completion_prompts(runner: ModelRunner, req: CompletionRequest) -> list[list[int]]:
     """Token lists for each prompt (blocking: run it off the event loop)."""
     if req.suffix:
@@ -146,89 +122,23 @@ def completion_prompts(runner: ModelRunner, req: CompletionRequest) -> list[list
     raise bad_request("prompt must be a string, a list of strings or a list of token ids", param="prompt")
 
 
-def generation_limits(
-    config: Config, runner: ModelRunner, prompt: list[int], requested: int | None, default: int | None, param: str
-) -> int:
-    """max_tokens for one sequence; a prompt that cannot fit is a 400, never a crash."""
-    n_ctx = runner.n_ctx
-    cap = config.server.limits.max_tokens
-    if requested is not None and cap is not None and requested > cap:
-        raise bad_request(f"max_tokens {requested} exceeds this server's limit of {cap}", param="max_tokens")
-    if not prompt:
-        raise bad_request("the prompt is empty after tokenization", param=param)
-    if len(prompt) >= n_ctx:
-        raise bad_request(
-            f"this model's maximum context length is {n_ctx} tokens; the prompt has {len(prompt)} tokens",
-            param=param, code="context_length_exceeded",
+ENGINE_ERRORS = (PromptError, QueueFull, NotReady, GenerationFailed)
+
+
+def engine_error(exc: Exception) -> ApiError:
+    """The HTTP error for an engine exception."""
+    if isinstance(exc, PromptError):
+        return bad_request(str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, QueueFull):
+        return ApiError(
+            429, f"model '{exc}' has too many requests queued; retry later",
+            type="rate_limit_error", code="queue_full", headers=RETRY_AFTER,
         )
-    room = n_ctx - len(prompt)
-    if requested is not None:
-        if requested > room:
-            raise bad_request(
-                f"this model's maximum context length is {n_ctx} tokens; the prompt has {len(prompt)} tokens "
-                f"and max_tokens asks for {requested} (at most {room} fit)",
-                param="max_tokens", code="context_length_exceeded",
-            )
-        return requested
-    limit = room if default is None else min(default, room)
-    return min(limit, cap) if cap is not None else limit
-
-
-@dataclass
-class Outcome:
-    text: str = ""
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class Generations:
-    """Several sequences of one request running on one runner; events merge into one queue."""
-
-    def __init__(self, runner: ModelRunner, requests: list[GenerationRequest]):
-        self.runner = runner
-        self.requests = requests
-        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        self.handles: list[Handle] = []
-        self.pending = len(requests)
-
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        queue = self.queue
-
-        def make_sink(i: int):
-            def sink(ev: Event) -> None:
-                try:
-                    loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
-                except RuntimeError:  # loop already closed at shutdown
-                    pass
-
-            return sink
-
-        try:
-            for i, req in enumerate(self.requests):
-                self.handles.append(self.runner.submit(req, make_sink(i)))
-        except QueueFull:
-            self.cancel()
-            raise ApiError(
-                429, f"model '{self.runner.name}' has too many requests queued; retry later",
-                type="rate_limit_error", code="queue_full", headers=RETRY_AFTER,
-            ) from None
-        except NotReady as e:
-            self.cancel()
-            raise ApiError(503, f"model '{self.runner.name}' is not ready: {e}", type="service_unavailable",
-                           code="model_not_ready") from None
-
-    def cancel(self) -> None:
-        for h in self.handles:
-            h.cancel()
-
-    async def events(self) -> AsyncIterator[tuple[int, Event]]:
-        while self.pending:
-            i, ev = await self.queue.get()
-            if isinstance(ev, (Finished, Failed)):
-                self.pending -= 1
-            yield i, ev
+    if isinstance(exc, NotReady):
+        return ApiError(503, f"model is not ready: {exc}", type="service_unavailable", code="model_not_ready")
+    if isinstance(exc, GenerationFailed):
+        return failure_error(Failed(exc.kind, str(exc)))
+    raise exc
 
 
 def failure_error(ev: Failed) -> ApiError:
@@ -239,28 +149,6 @@ def failure_error(ev: Failed) -> ApiError:
     if ev.kind == "cancelled":
         return ApiError(499, ev.message, code="cancelled")
     return ApiError(500, ev.message, type="server_error", code="generation_failed")
-
-
-async def collect(gens: Generations) -> list[Outcome]:
-    """Run to completion; the first failure cancels the rest and becomes the error."""
-    outs = [Outcome() for _ in gens.requests]
-    parts: list[list[str]] = [[] for _ in gens.requests]
-    try:
-        async for i, ev in gens.events():
-            if isinstance(ev, TextDelta):
-                parts[i].append(ev.text)
-            elif isinstance(ev, Finished):
-                outs[i].finish_reason = ev.reason
-                outs[i].prompt_tokens = ev.prompt_tokens
-                outs[i].completion_tokens = ev.completion_tokens
-            else:
-                raise failure_error(ev)
-    finally:
-        if gens.pending:
-            gens.cancel()
-    for i, o in enumerate(outs):
-        o.text = "".join(parts[i])
-    return outs
 
 
 def deadline(config: Config) -> float:

@@ -12,16 +12,15 @@ import msgspec
 from ..config import Config
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from .errors import ApiError, from_validation
+from ..engine.client import Generations, collect, fit_max_tokens, render_chat
 from .generation import (
-    Generations,
+    ENGINE_ERRORS,
     chat_messages,
     choice_params,
-    collect,
     completion_prompts,
     deadline,
+    engine_error,
     failure_error,
-    generation_limits,
-    render_chat,
     resolve_runner,
     sampling_params,
     stop_list,
@@ -70,13 +69,30 @@ class OpenAIRoutes:
         await request.json(200, ModelList(cards))
 
     async def chat(self, request: Request) -> None:
+        try:
+            await self._chat(request)
+        except ENGINE_ERRORS as e:
+            raise engine_error(e) from None
+
+    async def completions(self, request: Request) -> None:
+        try:
+            await self._completions(request)
+        except ENGINE_ERRORS as e:
+            raise engine_error(e) from None
+
+    def _max_tokens(self, runner: ModelRunner, prompt: list[int], requested: int | None, default: int | None,
+                    param: str) -> int:
+        return fit_max_tokens(runner.n_ctx, len(prompt), requested, default, self.config.server.limits.max_tokens,
+                              param)
+
+    async def _chat(self, request: Request) -> None:
         req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = resolve_runner(self.runners, req.model)
         messages = chat_messages(req)
         params = sampling_params(req, runner.vocab.n_vocab)
         prompt = await asyncio.to_thread(render_chat, runner, messages)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = generation_limits(self.config, runner, prompt, requested, None, "messages")
+        max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
         stops = stop_list(req)
         until = deadline(self.config)
         gens = Generations(
@@ -85,13 +101,13 @@ class OpenAIRoutes:
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
                         self._chat_stream, self._chat_response, req.model)
 
-    async def completions(self, request: Request) -> None:
+    async def _completions(self, request: Request) -> None:
         req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = resolve_runner(self.runners, req.model)
         params = sampling_params(req, runner.vocab.n_vocab)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)
         # OpenAI's default for the legacy completions endpoint is 16 tokens.
-        limits = [generation_limits(self.config, runner, p, req.max_tokens, 16, "prompt") for p in prompts]
+        limits = [self._max_tokens(runner, p, req.max_tokens, 16, "prompt") for p in prompts]
         stops = stop_list(req)
         until = deadline(self.config)
         seqs = [

@@ -37,6 +37,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     deadline: float = float("inf")  # time.monotonic() value
+    logprobs: bool = False  # report the mean log-probability of the sampled tokens
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Finished:
     reason: str  # "stop" | "length"
     prompt_tokens: int
     completion_tokens: int
+    mean_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class _Sequence:
         "stream",
         "cancelled",
         "out_index",
+        "leader",
+        "logprob_sum",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -96,6 +100,10 @@ class _Sequence:
         self.stream: TextStream | None = None
         self.cancelled = False
         self.out_index = -1
+        # Another sequence of the same request with the same prompt: its prompt KV is copied
+        # instead of prefilled again (fan-out of N samples costs one prefill).
+        self.leader: _Sequence | None = None
+        self.logprob_sum = 0.0
 
 
 class Handle:
@@ -197,15 +205,25 @@ class ModelRunner:
 
     def submit(self, req: GenerationRequest, sink: Sink) -> Handle:
         """Queue a request; raises NotReady or QueueFull. Events reach `sink` from the runner thread."""
+        return self.submit_many([req], [sink])[0]
+
+    def submit_many(self, reqs: list[GenerationRequest], sinks: list[Sink]) -> list[Handle]:
+        """Queue several sequences at once (all or none). Sequences whose prompt is the same
+        list object share its prefill: the first computes it, the others copy its KV."""
         if self.state != "ready":
             raise NotReady(self.error or self.state)
-        seq = _Sequence(req, sink)
+        seqs = [_Sequence(r, s) for r, s in zip(reqs, sinks)]
+        leaders: dict[int, _Sequence] = {}
+        for seq in seqs:
+            first = leaders.setdefault(id(seq.req.prompt), seq)
+            if first is not seq:
+                seq.leader = first
         with self._cond:
-            if len(self._active) + len(self._waiting) >= self.cfg.n_parallel + self.cfg.max_queue:
+            if len(self._active) + len(self._waiting) + len(seqs) > self.cfg.n_parallel + self.cfg.max_queue:
                 raise QueueFull(self.name)
-            self._waiting.append(seq)
+            self._waiting.extend(seqs)
             self._cond.notify_all()
-        return Handle(seq, self)
+        return [Handle(seq, self) for seq in seqs]
 
     def queue_depth(self) -> int:
         with self._cond:
@@ -304,6 +322,10 @@ class ModelRunner:
             remaining = len(seq.req.prompt) - seq.n_prefilled
             if remaining <= 0:
                 continue
+            if seq.leader is not None:
+                if self._follow(seq):
+                    continue  # the leader is still prefilling: wait for its KV
+                remaining = len(seq.req.prompt) - seq.n_prefilled
             take = min(self.batch_cap, remaining)
             if take > budget and budget < self.batch_cap:
                 break  # the step's token budget is spent; the next step continues
@@ -311,6 +333,22 @@ class ModelRunner:
             budget -= take
             if seq.n_prefilled == len(seq.req.prompt):
                 self._sample([seq])
+
+    def _follow(self, seq: _Sequence) -> bool:
+        """Take the leader's prompt KV once it exists; True while the follower must wait."""
+        leader = seq.leader
+        if leader.cancelled or (leader.seq_id >= 0 and leader.chain is None):
+            seq.leader = None  # the leader is gone: prefill alone
+            return False
+        if leader.chain is None or leader.n_prefilled < len(leader.req.prompt):
+            return True  # not admitted yet, or still prefilling
+        # Copy everything but the last prompt token, whose logits this sequence computes itself.
+        last = len(seq.req.prompt) - 1
+        lc.llama_memory_seq_cp(self._mem, leader.seq_id, seq.seq_id, -1, -1)
+        lc.llama_memory_seq_rm(self._mem, seq.seq_id, last, -1)
+        seq.n_prefilled = last
+        seq.leader = None
+        return False
 
     def _prefill_chunk(self, seq: _Sequence, take: int) -> None:
         start = seq.n_prefilled
@@ -346,6 +384,8 @@ class ModelRunner:
         vocab = self.vocab
         for seq in seqs:
             token = lc.llama_sampler_sample(seq.chain, ctx, seq.out_index)
+            if seq.req.logprobs:
+                seq.logprob_sum += self._logprob(seq.out_index, token)
             if vocab.is_eog(token):
                 self._emit_end(seq, "stop")
                 continue
@@ -354,7 +394,7 @@ class ModelRunner:
             if text:
                 seq.sink(TextDelta(text))
             if hit_stop:
-                self._finish(seq, Finished("stop", len(seq.req.prompt), seq.n_generated))
+                self._finish(seq, self._finished(seq, "stop"))
             elif seq.n_generated >= seq.req.max_tokens or seq.pos >= self.cfg.n_ctx:
                 self._emit_end(seq, "length")
             else:
@@ -364,4 +404,17 @@ class ModelRunner:
         rest = seq.stream.finish()
         if rest:
             seq.sink(TextDelta(rest))
-        self._finish(seq, Finished(reason, len(seq.req.prompt), seq.n_generated))
+        self._finish(seq, self._finished(seq, reason))
+
+    def _finished(self, seq: _Sequence, reason: str) -> Finished:
+        mean = None
+        if seq.req.logprobs:
+            mean = seq.logprob_sum / max(1, seq.n_generated + (1 if reason == "stop" else 0))
+        return Finished(reason, len(seq.req.prompt), seq.n_generated, mean)
+
+    def _logprob(self, index: int, token: int) -> float:
+        """log p(token) under the model's raw next-token distribution."""
+        ptr = lc.llama_get_logits_ith(self.loaded.ctx, index)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.loaded.n_vocab,))
+        top = float(logits.max())
+        return float(logits[token]) - top - float(np.log(np.exp(logits - top).sum()))

@@ -1,0 +1,140 @@
+"""The asyncio side of a runner: prompts, token limits, and sequences whose events land in a queue.
+
+Used by the API and by the group executor; raises engine exceptions, never HTTP ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from .chat_template import TemplateError
+from .runner import Event, Failed, Finished, GenerationRequest, Handle, ModelRunner, TextDelta
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be run; `param` names the request field at fault."""
+
+    def __init__(self, message: str, param: str, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class GenerationFailed(Exception):
+    def __init__(self, event: Failed):
+        super().__init__(event.message)
+        self.kind = event.kind
+
+
+def render_chat(runner: ModelRunner, messages: list[dict[str, str]]) -> list[int]:
+    """Render with the model's template and tokenize (blocking: run it off the event loop)."""
+    try:
+        text = runner.template.render(messages)
+    except TemplateError as e:
+        raise PromptError(f"messages cannot be rendered for model '{runner.name}': {e}", "messages") from e
+    vocab = runner.vocab
+    if vocab.add_bos and vocab.bos_text and text.startswith(vocab.bos_text):
+        text = text[len(vocab.bos_text) :]  # the tokenizer adds BOS itself
+    return vocab.tokenize(text, add_special=True, parse_special=True)
+
+
+def fit_max_tokens(
+    n_ctx: int, prompt_len: int, requested: int | None, default: int | None, cap: int | None, param: str
+) -> int:
+    """max_tokens for one sequence; a prompt that cannot fit is an error, never a crash."""
+    if requested is not None and cap is not None and requested > cap:
+        raise PromptError(f"max_tokens {requested} exceeds this server's limit of {cap}", "max_tokens")
+    if prompt_len == 0:
+        raise PromptError("the prompt is empty after tokenization", param)
+    if prompt_len >= n_ctx:
+        raise PromptError(
+            f"this model's maximum context length is {n_ctx} tokens; the prompt has {prompt_len} tokens",
+            param, "context_length_exceeded",
+        )
+    room = n_ctx - prompt_len
+    if requested is not None:
+        if requested > room:
+            raise PromptError(
+                f"this model's maximum context length is {n_ctx} tokens; the prompt has {prompt_len} tokens "
+                f"and max_tokens asks for {requested} (at most {room} fit)",
+                "max_tokens", "context_length_exceeded",
+            )
+        return requested
+    limit = room if default is None else min(default, room)
+    return min(limit, cap) if cap is not None else limit
+
+
+@dataclass
+class Outcome:
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    mean_logprob: float | None = None
+
+
+class Generations:
+    """Sequences of one request on one runner; their events merge into one asyncio queue."""
+
+    def __init__(self, runner: ModelRunner, requests: list[GenerationRequest]):
+        self.runner = runner
+        self.requests = requests
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.handles: list[Handle] = []
+        self.pending = len(requests)
+
+    def start(self) -> None:
+        """Submit every sequence; raises QueueFull or NotReady (and then submits none)."""
+        loop = asyncio.get_running_loop()
+        queue = self.queue
+
+        def make_sink(i: int):
+            def sink(ev: Event) -> None:
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+                except RuntimeError:  # loop already closed at shutdown
+                    pass
+
+            return sink
+
+        sinks = [make_sink(i) for i in range(len(self.requests))]
+        try:
+            self.handles = self.runner.submit_many(self.requests, sinks)
+        except Exception:
+            self.pending = 0
+            raise
+
+    def cancel(self) -> None:
+        for h in self.handles:
+            h.cancel()
+
+    async def events(self) -> AsyncIterator[tuple[int, Event]]:
+        while self.pending:
+            i, ev = await self.queue.get()
+            if isinstance(ev, (Finished, Failed)):
+                self.pending -= 1
+            yield i, ev
+
+
+async def collect(gens: Generations) -> list[Outcome]:
+    """Run to completion; the first failure cancels the rest and raises GenerationFailed."""
+    outs = [Outcome() for _ in gens.requests]
+    parts: list[list[str]] = [[] for _ in gens.requests]
+    try:
+        async for i, ev in gens.events():
+            if isinstance(ev, TextDelta):
+                parts[i].append(ev.text)
+            elif isinstance(ev, Finished):
+                o = outs[i]
+                o.finish_reason, o.prompt_tokens, o.completion_tokens = ev.reason, ev.prompt_tokens, ev.completion_tokens
+                o.mean_logprob = ev.mean_logprob
+            else:
+                raise GenerationFailed(ev)
+    finally:
+        if gens.pending:
+            gens.cancel()
+    for i, o in enumerate(outs):
+        o.text = "".join(parts[i])
+    return outs
