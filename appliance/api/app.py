@@ -12,6 +12,7 @@ from ..engine.manager import ModelManager
 from ..resources import memory
 from .errors import ApiError
 from .http import Receive, Request, Send
+from .group_routes import GroupRoutes
 from .openai_routes import OpenAIRoutes
 
 log = logging.getLogger("eie.api")
@@ -28,13 +29,17 @@ class App:
         self.config = config
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager.runners)
+        self.groups = GroupRoutes(config, manager.runners)
         self._key_digests = [_digest(k) for k in config.server.api_keys]
         self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {
             "/v1/chat/completions": {"POST": (self.openai.chat, True)},
             "/v1/completions": {"POST": (self.openai.completions, True)},
             "/v1/models": {"GET": (self.openai.models, True)},
+            "/v1/batch/execute": {"POST": (self.groups.batch, True)},
+            "/v1/chain/execute": {"POST": (self.groups.chain, True)},
             "/health": {"GET": (self.health, False)},
             "/v1/admin/vram/status": {"GET": (self.vram_status, True)},
+            "/v1/admin/scheduling/status": {"GET": (self.scheduling_status, True)},
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -121,6 +126,32 @@ class App:
         else:
             status, code = "degraded", 503
         await request.json(code, {"status": status, "models": models})
+
+    async def scheduling_status(self, request: Request) -> None:
+        models = {
+            name: {
+                "state": r.state,
+                "n_parallel": r.cfg.n_parallel,
+                "running": r.running(),
+                "queued": r.queue_depth(),
+                "max_queue": r.cfg.max_queue,
+                "threads": r.threads,
+                **r.stats,
+            }
+            for name, r in self.manager.runners.items()
+        }
+        groups = [
+            {"name": g.name, "type": g.type, "models": g.models, "pinned": g.pinned,
+             "fallback": g.fallback if isinstance(g.fallback, str) else {"replace_with": g.fallback.replace_with},
+             **({"select": g.select, "samples": g.samples} if g.type == "fanout" else {})}
+            for g in self.config.groups
+        ]
+        await request.json(200, {
+            "strategy": self.config.policy.strategy,
+            "cores": {"total": self.manager.cores.total, "busy": self.manager.cores.busy},
+            "models": models,
+            "groups": groups,
+        })
 
     async def vram_status(self, request: Request) -> None:
         devices = [

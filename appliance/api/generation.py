@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from ..config import Config
 from ..engine.client import GenerationFailed, PromptError
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..engine.sampling import SamplingParams
 from .errors import ApiError, bad_request
-from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingFields
+from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions
 
 RETRY_AFTER = [(b"retry-after", b"1")]
 
@@ -32,7 +31,7 @@ def resolve_runner(runners: dict[str, ModelRunner], name: str) -> ModelRunner:
     return runner
 
 
-def sampling_params(req: SamplingFields, n_vocab: int) -> SamplingParams:
+def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:
     if req.logprobs:
         raise bad_request("logprobs are not supported by this server yet", param="logprobs")
     bias: dict[int, float] = {}
@@ -57,14 +56,7 @@ def sampling_params(req: SamplingFields, n_vocab: int) -> SamplingParams:
     )
 
 
-def choice_params(params: SamplingParams, index: int) -> SamplingParams:
-    """The n choices of one request differ: choice i draws with seed + i."""
-    if index == 0 or params.seed is None:
-        return params
-    return replace(params, seed=(params.seed + index) & 0xFFFFFFFF)
-
-
-def stop_list(req: SamplingFields) -> list[str]:
+def stop_list(req: SamplingOptions) -> list[str]:
     if req.stop is None:
         return []
     return [req.stop] if isinstance(req.stop, str) else list(req.stop)
@@ -91,11 +83,15 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
         raise bad_request("tools are not supported by this server yet", param="tools")
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request("only response_format type 'text' is supported", param="response_format")
-    out = []
-    for i, m in enumerate(req.messages):
-        role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": _message_text(m, i)})
-    return out
+    return plain_messages(req.messages)
+
+
+def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat templates take them: text content, developer folded into system."""
+    return [
+        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
+        for i, m in enumerate(messages)
+    ]
 
 
 def completion_prompts(runner: ModelRunner, req: CompletionRequest) -> list[list[int]]:

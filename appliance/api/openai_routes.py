@@ -13,10 +13,10 @@ from ..config import Config
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from .errors import ApiError, from_validation
 from ..engine.client import Generations, collect, fit_max_tokens, render_chat
+from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
     chat_messages,
-    choice_params,
     completion_prompts,
     deadline,
     engine_error,
@@ -96,7 +96,7 @@ class OpenAIRoutes:
         stops = stop_list(req)
         until = deadline(self.config)
         gens = Generations(
-            runner, [GenerationRequest(prompt, max_tokens, choice_params(params, i), stops, until) for i in range(req.n)]
+            runner, [GenerationRequest(prompt, max_tokens, with_seed_offset(params, i), stops, until) for i in range(req.n)]
         )
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
                         self._chat_stream, self._chat_response, req.model)
@@ -111,7 +111,7 @@ class OpenAIRoutes:
         stops = stop_list(req)
         until = deadline(self.config)
         seqs = [
-            GenerationRequest(p, m, choice_params(params, i), stops, until)
+            GenerationRequest(p, m, with_seed_offset(params, i), stops, until)
             for p, m in zip(prompts, limits)
             for i in range(req.n)
         ]

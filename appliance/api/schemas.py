@@ -37,8 +37,7 @@ class ResponseFormat(Struct, frozen=True):
     type: str = "text"
 
 
-class SamplingFields(Struct, frozen=True, kw_only=True):
-    model: Annotated[str, Meta(min_length=1, max_length=256)]
+class SamplingOptions(Struct, frozen=True, kw_only=True):
     max_tokens: MaxTokens | None = None
     temperature: Temperature = 1.0
     top_p: Probability = 1.0
@@ -49,12 +48,16 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] = 1.0
     seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: Annotated[str, Meta(min_length=1, max_length=512)] | StopList | None = None
-    n: Annotated[int, Meta(ge=1, le=16)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     logprobs: bool | int | None = None
     user: str | None = None
+
+
+class SamplingFields(SamplingOptions, frozen=True, kw_only=True):
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    n: Annotated[int, Meta(ge=1, le=16)] = 1
 
 
 class ChatRequest(SamplingFields, frozen=True, kw_only=True):
@@ -72,6 +75,11 @@ class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+
+class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
+    group: Annotated[str, Meta(min_length=1, max_length=256)]
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -169,3 +177,58 @@ class ErrorEnvelope(Struct, frozen=True):
 
 
 encoder = msgspec.json.Encoder()
+
+
+class MemberOut(Struct, frozen=True):
+    index: int
+    model: str
+    status: str
+    text: str
+    finish_reason: str | None
+    usage: Usage
+    latency_ms: float
+    attempts: int
+    error: str | None = None
+    replaced_by: str | None = None
+    mean_logprob: float | None = None
+
+
+class SelectedOut(Struct, frozen=True):
+    index: int
+    model: str
+    reason: str
+
+
+class GroupExecution(Struct, frozen=True):
+    id: str
+    created: int
+    group: str
+    type: str
+    complete: bool
+    members: list[MemberOut]
+    usage: Usage
+    output: str | None = None
+    selected: SelectedOut | None = None
+    object: str = "group.execution"
+
+
+class GroupFailure(Struct, frozen=True):
+    """The body of a 502 from a strict group: the error and every member's result."""
+
+    error: ErrorBody
+    result: GroupExecution
+
+
+class MemberDelta(Struct, frozen=True, tag_field="type", tag="member.delta"):
+    index: int
+    model: str
+    text: str
+
+
+class MemberDone(Struct, frozen=True, tag_field="type", tag="member.done"):
+    member: MemberOut
+
+
+class GroupDone(Struct, frozen=True, tag_field="type", tag="group.done"):
+    result: GroupExecution
+    error: ErrorBody | None = None

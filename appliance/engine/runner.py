@@ -142,6 +142,8 @@ class ModelRunner:
         self._thread: threading.Thread | None = None
         self._threads_set = self.threads
         self.load_seconds = 0.0
+        # Counters since load (read without locking: plain ints, written by the runner thread).
+        self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -278,6 +280,7 @@ class ModelRunner:
             seq.chain = build_chain(seq.req.sampling, self.loaded.n_vocab)
             seq.stream = TextStream(seq.req.stop)
             self._active.append(seq)
+            self.stats["sequences"] += 1
         self._waiting = kept
         self._by_id = sorted(self._active, key=lambda s: s.seq_id)
 
@@ -316,6 +319,7 @@ class ModelRunner:
                 logits[n] = 1
                 seq.out_index = n
             self._decode(len(decoding))
+            self.stats["decode_tokens"] += len(decoding)
             self._sample(decoding)
         budget = self.batch_cap
         for seq in list(self._active):  # prompt chunks, oldest request first
@@ -346,6 +350,7 @@ class ModelRunner:
         last = len(seq.req.prompt) - 1
         lc.llama_memory_seq_cp(self._mem, leader.seq_id, seq.seq_id, -1, -1)
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, last, -1)
+        self.stats["kv_copies"] += 1
         seq.n_prefilled = last
         seq.leader = None
         return False
@@ -365,6 +370,7 @@ class ModelRunner:
             logits[take - 1] = 1
             seq.out_index = take - 1
         self._decode(take)
+        self.stats["prefill_tokens"] += take
 
     def _decode(self, n_tokens: int) -> None:
         self._batch.n_tokens = n_tokens

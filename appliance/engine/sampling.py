@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import llama_cpp as lc
 
@@ -24,6 +24,13 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def with_seed_offset(params: SamplingParams, k: int) -> SamplingParams:
+    """Params for the k-th of several samples of one request: seeded draws differ (seed + k)."""
+    if k == 0 or params.seed is None:
+        return params
+    return replace(params, seed=(params.seed + k) & 0xFFFFFFFF)
 
 
 def build_chain(params: SamplingParams, n_vocab: int) -> lc.llama_sampler_p:

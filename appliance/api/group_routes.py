@@ -1,0 +1,124 @@
+"""POST /v1/batch/execute (parallel and fanout groups) and POST /v1/chain/execute (sequential)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import msgspec
+
+from ..config import Config
+from ..engine.runner import ModelRunner
+from ..groups.executor import GroupCall, GroupExecutor, GroupResult, MemberResult
+from .errors import ApiError, bad_request, from_validation
+from .generation import deadline, plain_messages, sampling_params, stop_list
+from .http import EventStream, Request
+from .schemas import (
+    ErrorBody,
+    GroupDone,
+    GroupExecution,
+    GroupFailure,
+    GroupRequest,
+    MemberDelta,
+    MemberDone,
+    MemberOut,
+    SelectedOut,
+    Usage,
+    encoder,
+)
+
+_decoder = msgspec.json.Decoder(GroupRequest)
+
+
+def member_out(m: MemberResult) -> MemberOut:
+    usage = Usage(m.prompt_tokens, m.completion_tokens, m.prompt_tokens + m.completion_tokens)
+    return MemberOut(m.index, m.model, m.status, m.text, m.finish_reason, usage, round(m.latency_ms, 1), m.attempts,
+                     m.error, m.replaced_by, m.mean_logprob)
+
+
+def execution_out(result: GroupResult, exec_id: str, created: int) -> GroupExecution:
+    members = [member_out(m) for m in result.members]
+    prompt = sum(m.usage.prompt_tokens for m in members)
+    completion = sum(m.usage.completion_tokens for m in members)
+    selected = SelectedOut(result.selected.index, result.selected.model, result.selected.reason) if result.selected else None
+    return GroupExecution(exec_id, created, result.group, result.type, result.complete, members,
+                          Usage(prompt, completion, prompt + completion), result.output, selected)
+
+
+def failure_body(result: GroupResult) -> ErrorBody:
+    return ErrorBody(f"group '{result.group}' failed (strict): {result.error}", "upstream_error", None, "group_failed")
+
+
+class GroupRoutes:
+    def __init__(self, config: Config, runners: dict[str, ModelRunner]):
+        self.config = config
+        self.executor = GroupExecutor(runners, config.server.limits.max_tokens)
+
+    async def batch(self, request: Request) -> None:
+        await self._execute(request, ("parallel", "fanout"), "/v1/chain/execute")
+
+    async def chain(self, request: Request) -> None:
+        await self._execute(request, ("sequential",), "/v1/batch/execute")
+
+    async def _execute(self, request: Request, types: tuple[str, ...], other: str) -> None:
+        body = await request.body(self.config.server.limits.max_body_bytes)
+        try:
+            req: GroupRequest = _decoder.decode(body)
+        except msgspec.MsgspecError as e:
+            raise from_validation(e) from None
+        group = self.config.group(req.group)
+        if group is None:
+            raise ApiError(404, f"group '{req.group}' does not exist", param="group", code="group_not_found")
+        if group.type not in types:
+            raise bad_request(f"group '{group.name}' is {group.type}; run it with {other}", param="group")
+        if req.logit_bias:
+            raise bad_request("logit_bias is per vocabulary and not supported for groups", param="logit_bias")
+        call = GroupCall(
+            messages=plain_messages(req.messages),
+            sampling=sampling_params(req, 0),
+            max_tokens=req.max_tokens,
+            stop=stop_list(req),
+            deadline=deadline(self.config),
+        )
+        exec_id, created = f"grp-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            await self._stream(request, group, call, exec_id, created)
+            return
+        result = await self._run_watched(request, group, call)
+        if result is None:
+            return  # the client went away; its sequences were cancelled
+        out = execution_out(result, exec_id, created)
+        if result.failed:
+            await request.respond(502, encoder.encode(GroupFailure(failure_body(result), out)))
+        else:
+            await request.json(200, out)
+
+    async def _run_watched(self, request: Request, group, call: GroupCall) -> GroupResult | None:
+        task = asyncio.ensure_future(self.executor.run(group, call))
+        watcher = asyncio.ensure_future(request.watch_disconnect())
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            watcher.cancel()
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+
+    async def _stream(self, request: Request, group, call: GroupCall, exec_id: str, created: int) -> None:
+        sse = EventStream(request)
+
+        async def on_delta(m: MemberResult, text: str) -> None:
+            await sse.event(MemberDelta(m.index, m.model, text))
+
+        async def on_done(m: MemberResult) -> None:
+            await sse.event(MemberDone(member_out(m)))
+
+        try:
+            result = await self.executor.run(group, call, on_delta, on_done)
+            await sse.event(GroupDone(execution_out(result, exec_id, created),
+                                      failure_body(result) if result.failed else None))
+            await sse.raw(b"data: [DONE]\n\n")
+            await sse.close()
+        except OSError:
+            return  # client went away; the executor's sequences were cancelled with its tasks

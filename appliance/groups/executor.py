@@ -1,0 +1,319 @@
+"""Runs a model group: parallel, sequential (chain) or fanout, with its fallback and selection."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable
+
+from ..config import GroupConfig
+from ..engine.client import Generations, PromptError, fit_max_tokens, render_chat
+from ..engine.runner import (
+    Failed,
+    Finished,
+    GenerationRequest,
+    ModelRunner,
+    NotReady,
+    QueueFull,
+    TextDelta,
+)
+from ..engine.sampling import SamplingParams, with_seed_offset
+from . import select as selection
+
+OK_STATES = ("ok", "replaced")
+
+
+@dataclass
+class MemberResult:
+    index: int
+    model: str
+    status: str = "skipped"  # ok | failed | timeout | replaced | skipped
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+    error: str | None = None
+    attempts: int = 0
+    replaced_by: str | None = None
+    mean_logprob: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in OK_STATES
+
+
+@dataclass
+class Selected:
+    index: int
+    model: str
+    reason: str
+
+
+@dataclass
+class GroupResult:
+    group: str
+    type: str
+    complete: bool
+    members: list[MemberResult]
+    output: str | None = None
+    selected: Selected | None = None
+    failed: bool = False  # strict fallback: the request as a whole failed
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupCall:
+    messages: list[dict[str, str]]
+    sampling: SamplingParams
+    max_tokens: int | None
+    stop: list[str] = field(default_factory=list)
+    deadline: float = float("inf")
+
+
+# Called for every piece of streamed text and for every finished member.
+DeltaHook = Callable[[MemberResult, str], Awaitable[None]]
+DoneHook = Callable[[MemberResult], Awaitable[None]]
+
+
+async def _noop_delta(_m: MemberResult, _t: str) -> None:
+    return None
+
+
+async def _noop_done(_m: MemberResult) -> None:
+    return None
+
+
+class GroupExecutor:
+    def __init__(self, runners: dict[str, ModelRunner], max_tokens_cap: int | None = None):
+        self.runners = runners
+        self.max_tokens_cap = max_tokens_cap
+
+    async def run(
+        self,
+        group: GroupConfig,
+        call: GroupCall,
+        on_delta: DeltaHook = _noop_delta,
+        on_done: DoneHook = _noop_done,
+    ) -> GroupResult:
+        if group.type == "sequential":
+            return await self._chain(group, call, on_delta, on_done)
+        if group.type == "fanout":
+            return await self._fanout(group, call, on_delta, on_done)
+        return await self._parallel(group, call, on_delta, on_done)
+
+    # ---- one model's attempt ---------------------------------------------------------------
+
+    async def _attempt(
+        self, model: str, members: list[MemberResult], call: GroupCall, group: GroupConfig, on_delta: DeltaHook
+    ) -> None:
+        """Run one model for `members` (several members = samples sharing one prompt's KV)."""
+        t0 = time.monotonic()
+        for m in members:
+            m.attempts += 1
+        try:
+            runner = self.runners.get(model)
+            if runner is None:
+                raise NotReady(f"model {model!r} is not configured")
+            if runner.state != "ready":
+                raise NotReady(f"model {model!r} is {runner.state}" + (f": {runner.error}" if runner.error else ""))
+            prompt = await asyncio.to_thread(render_chat, runner, call.messages)
+            max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages")
+            until = min(call.deadline, t0 + group.timeout_s(model))
+            reqs = [
+                GenerationRequest(prompt, max_tokens, with_seed_offset(call.sampling, k), call.stop, until, logprobs=True)
+                for k in range(len(members))
+            ]
+            gens = Generations(runner, reqs)
+            gens.start()
+        except (NotReady, QueueFull, PromptError) as e:
+            for m in members:
+                _fail(m, "failed", _describe(e), t0)
+            return
+        parts: list[list[str]] = [[] for _ in members]
+        try:
+            async for i, ev in gens.events():
+                m = members[i]
+                if isinstance(ev, TextDelta):
+                    parts[i].append(ev.text)
+                    await on_delta(m, ev.text)
+                elif isinstance(ev, Finished):
+                    m.status, m.text, m.finish_reason = "ok", "".join(parts[i]), ev.reason
+                    m.prompt_tokens, m.completion_tokens, m.mean_logprob = ev.prompt_tokens, ev.completion_tokens, ev.mean_logprob
+                    m.latency_ms = (time.monotonic() - t0) * 1000
+                    m.error = None
+                elif isinstance(ev, Failed):
+                    m.text = "".join(parts[i])
+                    _fail(m, "timeout" if ev.kind == "timeout" else "failed", ev.message, t0)
+        except asyncio.CancelledError:
+            gens.cancel()
+            raise
+        finally:
+            if gens.pending:
+                gens.cancel()
+
+    async def _member(
+        self, model: str, members: list[MemberResult], call: GroupCall, group: GroupConfig, on_delta: DeltaHook
+    ) -> None:
+        """One model's members with the group's fallback applied."""
+        await self._attempt(model, members, call, group, on_delta)
+        failed = [m for m in members if not m.ok]
+        if not failed or group.fallback in ("strict", "partial"):
+            return
+        if group.fallback == "retry_once":
+            await self._attempt(model, failed, call, group, on_delta)
+            return
+        backup = group.replacement
+        first_errors = {m.index: (m.status, m.error) for m in failed}
+        await self._attempt(backup, failed, call, group, on_delta)
+        for m in failed:
+            status, error = first_errors[m.index]
+            if m.ok:
+                m.status, m.replaced_by = "replaced", backup
+                m.error = f"{m.model} {status}: {error}"
+            else:
+                m.error = f"{m.model} {status}: {error}; replacement {backup} {m.status}: {m.error}"
+
+    # ---- group types -----------------------------------------------------------------------
+
+    async def _parallel(self, group: GroupConfig, call: GroupCall, on_delta: DeltaHook, on_done: DoneHook) -> GroupResult:
+        members = [MemberResult(i, model) for i, model in enumerate(group.models)]
+
+        async def one(m: MemberResult) -> None:
+            await self._member(m.model, [m], call, group, on_delta)
+            await on_done(m)
+
+        await asyncio.gather(*(one(m) for m in members))
+        return self._finish(group, members)
+
+    async def _fanout(self, group: GroupConfig, call: GroupCall, on_delta: DeltaHook, on_done: DoneHook) -> GroupResult:
+        members: list[MemberResult] = []
+        by_model: list[tuple[str, list[MemberResult]]] = []
+        for model in group.models:
+            batch = [MemberResult(len(members) + k, model) for k in range(group.samples)]
+            members.extend(batch)
+            by_model.append((model, batch))
+        first_done = asyncio.Event()
+
+        async def one(model: str, batch: list[MemberResult]) -> None:
+            await self._member(model, batch, call, group, on_delta)
+            for m in batch:
+                await on_done(m)
+            if any(m.ok for m in batch):
+                first_done.set()
+
+        tasks = [asyncio.ensure_future(one(model, batch)) for model, batch in by_model]
+        if group.select == "first":
+            waiter = asyncio.ensure_future(first_done.wait())
+            await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            if not first_done.is_set():
+                await asyncio.gather(*tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            waiter.cancel()
+            for m in members:
+                if m.attempts and not m.ok and m.status == "skipped":
+                    m.error = "not needed: an earlier answer was selected"
+        else:
+            await asyncio.gather(*tasks)
+        result = self._finish(group, members)
+        if not result.failed:
+            result.selected = await self._select(group, call, members)
+            if result.selected is not None:
+                result.output = members[result.selected.index].text
+        return result
+
+    async def _chain(self, group: GroupConfig, call: GroupCall, on_delta: DeltaHook, on_done: DoneHook) -> GroupResult:
+        members = [MemberResult(i, model) for i, model in enumerate(group.models)]
+        messages = call.messages
+        output: str | None = None
+        for i, m in enumerate(members):
+            template = group.prompt_templates[i] if group.prompt_templates else None
+            if i == 0:
+                step_messages = _apply_template(messages, template)
+            else:
+                step_messages = [{"role": "user", "content": (template or "{input}").replace("{input}", output or "")}]
+            await self._member(m.model, [m], replace(call, messages=step_messages), group, on_delta)
+            await on_done(m)
+            if not m.ok:
+                break
+            output = m.text
+        result = self._finish(group, members)
+        result.output = output
+        return result
+
+    # ---- outcome ---------------------------------------------------------------------------
+
+    def _finish(self, group: GroupConfig, members: list[MemberResult]) -> GroupResult:
+        ok = sum(1 for m in members if m.ok)
+        if group.type == "sequential":
+            required = len(members)
+        else:
+            required = group.required_responses or len(members)
+        ran = [m for m in members if m.attempts]
+        failed = [m for m in ran if not m.ok]
+        result = GroupResult(group.name, group.type, complete=ok >= required and (group.type != "sequential" or not failed),
+                             members=members)
+        if group.type == "fanout" and group.select == "first":
+            result.complete = ok >= 1
+        if failed and group.fallback == "strict":
+            result.failed, result.complete = True, False
+            result.error = "; ".join(f"{m.model} {m.status}: {m.error}" for m in failed)
+        elif ok < required and not (group.type == "fanout" and group.select == "first" and ok):
+            result.error = f"{ok} of {len(members)} members answered; {required} required"
+        return result
+
+    async def _select(self, group: GroupConfig, call: GroupCall, members: list[MemberResult]) -> Selected | None:
+        valid = [m for m in members if m.ok]
+        if not valid:
+            return None
+        if group.select == "first":
+            best = min(valid, key=lambda m: m.latency_ms)
+            return Selected(best.index, best.model, f"first valid answer ({best.latency_ms:.0f} ms)")
+        if group.select == "logprob":
+            i, reason = selection.by_logprob([m.mean_logprob for m in valid])
+            return Selected(valid[i].index, valid[i].model, reason)
+        if group.select.startswith("judge:"):
+            picked = await self._judge(group.select[6:], call, valid)
+            if picked is not None:
+                return picked
+        i, reason = selection.consensus([m.text for m in valid])
+        if group.select.startswith("judge:"):
+            reason = f"judge gave no valid choice; {reason}"
+        return Selected(valid[i].index, valid[i].model, reason)
+
+    async def _judge(self, judge: str, call: GroupCall, valid: list[MemberResult]) -> Selected | None:
+        question = next((m["content"] for m in reversed(call.messages) if m["role"] == "user"), "")
+        verdict = MemberResult(-1, judge)
+        judge_group = GroupConfig(name="judge", models=[judge], fallback="partial")
+        judge_call = GroupCall(selection.judge_prompt(question, [m.text for m in valid]),
+                               SamplingParams(temperature=0.0), 8, [], call.deadline)
+        await self._attempt(judge, [verdict], judge_call, judge_group, _noop_delta)
+        if not verdict.ok:
+            return None
+        k = selection.parse_judgement(verdict.text, len(valid))
+        if k is None:
+            return None
+        return Selected(valid[k].index, valid[k].model, f"judge {judge} chose answer {k + 1}: {verdict.text.strip()!r}")
+
+
+def _fail(m: MemberResult, status: str, error: str, t0: float) -> None:
+    m.status, m.error = status, error
+    m.latency_ms = (time.monotonic() - t0) * 1000
+
+
+def _describe(e: Exception) -> str:
+    return f"model {e} has too many requests queued" if isinstance(e, QueueFull) else str(e)
+
+
+def _apply_template(messages: list[dict[str, str]], template: str | None) -> list[dict[str, str]]:
+    if not template:
+        return messages
+    out = list(messages)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i]["role"] == "user":
+            out[i] = {**out[i], "content": template.replace("{input}", out[i]["content"])}
+            break
+    return out

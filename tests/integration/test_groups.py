@@ -1,0 +1,218 @@
+"""Model groups against real models: parallel, sequential, fanout, every fallback and selection."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import GEMMA3, SMOLLM2, model_entry
+
+Q = [{"role": "user", "content": "What is 2+2? Answer with a number."}]
+
+
+@pytest.fixture(scope="module")
+def groups_server(server_factory, tmp_path_factory):
+    corrupt = tmp_path_factory.mktemp("corrupt") / "corrupt.gguf"
+    data = bytearray(SMOLLM2.read_bytes()[: 4 << 20])
+    data[8:16] = b"\xff" * 8  # a tensor count no file can hold
+    corrupt.write_bytes(bytes(data))
+    member = {"n_ctx": 1024, "n_parallel": 4}
+    return server_factory(
+        {
+            "models": [
+                model_entry("smollm2-135m", SMOLLM2, **member),
+                model_entry("smollm2-135m-b", SMOLLM2, **member),
+                model_entry("gemma3-270m", GEMMA3, **member),
+                model_entry("corrupt", corrupt),
+            ],
+            "groups": [
+                {"name": "core", "models": ["smollm2-135m", "gemma3-270m", "smollm2-135m-b"], "type": "parallel"},
+                {"name": "strict", "models": ["smollm2-135m", "corrupt"], "fallback": "strict"},
+                {"name": "partial", "models": ["smollm2-135m", "corrupt"], "fallback": "partial",
+                 "required_responses": 1},
+                {"name": "retry", "models": ["smollm2-135m", "smollm2-135m-b"], "fallback": "retry_once",
+                 "member_timeout_ms": {"smollm2-135m-b": 150}},
+                {"name": "replace", "models": ["corrupt", "smollm2-135m"],
+                 "fallback": {"replace_with": "smollm2-135m-b"}},
+                {"name": "slow-partial", "models": ["smollm2-135m", "gemma3-270m"], "fallback": "partial",
+                 "member_timeout_ms": {"gemma3-270m": 150}},
+                {"name": "chain", "models": ["smollm2-135m", "smollm2-135m-b"], "type": "sequential",
+                 "prompt_templates": [None, "Translate to French: {input}"]},
+                {"name": "chain-replace", "models": ["smollm2-135m", "corrupt"], "type": "sequential",
+                 "prompt_templates": [None, "Translate to French: {input}"],
+                 "fallback": {"replace_with": "smollm2-135m-b"}},
+                {"name": "chain-partial", "models": ["corrupt", "smollm2-135m"], "type": "sequential"},
+                {"name": "vote", "models": ["smollm2-135m"], "type": "fanout", "samples": 4, "select": "consensus"},
+                {"name": "logprob", "models": ["smollm2-135m", "gemma3-270m"], "type": "fanout", "samples": 2,
+                 "select": "logprob"},
+                {"name": "judge", "models": ["smollm2-135m", "smollm2-135m-b"], "type": "fanout",
+                 "select": "judge:smollm2-135m"},
+                {"name": "first", "models": ["smollm2-135m", "gemma3-270m"], "type": "fanout", "select": "first"},
+            ],
+        },
+        "groups",
+    )
+
+
+def run(srv, group: str, path: str = "/v1/batch/execute", **kw) -> httpx.Response:
+    body = {"group": group, "messages": Q, "max_tokens": 24, "temperature": 0, **kw}
+    return httpx.post(srv.base + path, json=body, timeout=120)
+
+
+def ok(r: httpx.Response) -> dict:
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def chat(srv, model: str, content: str, max_tokens: int = 24) -> str:
+    r = httpx.post(srv.base + "/v1/chat/completions", timeout=60, json={
+        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+        "temperature": 0})
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_parallel_group_returns_every_members_answer(groups_server):
+    body = ok(run(groups_server, "core"))
+    assert body["complete"] is True and body["type"] == "parallel"
+    assert [m["model"] for m in body["members"]] == ["smollm2-135m", "gemma3-270m", "smollm2-135m-b"]
+    assert all(m["status"] == "ok" and m["text"] for m in body["members"])
+    # Each answer is that model's own answer to the same prompt.
+    assert body["members"][0]["text"] == chat(groups_server, "smollm2-135m", Q[0]["content"])
+    assert body["members"][1]["text"] == chat(groups_server, "gemma3-270m", Q[0]["content"])
+    assert body["usage"]["completion_tokens"] == sum(m["usage"]["completion_tokens"] for m in body["members"])
+
+
+def test_strict_fails_the_request_with_member_results(groups_server):
+    r = run(groups_server, "strict")
+    assert r.status_code == 502
+    body = r.json()
+    assert body["error"]["code"] == "group_failed"
+    members = body["result"]["members"]
+    assert members[0]["status"] == "ok" and members[0]["text"]
+    assert members[1]["status"] == "failed" and "corrupt" in members[1]["error"]
+    assert body["result"]["complete"] is False
+
+
+def test_partial_returns_what_finished(groups_server):
+    body = ok(run(groups_server, "partial"))
+    assert [m["status"] for m in body["members"]] == ["ok", "failed"]
+    assert body["complete"] is True  # required_responses: 1
+    body = ok(run(groups_server, "slow-partial", max_tokens=300))
+    statuses = {m["model"]: m["status"] for m in body["members"]}
+    assert statuses == {"smollm2-135m": "ok", "gemma3-270m": "timeout"}
+    assert body["complete"] is False
+
+
+def test_retry_once_retries_then_behaves_as_partial(groups_server):
+    body = ok(run(groups_server, "retry", max_tokens=300))
+    fast, slow = body["members"]
+    assert fast["status"] == "ok" and fast["attempts"] == 1
+    assert slow["status"] == "timeout" and slow["attempts"] == 2
+    assert body["complete"] is False
+
+
+def test_replace_with_runs_the_backup_in_place(groups_server):
+    body = ok(run(groups_server, "replace"))
+    broken, healthy = body["members"]
+    assert broken["status"] == "replaced" and broken["replaced_by"] == "smollm2-135m-b"
+    assert broken["text"] == healthy["text"]  # same weights, same prompt, temperature 0
+    assert "corrupt failed" in broken["error"]
+    assert body["complete"] is True
+
+
+def test_chain_passes_output_to_input(groups_server):
+    r = run(groups_server, "chain", path="/v1/chain/execute")
+    body = ok(r)
+    first, second = body["members"]
+    assert first["status"] == second["status"] == "ok"
+    # The second member saw the first one's output through its template.
+    assert second["text"] == chat(groups_server, "smollm2-135m-b", f"Translate to French: {first['text']}")
+    assert body["output"] == second["text"]
+    assert run(groups_server, "core", path="/v1/chain/execute").status_code == 400
+    assert run(groups_server, "chain").status_code == 400
+
+
+def test_chain_replacement_output_continues_the_chain(groups_server):
+    body = ok(run(groups_server, "chain-replace", path="/v1/chain/execute"))
+    first, second = body["members"]
+    assert second["status"] == "replaced" and second["replaced_by"] == "smollm2-135m-b"
+    assert second["text"] == chat(groups_server, "smollm2-135m-b", f"Translate to French: {first['text']}")
+    assert body["output"] == second["text"] and body["complete"] is True
+
+
+def test_chain_partial_stops_and_skips_the_rest(groups_server):
+    body = ok(run(groups_server, "chain-partial", path="/v1/chain/execute"))
+    assert [m["status"] for m in body["members"]] == ["failed", "skipped"]
+    assert body["complete"] is False and body["output"] is None
+
+
+def _prefill(srv, model: str) -> int:
+    return httpx.get(srv.base + "/v1/admin/scheduling/status").json()["models"][model]["prefill_tokens"]
+
+
+def test_fanout_consensus_shares_the_prompt_kv(groups_server):
+    before = _prefill(groups_server, "smollm2-135m")
+    body = ok(run(groups_server, "vote", temperature=0.8, seed=7))
+    after = _prefill(groups_server, "smollm2-135m")
+    members = body["members"]
+    assert len(members) == 4 and all(m["status"] == "ok" for m in members)
+    prompt = members[0]["usage"]["prompt_tokens"]
+    assert after - before == prompt + 3  # one prefill; each other sample computes its last prompt token only
+    sel = body["selected"]
+    assert body["output"] == members[sel["index"]]["text"]
+    assert sel["reason"].startswith(("majority", "no majority"))
+    from appliance.groups.select import consensus
+
+    assert consensus([m["text"] for m in members])[0] == sel["index"]
+
+
+def test_fanout_logprob_picks_the_most_likely_answer(groups_server):
+    body = ok(run(groups_server, "logprob", temperature=0.8, seed=3))
+    members = body["members"]
+    assert len(members) == 4
+    best = max(members, key=lambda m: m["mean_logprob"])
+    assert body["selected"]["index"] == best["index"]
+    assert "log-probability" in body["selected"]["reason"]
+
+
+def test_fanout_judge_asks_the_judge_model(groups_server):
+    body = ok(run(groups_server, "judge", temperature=0.8, seed=11))
+    sel = body["selected"]
+    assert sel["reason"].startswith(("judge smollm2-135m chose answer", "judge gave no valid choice"))
+    assert body["output"] == body["members"][sel["index"]]["text"]
+
+
+def test_fanout_first_takes_the_first_valid_answer(groups_server):
+    body = ok(run(groups_server, "first", max_tokens=200))
+    sel = body["selected"]
+    assert sel["reason"].startswith("first valid answer")
+    chosen = body["members"][sel["index"]]
+    assert chosen["status"] == "ok"
+    others = [m for m in body["members"] if m["index"] != sel["index"]]
+    assert all(m["status"] in ("ok", "skipped") for m in others)
+
+
+def test_group_streaming_tags_events_with_the_member_model(groups_server):
+    body = {"group": "core", "messages": Q, "max_tokens": 12, "temperature": 0, "stream": True}
+    events = []
+    with httpx.stream("POST", groups_server.base + "/v1/batch/execute", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    parsed = [json.loads(e) for e in events[:-1]]
+    final = parsed[-1]
+    assert final["type"] == "group.done" and final["result"]["complete"]
+    for m in final["result"]["members"]:
+        streamed = "".join(e["text"] for e in parsed if e["type"] == "member.delta" and e["index"] == m["index"])
+        assert streamed == m["text"]
+        assert all(e["model"] == m["model"] for e in parsed if e["type"] == "member.delta" and e["index"] == m["index"])
+    assert sum(1 for e in parsed if e["type"] == "member.done") == 3
+
+
+def test_unknown_group_is_404(groups_server):
+    r = run(groups_server, "nope")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "group"
