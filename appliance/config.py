@@ -18,7 +18,8 @@ from msgspec import inspect as mi
 
 KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 FlashAttn = Literal["auto", "on", "off"]
-Strategy = Literal["fixed-appliance"]
+_STRATEGY_PATTERN = r"^(generic|pinned-group|multi-group|fixed-appliance|plugin:[^\s]+)$"
+Strategy = Annotated[str, Meta(pattern=_STRATEGY_PATTERN)]
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -60,7 +61,8 @@ class ReplaceWith(Struct, frozen=True, forbid_unknown_fields=True):
 
 Fallback = Literal["strict", "partial", "retry_once"] | ReplaceWith
 GroupType = Literal["parallel", "sequential", "fanout"]
-Select = Annotated[str, Meta(pattern=r"^(consensus|logprob|first|judge:[A-Za-z0-9][A-Za-z0-9._:-]*)$")]
+_SELECT_PATTERN = r"^(consensus|logprob|first|judge:[A-Za-z0-9][A-Za-z0-9._:-]*)$"
+Select = Annotated[str, Meta(pattern=_SELECT_PATTERN)]
 
 
 class GroupConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -80,6 +82,8 @@ class GroupConfig(Struct, frozen=True, forbid_unknown_fields=True):
     samples: Annotated[int, Meta(ge=1, le=16)] = 1
     # sequential only: one template per member, `{input}` is the previous output (null: as is).
     prompt_templates: list[str | None] = []
+    # With vram.group_isolation (or multi-group): the memory this group's models may use.
+    budget_mb: Annotated[int, Meta(ge=1)] | None = None
 
     def timeout_s(self, model: str) -> float:
         return self.member_timeout_ms.get(model, self.timeout_ms) / 1000.0
@@ -103,7 +107,25 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    # generic | pinned-group | multi-group | fixed-appliance | plugin:<file.so> | plugin:<module>:<Class>
     strategy: Strategy = "fixed-appliance"
+    # generic: an idle model is unloaded after this many seconds (0: only under memory pressure).
+    keep_alive_s: Annotated[float, Meta(ge=0)] = 300.0
+    # generic: how long a request waits for its model to load.
+    load_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
+    # Options handed to a plugin's init as JSON.
+    plugin_options: dict[str, Any] = {}
+
+
+class VramConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """Memory QoS; applies to the GPU when present, to RAM on CPU-only devices."""
+
+    reserve_mb: Annotated[int, Meta(ge=0)] = 512
+    # The memory models may use; default: the device's total minus reserve_mb.
+    budget_mb: Annotated[int, Meta(ge=1)] | None = None
+    low_watermark: Annotated[float, Meta(gt=0, le=100)] = 85.0
+    critical_watermark: Annotated[float, Meta(gt=0, le=100)] = 95.0
+    group_isolation: bool = False
 
 
 class Config(Struct, frozen=True, forbid_unknown_fields=True):
@@ -111,6 +133,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
     groups: list[GroupConfig] = []
     server: ServerConfig = field(default_factory=ServerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    vram: VramConfig = field(default_factory=VramConfig)
     # Relative model paths resolve against model_dir, itself relative to the config file.
     model_dir: str = "."
     # Where the config was read from; set by load_config, not by users.
@@ -148,6 +171,11 @@ class ConfigError(Exception):
 
 
 _USER_KEYS_HIDDEN = {"source_dir"}
+_FRIENDLY_PATTERNS = {
+    _STRATEGY_PATTERN: "one of generic, pinned-group, multi-group, fixed-appliance, plugin:<file.so>, "
+    "plugin:<module>:<Class>",
+    _SELECT_PATTERN: "one of consensus, logprob, first, judge:<model>",
+}
 
 
 def _describe(t: mi.Type) -> str:
@@ -157,6 +185,8 @@ def _describe(t: mi.Type) -> str:
     if isinstance(t, mi.FloatType):
         return "number" + _bounds(t)
     if isinstance(t, mi.StrType):
+        if t.pattern in _FRIENDLY_PATTERNS:
+            return _FRIENDLY_PATTERNS[t.pattern]
         parts = []
         if t.min_length:
             parts.append(f"at least {t.min_length} character{'s' if t.min_length > 1 else ''}")
@@ -315,6 +345,16 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
     _group_checks(raw, {m.get("name") for m in models if isinstance(m, dict)}, problems)
+    vram = raw.get("vram")
+    if isinstance(vram, dict):
+        low, critical = vram.get("low_watermark", 85.0), vram.get("critical_watermark", 95.0)
+        if isinstance(low, (int, float)) and isinstance(critical, (int, float)) and low > critical:
+            problems.append(f"vram.low_watermark: {low} must not exceed vram.critical_watermark ({critical})")
+    policy = raw.get("policy")
+    if isinstance(policy, dict) and policy.get("strategy") in ("pinned-group", "multi-group"):
+        groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
+        if not any(isinstance(g, dict) and g.get("pinned") for g in groups):
+            problems.append(f"policy.strategy: {policy['strategy']} needs at least one group with pinned: true")
     server = raw.get("server")
     if isinstance(server, dict):
         keys = server.get("api_keys")

@@ -9,9 +9,9 @@ from typing import Any, Awaitable, Callable
 
 from ..config import Config
 from ..engine.manager import ModelManager
-from ..resources import memory
 from .errors import ApiError
 from .http import Receive, Request, Send
+from .admin_routes import AdminRoutes
 from .group_routes import GroupRoutes
 from .openai_routes import OpenAIRoutes
 
@@ -28,8 +28,9 @@ class App:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
         self.manager = manager
-        self.openai = OpenAIRoutes(config, manager.runners)
-        self.groups = GroupRoutes(config, manager.runners)
+        self.openai = OpenAIRoutes(config, manager)
+        self.groups = GroupRoutes(config, manager)
+        self.admin = AdminRoutes(config, manager)
         self._key_digests = [_digest(k) for k in config.server.api_keys]
         self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {
             "/v1/chat/completions": {"POST": (self.openai.chat, True)},
@@ -37,9 +38,12 @@ class App:
             "/v1/models": {"GET": (self.openai.models, True)},
             "/v1/batch/execute": {"POST": (self.groups.batch, True)},
             "/v1/chain/execute": {"POST": (self.groups.chain, True)},
-            "/health": {"GET": (self.health, False)},
-            "/v1/admin/vram/status": {"GET": (self.vram_status, True)},
-            "/v1/admin/scheduling/status": {"GET": (self.scheduling_status, True)},
+            "/health": {"GET": (self.admin.health, False)},
+            "/v1/admin/vram/status": {"GET": (self.admin.vram_status, True)},
+            "/v1/admin/scheduling/status": {"GET": (self.admin.scheduling_status, True)},
+            "/v1/admin/models/load": {"POST": (self.admin.load, True)},
+            "/v1/admin/models/unload": {"POST": (self.admin.unload, True)},
+            "/v1/admin/models/discover": {"GET": (self.admin.discover, True)},
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -110,78 +114,3 @@ class App:
                 await asyncio.to_thread(self.manager.stop)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-    # ---- health and memory -----------------------------------------------------------------
-
-    async def health(self, request: Request) -> None:
-        states = self.manager.states()
-        models = {}
-        for name, (state, error) in states.items():
-            models[name] = {"state": state, **({"error": error} if error else {})}
-        values = [s for s, _ in states.values()]
-        if all(s == "ready" for s in values):
-            status, code = "ok", 200
-        elif any(s == "loading" for s in values):
-            status, code = "loading", 503
-        else:
-            status, code = "degraded", 503
-        await request.json(code, {"status": status, "models": models})
-
-    async def scheduling_status(self, request: Request) -> None:
-        models = {
-            name: {
-                "state": r.state,
-                "n_parallel": r.cfg.n_parallel,
-                "running": r.running(),
-                "queued": r.queue_depth(),
-                "max_queue": r.cfg.max_queue,
-                "threads": r.threads,
-                **r.stats,
-            }
-            for name, r in self.manager.runners.items()
-        }
-        groups = [
-            {"name": g.name, "type": g.type, "models": g.models, "pinned": g.pinned,
-             "fallback": g.fallback if isinstance(g.fallback, str) else {"replace_with": g.fallback.replace_with},
-             **({"select": g.select, "samples": g.samples} if g.type == "fanout" else {})}
-            for g in self.config.groups
-        ]
-        await request.json(200, {
-            "strategy": self.config.policy.strategy,
-            "cores": {"total": self.manager.cores.total, "busy": self.manager.cores.busy},
-            "models": models,
-            "groups": groups,
-        })
-
-    async def vram_status(self, request: Request) -> None:
-        devices = [
-            {
-                "device": d.device,
-                "kind": d.kind,
-                "total_bytes": d.total_bytes,
-                "used_bytes": d.used_bytes,
-                "free_bytes": d.free_bytes,
-                "source": d.source,
-            }
-            for d in memory.devices()
-        ]
-        models = []
-        for name, r in self.manager.runners.items():
-            b = r.loaded.buffers if r.loaded else None
-            models.append(
-                {
-                    "name": name,
-                    "state": r.state,
-                    "device": "cpu",
-                    "weights_bytes": b.weights if b else 0,
-                    "kv_cache_bytes": b.kv if b else 0,
-                    "compute_bytes": (b.compute + b.output) if b else 0,
-                    "total_bytes": (b.weights + b.kv + b.compute + b.output) if b else 0,
-                    "kv_type_k": r.cfg.kv_cache.type_k,
-                    "kv_type_v": r.cfg.kv_cache.type_v,
-                    "n_ctx": r.cfg.n_ctx,
-                    "n_parallel": r.cfg.n_parallel,
-                    "n_ctx_total": r.loaded.n_ctx_total if r.loaded else 0,
-                }
-            )
-        await request.json(200, {"devices": devices, "models": models})

@@ -6,6 +6,7 @@ import time
 
 from ..config import Config
 from ..engine.client import GenerationFailed, PromptError
+from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..engine.sampling import SamplingParams
 from .errors import ApiError, bad_request
@@ -14,21 +15,30 @@ from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOption
 RETRY_AFTER = [(b"retry-after", b"1")]
 
 
-def resolve_runner(runners: dict[str, ModelRunner], name: str) -> ModelRunner:
-    runner = runners.get(name)
-    if runner is None:
-        raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
-    if runner.state == "loading":
-        raise ApiError(
-            503, f"model '{name}' is still loading", type="service_unavailable", param="model",
-            code="model_not_ready", headers=RETRY_AFTER,
-        )
-    if runner.state != "ready":
-        raise ApiError(
-            503, f"model '{name}' is not available: {runner.error or runner.state}", type="service_unavailable",
-            param="model", code="model_not_ready",
-        )
-    return runner
+async def resolve_runner(manager: ModelManager, name: str) -> ModelRunner:
+    """The model's runner, ready to take requests (loaded first if the strategy loads on demand)."""
+    try:
+        return await manager.ready_runner(name)
+    except KeyError:
+        raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found") from None
+    except NotReady as e:
+        headers = RETRY_AFTER if str(e) == "loading" else []
+        raise ApiError(503, f"model '{name}' is not available: {e}", type="service_unavailable", param="model",
+                       code="model_not_ready", headers=headers) from None
+    except (PolicyRefused, InsufficientMemory, TimeoutError) as e:
+        raise manager_error(e) from None
+
+
+def manager_error(e: Exception) -> ApiError:
+    if isinstance(e, PolicyRefused):
+        return ApiError(409, str(e), type="invalid_request_error", code="policy_refused")
+    if isinstance(e, ModelBusy):
+        return ApiError(409, str(e), type="invalid_request_error", code="model_busy")
+    if isinstance(e, InsufficientMemory):
+        return ApiError(507, str(e), type="insufficient_storage", code="insufficient_memory")
+    if isinstance(e, TimeoutError):
+        return ApiError(503, "the model did not load in time", type="service_unavailable", code="load_timeout")
+    raise e
 
 
 def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:

@@ -9,7 +9,7 @@ import uuid
 import msgspec
 
 from ..config import Config
-from ..engine.runner import ModelRunner
+from ..engine.manager import ModelManager
 from ..groups.executor import GroupCall, GroupExecutor, GroupResult, MemberResult
 from .errors import ApiError, bad_request, from_validation
 from .generation import deadline, plain_messages, sampling_params, stop_list
@@ -51,9 +51,9 @@ def failure_body(result: GroupResult) -> ErrorBody:
 
 
 class GroupRoutes:
-    def __init__(self, config: Config, runners: dict[str, ModelRunner]):
+    def __init__(self, config: Config, manager: ModelManager):
         self.config = config
-        self.executor = GroupExecutor(runners, config.server.limits.max_tokens)
+        self.executor = GroupExecutor(manager.ready_runner, config.server.limits.max_tokens)
 
     async def batch(self, request: Request) -> None:
         await self._execute(request, ("parallel", "fanout"), "/v1/chain/execute")

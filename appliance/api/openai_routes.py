@@ -10,6 +10,7 @@ from typing import Callable
 import msgspec
 
 from ..config import Config
+from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from .errors import ApiError, from_validation
 from ..engine.client import Generations, collect, fit_max_tokens, render_chat
@@ -59,13 +60,13 @@ def _usage(outs_prompt: int, completion: int) -> Usage:
 
 
 class OpenAIRoutes:
-    def __init__(self, config: Config, runners: dict[str, ModelRunner]):
+    def __init__(self, config: Config, manager: ModelManager):
         self.config = config
-        self.runners = runners
+        self.manager = manager
         self.created = int(time.time())
 
     async def models(self, request: Request) -> None:
-        cards = [ModelCard(name, self.created, "eie", r.state) for name, r in self.runners.items()]
+        cards = [ModelCard(name, self.created, "eie", r.state) for name, r in self.manager.runners.items()]
         await request.json(200, ModelList(cards))
 
     async def chat(self, request: Request) -> None:
@@ -87,7 +88,7 @@ class OpenAIRoutes:
 
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = resolve_runner(self.runners, req.model)
+        runner = await resolve_runner(self.manager, req.model)
         messages = chat_messages(req)
         params = sampling_params(req, runner.vocab.n_vocab)
         prompt = await asyncio.to_thread(render_chat, runner, messages)
@@ -103,7 +104,7 @@ class OpenAIRoutes:
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = resolve_runner(self.runners, req.model)
+        runner = await resolve_runner(self.manager, req.model)
         params = sampling_params(req, runner.vocab.n_vocab)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)
         # OpenAI's default for the legacy completions endpoint is 16 tokens.

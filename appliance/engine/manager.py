@@ -1,16 +1,43 @@
-"""The model manager: owns the runners and carries out the policy's decisions."""
+"""The model manager: owns the runners and carries out the strategy's decisions under the memory budget."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import threading
+import time
+from dataclasses import dataclass
 
-from ..config import Config
-from ..policy import make_policy
+from ..config import Config, ModelConfig
+from ..policy import Candidate, make_policy
+from ..resources import memory
 from ..resources.cores import CoreBudget
-from .runner import ModelRunner
+from ..resources.estimate import Estimate, estimate, read_shape
+from .runner import ModelRunner, NotReady
 
 log = logging.getLogger("eie.manager")
+MIB = 1024 * 1024
+
+
+class PolicyRefused(Exception):
+    """The strategy does not allow this load or unload (HTTP 409)."""
+
+
+class ModelBusy(Exception):
+    """The model has requests in flight and cannot be unloaded now (HTTP 409)."""
+
+
+class InsufficientMemory(Exception):
+    """Loading would cross the critical watermark and nothing can be evicted (HTTP 507)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    capacity: int
+    low: int
+    critical: int
+    scope: str  # "device" or "group:<name>"
 
 
 class ModelManager:
@@ -18,33 +45,243 @@ class ModelManager:
         self.config = config
         self.cores = cores or CoreBudget()
         self.policy = make_policy(config)
-        self.runners: dict[str, ModelRunner] = {
-            m.name: ModelRunner(m, config.model_path(m), self.cores) for m in config.models
-        }
-        self._boot_thread: threading.Thread | None = None
+        self.runners: dict[str, ModelRunner] = {m.name: self._new_runner(m) for m in config.models}
+        self.estimates: dict[str, Estimate | None] = {}
+        self.estimate_errors: dict[str, str] = {}
+        self.last_used: dict[str, float] = {}
+        self.events: collections.deque[dict] = collections.deque(maxlen=100)
+        self.counters = collections.Counter()
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._group_of = {}
+        for g in config.groups:
+            for m in g.models:
+                self._group_of.setdefault(m, g)
+
+    def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
+        return ModelRunner(cfg, self.config.model_path(cfg), self.cores)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def boot_models(self) -> list[str]:
+        return self.policy.boot_models()
 
     def start(self) -> None:
         """Load the boot set in the background, one model at a time; /health reports progress."""
-        self._boot_thread = threading.Thread(target=self._boot, name="model-boot", daemon=True)
-        self._boot_thread.start()
+        for name in self.boot_models():
+            self.runners[name].state = "loading"
+        boot = threading.Thread(target=self._boot, name="model-boot", daemon=True)
+        self._threads.append(boot)
+        boot.start()
+        if self.policy.loads_on_demand:
+            janitor = threading.Thread(target=self._janitor, name="model-janitor", daemon=True)
+            self._threads.append(janitor)
+            janitor.start()
 
     def _boot(self) -> None:
-        for name in self.policy.boot_models():
-            self.runners[name].load()
+        for name in self.boot_models():
+            try:
+                self.load(name, boot=True)
+            except (InsufficientMemory, PolicyRefused) as e:
+                runner = self.runners[name]
+                runner.state, runner.error = "failed", str(e)
+                log.error("boot model %s not loaded: %s", name, e)
 
     def wait_booted(self, timeout: float | None = None) -> bool:
-        if self._boot_thread is None:
+        if not self._threads:
             return True
-        self._boot_thread.join(timeout)
-        return not self._boot_thread.is_alive()
+        self._threads[0].join(timeout)
+        return not self._threads[0].is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wait_booted(timeout=120)
+        for r in self.runners.values():
+            r.stop()
+        close = getattr(self.policy, "close", None)
+        if close:
+            close()
+
+    # ---- memory ----------------------------------------------------------------------------
+
+    def estimate_for(self, name: str) -> Estimate | None:
+        if name not in self.estimates:
+            runner = self.runners[name]
+            try:
+                self.estimates[name] = estimate(read_shape(runner.path), runner.cfg)
+            except (OSError, ValueError) as e:
+                self.estimates[name] = None
+                self.estimate_errors[name] = str(e)
+        return self.estimates[name]
+
+    @staticmethod
+    def measured(runner: ModelRunner) -> int:
+        if runner.loaded is None:
+            return 0
+        b = runner.loaded.buffers
+        return b.weights + b.kv + b.compute + b.output
+
+    def _held(self, name: str) -> int:
+        """Memory a model holds now: measured when loaded, estimated while loading."""
+        r = self.runners[name]
+        if r.state == "ready":
+            return self.measured(r)
+        if r.state == "loading":
+            est = self.estimates.get(name)
+            return est.total if est else 0
+        return 0
+
+    def budget(self, for_model: str | None = None) -> Budget:
+        vram = self.config.vram
+        isolate = vram.group_isolation or getattr(self.policy, "isolates_groups", False)
+        group = self._group_of.get(for_model) if for_model else None
+        if isolate and group is not None and group.budget_mb:
+            capacity, scope = group.budget_mb * MIB, f"group:{group.name}"
+        elif vram.budget_mb:
+            capacity, scope = vram.budget_mb * MIB, "device"
+        else:
+            total = memory.devices()[0].total_bytes
+            capacity, scope = max(0, total - vram.reserve_mb * MIB), "device"
+        return Budget(capacity, int(capacity * vram.low_watermark / 100), int(capacity * vram.critical_watermark / 100),
+                      scope)
+
+    def _scope_models(self, budget: Budget) -> list[str]:
+        if budget.scope.startswith("group:"):
+            group = budget.scope[len("group:") :]
+            return [n for n in self.runners if self._group_of.get(n) and self._group_of[n].name == group]
+        isolate = self.config.vram.group_isolation or getattr(self.policy, "isolates_groups", False)
+        if isolate:  # the device pool holds the models that have no group budget of their own
+            return [n for n in self.runners if not (self._group_of.get(n) and self._group_of[n].budget_mb)]
+        return list(self.runners)
+
+    def used(self, budget: Budget) -> int:
+        return sum(self._held(n) for n in self._scope_models(budget))
+
+    def _candidates(self, budget: Budget, exclude: str) -> list[Candidate]:
+        out = []
+        for name in self._scope_models(budget):
+            r = self.runners[name]
+            if name == exclude or r.state != "ready" or r.running() or r.queue_depth():
+                continue
+            group = self._group_of.get(name)
+            out.append(Candidate(name, self.measured(r), self.last_used.get(name, 0.0), group.name if group else None))
+        return out
+
+    def _make_room(self, name: str, need: int) -> None:
+        budget = self.budget(name)
+        while self.used(budget) + need > budget.critical:
+            victim = self.policy.choose_eviction(self._candidates(budget, name), name)
+            if victim is None:
+                self.counters["loads_refused"] += 1
+                raise InsufficientMemory(
+                    f"loading {name!r} needs about {need / MIB:.0f} MiB; {self.used(budget) / MIB:.0f} MiB of the "
+                    f"{budget.capacity / MIB:.0f} MiB {budget.scope} budget are in use, the critical watermark is "
+                    f"{self.config.vram.critical_watermark:g}% and no idle, unpinned model can be evicted"
+                )
+            self._unload(victim, f"evicted by {self.policy.name} to make room for {name}")
+
+    # ---- load and unload -------------------------------------------------------------------
+
+    def load(self, name: str, boot: bool = False) -> ModelRunner:
+        """Load a configured model (blocking). Raises PolicyRefused or InsufficientMemory."""
+        if not boot:
+            reason = self.policy.refuse_load(name)
+            if reason:
+                raise PolicyRefused(reason)
+        with self._lock:
+            runner = self.runners[name]
+            if runner.state == "ready":
+                return runner
+            est = self.estimate_for(name)
+            if est is not None:
+                self._make_room(name, est.total)
+            if runner.state not in ("unloaded", "loading"):
+                runner = self.runners[name] = self._new_runner(runner.cfg)
+            runner.state = "loading"
+            runner.load()
+            self.last_used[name] = time.monotonic()
+            if runner.state == "ready":
+                self.counters["loads"] += 1
+                self._event("load", name, f"loaded in {runner.load_seconds:.2f}s")
+            else:
+                self.counters["load_failures"] += 1
+                self._event("load_failed", name, runner.error or "")
+            return runner
+
+    def unload(self, name: str) -> None:
+        """Unload on request (admin). Raises PolicyRefused or ModelBusy."""
+        reason = self.policy.refuse_unload(name)
+        if reason:
+            raise PolicyRefused(reason)
+        with self._lock:
+            runner = self.runners[name]
+            if runner.state != "ready":
+                return
+            if runner.running() or runner.queue_depth():
+                raise ModelBusy(f"model {name!r} has requests in flight")
+            self._unload(name, "unloaded on request")
+
+    def _unload(self, name: str, why: str) -> None:
+        runner = self.runners[name]
+        runner.stop()
+        self.runners[name] = self._new_runner(runner.cfg)
+        self.counters["evictions" if why.startswith("evicted") else "unloads"] += 1
+        self._event("unload", name, why)
+        log.info("model %s %s", name, why)
+
+    def _event(self, kind: str, model: str, detail: str) -> None:
+        self.events.append({"time": time.time(), "event": kind, "model": model, "detail": detail})
+
+    async def ready_runner(self, name: str) -> ModelRunner:
+        """The model's runner, loading it first when the strategy loads on demand.
+
+        Raises KeyError (unknown model), NotReady, PolicyRefused, InsufficientMemory or TimeoutError.
+        """
+        runner = self.runners[name]
+        self.last_used[name] = time.monotonic()
+        if runner.state == "ready":
+            return runner
+        if runner.state == "failed" and not self.policy.loads_on_demand:
+            raise NotReady(runner.error or "failed")
+        if runner.state == "loading" and not self.policy.loads_on_demand:
+            raise NotReady("loading")
+        if not self.policy.loads_on_demand:
+            raise NotReady(f"not loaded; policy {self.policy.name} loads models at boot only")
+        runner = await asyncio.wait_for(asyncio.to_thread(self.load, name), self.config.policy.load_timeout_s)
+        if runner.state != "ready":
+            raise NotReady(runner.error or runner.state)
+        self.last_used[name] = time.monotonic()
+        return runner
+
+    def _janitor(self) -> None:
+        """Unloads idle models past their keep-alive, and idle unpinned ones above the low watermark."""
+        while not self._stop.wait(0.25):
+            try:
+                with self._lock:
+                    now = time.monotonic()
+                    for name, r in list(self.runners.items()):
+                        ka = self.policy.keep_alive_s(name)
+                        if (ka is not None and r.state == "ready" and not r.running() and not r.queue_depth()
+                                and now - self.last_used.get(name, now) > ka):
+                            self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")
+                    for scope_model in {self._scope_key(n): n for n in self.runners}.values():
+                        budget = self.budget(scope_model)
+                        while self.used(budget) > budget.low:
+                            victim = self.policy.choose_eviction(self._candidates(budget, ""), "")
+                            if victim is None:
+                                break
+                            self._unload(victim, "evicted above the low watermark")
+            except Exception:
+                log.exception("janitor pass failed")
+
+    def _scope_key(self, name: str) -> str:
+        return self.budget(name).scope
+
+    # ---- views -----------------------------------------------------------------------------
 
     def get(self, name: str) -> ModelRunner | None:
         return self.runners.get(name)
 
     def states(self) -> dict[str, tuple[str, str | None]]:
         return {name: (r.state, r.error) for name, r in self.runners.items()}
-
-    def stop(self) -> None:
-        self.wait_booted(timeout=120)
-        for r in self.runners.values():
-            r.stop()

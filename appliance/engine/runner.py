@@ -126,7 +126,7 @@ class ModelRunner:
         self.name = cfg.name
         self.path = path
         self.cores = cores
-        self.state = "loading"
+        self.state = "unloaded"  # unloaded | loading | ready | failed | stopped
         self.error: str | None = None
         self.loaded: native.LoadedModel | None = None
         self.vocab: native.Vocab | None = None

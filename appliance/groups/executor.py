@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 from ..config import GroupConfig
+from ..engine.manager import InsufficientMemory, PolicyRefused
 from ..engine.client import Generations, PromptError, fit_max_tokens, render_chat
 from ..engine.runner import (
     Failed,
@@ -86,8 +87,9 @@ async def _noop_done(_m: MemberResult) -> None:
 
 
 class GroupExecutor:
-    def __init__(self, runners: dict[str, ModelRunner], max_tokens_cap: int | None = None):
-        self.runners = runners
+    def __init__(self, resolve: Callable[[str], Awaitable[ModelRunner]], max_tokens_cap: int | None = None):
+        """`resolve` returns a model's ready runner (loading it if the strategy does so) or raises."""
+        self.resolve = resolve
         self.max_tokens_cap = max_tokens_cap
 
     async def run(
@@ -113,11 +115,12 @@ class GroupExecutor:
         for m in members:
             m.attempts += 1
         try:
-            runner = self.runners.get(model)
-            if runner is None:
-                raise NotReady(f"model {model!r} is not configured")
-            if runner.state != "ready":
-                raise NotReady(f"model {model!r} is {runner.state}" + (f": {runner.error}" if runner.error else ""))
+            try:
+                runner = await self.resolve(model)
+            except KeyError:
+                raise NotReady(f"model {model!r} is not configured") from None
+            except NotReady as e:
+                raise NotReady(f"model {model!r} is not available: {e}") from None
             prompt = await asyncio.to_thread(render_chat, runner, call.messages)
             max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages")
             until = min(call.deadline, t0 + group.timeout_s(model))
@@ -127,7 +130,7 @@ class GroupExecutor:
             ]
             gens = Generations(runner, reqs)
             gens.start()
-        except (NotReady, QueueFull, PromptError) as e:
+        except (NotReady, QueueFull, PromptError, PolicyRefused, InsufficientMemory, TimeoutError) as e:
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
             return
@@ -305,7 +308,11 @@ def _fail(m: MemberResult, status: str, error: str, t0: float) -> None:
 
 
 def _describe(e: Exception) -> str:
-    return f"model {e} has too many requests queued" if isinstance(e, QueueFull) else str(e)
+    if isinstance(e, QueueFull):
+        return f"model {e} has too many requests queued"
+    if isinstance(e, TimeoutError):
+        return "the model did not load in time"
+    return str(e)
 
 
 def _apply_template(messages: list[dict[str, str]], template: str | None) -> list[dict[str, str]]:

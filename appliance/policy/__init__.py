@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from ..config import Config
-from .fixed_appliance import FixedAppliancePolicy
+from .plugins import PluginError, load_plugin
+from .strategies import BUILTIN, Candidate, GenericStrategy
+
+__all__ = ["Candidate", "GenericStrategy", "PluginError", "make_policy"]
 
 
-def make_policy(config: Config) -> FixedAppliancePolicy:
-    if config.policy.strategy == "fixed-appliance":
-        return FixedAppliancePolicy(config)
-    raise ValueError(f"policy.strategy: unknown strategy {config.policy.strategy!r}")
+def make_policy(config: Config) -> GenericStrategy:
+    """The configured strategy; raises PluginError when a plugin cannot be used."""
+    strategy = config.policy.strategy
+    if strategy.startswith("plugin:"):
+        return load_plugin(config, strategy[len("plugin:") :])
+    return BUILTIN[strategy](config)

@@ -1,0 +1,168 @@
+"""Health, memory and scheduling status, and the model admin endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+
+from ..config import Config
+from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
+from ..resources import memory
+from ..resources.estimate import estimate, read_shape
+from .errors import ApiError, from_validation
+from .generation import manager_error
+from .http import Request
+
+
+class ModelAction(msgspec.Struct, frozen=True):
+    model: str
+
+
+_action = msgspec.json.Decoder(ModelAction)
+
+
+class AdminRoutes:
+    def __init__(self, config: Config, manager: ModelManager):
+        self.config = config
+        self.manager = manager
+
+    async def health(self, request: Request) -> None:
+        states = self.manager.states()
+        boot = set(self.manager.boot_models())
+        models = {name: {"state": s, **({"error": e} if e else {})} for name, (s, e) in states.items()}
+        watched = [s for name, (s, _) in states.items() if name in boot]
+        if any(s == "loading" for s in watched):
+            status, code = "loading", 503
+        elif all(s == "ready" for s in watched) and not any(s == "failed" for s, _ in states.values()):
+            status, code = "ok", 200
+        else:
+            status, code = "degraded", 503
+        await request.json(code, {"status": status, "strategy": self.manager.policy.name, "models": models})
+
+    async def vram_status(self, request: Request) -> None:
+        devices = [
+            {"device": d.device, "kind": d.kind, "total_bytes": d.total_bytes, "used_bytes": d.used_bytes,
+             "free_bytes": d.free_bytes, "source": d.source}
+            for d in memory.devices()
+        ]
+        models = []
+        budgets = {}
+        for name, r in self.manager.runners.items():
+            b = r.loaded.buffers if r.loaded else None
+            est = self.manager.estimate_for(name)
+            budget = self.manager.budget(name)
+            budgets[budget.scope] = {
+                "capacity_bytes": budget.capacity, "used_bytes": self.manager.used(budget),
+                "low_watermark_bytes": budget.low, "critical_watermark_bytes": budget.critical,
+            }
+            models.append({
+                "name": name,
+                "state": r.state,
+                "device": "cpu",
+                "budget": budget.scope,
+                "weights_bytes": b.weights if b else 0,
+                "kv_cache_bytes": b.kv if b else 0,
+                "compute_bytes": (b.compute + b.output) if b else 0,
+                "total_bytes": self.manager.measured(r),
+                "estimate": {"weights_bytes": est.weights, "kv_cache_bytes": est.kv, "compute_bytes": est.compute,
+                             "total_bytes": est.total} if est else None,
+                "kv_type_k": r.cfg.kv_cache.type_k,
+                "kv_type_v": r.cfg.kv_cache.type_v,
+                "n_ctx": r.cfg.n_ctx,
+                "n_parallel": r.cfg.n_parallel,
+                "n_ctx_total": r.loaded.n_ctx_total if r.loaded else 0,
+            })
+        await request.json(200, {"devices": devices, "budgets": budgets, "models": models,
+                                 "watermarks": {"low_percent": self.config.vram.low_watermark,
+                                                "critical_percent": self.config.vram.critical_watermark,
+                                                "reserve_mb": self.config.vram.reserve_mb}})
+
+    async def scheduling_status(self, request: Request) -> None:
+        models = {
+            name: {"state": r.state, "pinned": self.manager.policy.pinned(name), "n_parallel": r.cfg.n_parallel,
+                   "running": r.running(), "queued": r.queue_depth(), "max_queue": r.cfg.max_queue,
+                   "threads": r.threads, **r.stats}
+            for name, r in self.manager.runners.items()
+        }
+        groups = [
+            {"name": g.name, "type": g.type, "models": g.models, "pinned": g.pinned,
+             "resident": all(self.manager.runners[m].state == "ready" for m in g.models),
+             "fallback": g.fallback if isinstance(g.fallback, str) else {"replace_with": g.fallback.replace_with},
+             **({"select": g.select, "samples": g.samples} if g.type == "fanout" else {})}
+            for g in self.config.groups
+        ]
+        await request.json(200, {
+            "strategy": self.manager.policy.name,
+            "cores": {"total": self.manager.cores.total, "busy": self.manager.cores.busy},
+            "models": models,
+            "groups": groups,
+            "counters": dict(self.manager.counters),
+            "events": list(self.manager.events),
+        })
+
+    async def _model_action(self, request: Request) -> str:
+        try:
+            action = _action.decode(await request.body(self.config.server.limits.max_body_bytes))
+        except msgspec.MsgspecError as e:
+            raise from_validation(e) from None
+        if action.model not in self.manager.runners:
+            raise ApiError(404, f"model '{action.model}' is not configured", param="model", code="model_not_found")
+        return action.model
+
+    async def load(self, request: Request) -> None:
+        name = await self._model_action(request)
+        try:
+            runner = await asyncio.to_thread(self.manager.load, name)
+        except (PolicyRefused, InsufficientMemory) as e:
+            raise manager_error(e) from None
+        status = 200 if runner.state == "ready" else 500
+        await request.json(status, {"model": name, "state": runner.state, "error": runner.error,
+                                    "total_bytes": self.manager.measured(runner)})
+
+    async def unload(self, request: Request) -> None:
+        name = await self._model_action(request)
+        try:
+            await asyncio.to_thread(self.manager.unload, name)
+        except (PolicyRefused, ModelBusy) as e:
+            raise manager_error(e) from None
+        await request.json(200, {"model": name, "state": self.manager.runners[name].state})
+
+    async def discover(self, request: Request) -> None:
+        """GGUF files in model_dir (only inside it), with what loading each would take."""
+        base = Path(self.config.model_dir)
+        if not base.is_absolute():
+            base = Path(self.config.source_dir) / base
+        base = base.resolve()
+        sub = _query(request, "path") or "."
+        target = (base / sub).resolve()
+        if not target.is_relative_to(base):
+            raise ApiError(400, f"path {sub!r} is outside model_dir", param="path", code="path_outside_model_dir")
+        if not target.is_dir():
+            raise ApiError(404, f"no directory {sub!r} in model_dir", param="path", code="not_found")
+        configured = {self.config.model_path(m): m.name for m in self.config.models}
+        found = []
+        for path in sorted(target.rglob("*.gguf")):
+            real = path.resolve()
+            if not real.is_relative_to(base) or not real.is_file():
+                continue  # a link out of model_dir is not offered
+            entry = {"path": str(real.relative_to(base)), "size_bytes": real.stat().st_size,
+                     "configured_as": configured.get(real)}
+            try:
+                shape = await asyncio.to_thread(read_shape, real)
+                entry.update(architecture=shape.architecture, n_layer=shape.n_layer, n_vocab=shape.n_vocab)
+                cfg = self.config.model(configured[real]) if real in configured else None
+                if cfg is not None:
+                    entry["estimate_bytes"] = estimate(shape, cfg).total
+            except ValueError as e:
+                entry["error"] = str(e)
+            found.append(entry)
+        await request.json(200, {"model_dir": str(base), "models": found})
+
+
+def _query(request: Request, key: str) -> str | None:
+    from urllib.parse import parse_qs
+
+    values = parse_qs(request.scope.get("query_string", b"").decode("latin-1")).get(key)
+    return values[0] if values else None
