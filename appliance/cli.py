@@ -23,9 +23,16 @@ def _serve(args: argparse.Namespace) -> int:
     from .api.app import App
     from .engine.manager import ModelManager
 
+    from .policy import PluginError
+
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
-    app = App(config, ModelManager(config))
+    try:
+        manager = ModelManager(config)
+    except PluginError as e:
+        print(f"eie: cannot start with this policy: {e}", file=sys.stderr)
+        return 2
+    app = App(config, manager)
     uv = uvicorn.Config(
         app,
         host=host,

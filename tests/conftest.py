@@ -32,7 +32,8 @@ def free_port() -> int:
 class Server:
     """An `eie serve` process on a free loopback port."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "server"):
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "server", env: dict[str, str] | None = None):
+        self.env = {**os.environ, **(env or {})}
         self.port = free_port()
         self.config_path = workdir / f"{name}.yaml"
         config = {**config, "server": {**config.get("server", {}), "host": "127.0.0.1", "port": self.port}}
@@ -44,7 +45,8 @@ class Server:
     def start(self) -> "Server":
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(EIE), "serve", "--config", str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT
+            [str(EIE), "serve", "--config", str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT,
+            env=self.env,
         )
         return self
 
@@ -100,8 +102,8 @@ def real_models() -> None:
 def server_factory(tmp_path_factory, real_models) -> Iterator:
     started: list[Server] = []
 
-    def make(config: dict[str, Any], name: str = "server", wait: bool = True) -> Server:
-        srv = Server(config, tmp_path_factory.mktemp(name), name).start()
+    def make(config: dict[str, Any], name: str = "server", wait: bool = True, env: dict | None = None) -> Server:
+        srv = Server(config, tmp_path_factory.mktemp(name), name, env).start()
         started.append(srv)
         if wait:
             srv.wait_settled()

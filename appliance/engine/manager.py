@@ -155,8 +155,8 @@ class ModelManager:
             return [n for n in self.runners if not (self._group_of.get(n) and self._group_of[n].budget_mb)]
         return list(self.runners)
 
-    def used(self, budget: Budget) -> int:
-        return sum(self._held(n) for n in self._scope_models(budget))
+    def used(self, budget: Budget, exclude: str | None = None) -> int:
+        return sum(self._held(n) for n in self._scope_models(budget) if n != exclude)
 
     def _candidates(self, budget: Budget, exclude: str) -> list[Candidate]:
         out = []
@@ -170,12 +170,12 @@ class ModelManager:
 
     def _make_room(self, name: str, need: int) -> None:
         budget = self.budget(name)
-        while self.used(budget) + need > budget.critical:
+        while self.used(budget, exclude=name) + need > budget.critical:
             victim = self.policy.choose_eviction(self._candidates(budget, name), name)
             if victim is None:
                 self.counters["loads_refused"] += 1
                 raise InsufficientMemory(
-                    f"loading {name!r} needs about {need / MIB:.0f} MiB; {self.used(budget) / MIB:.0f} MiB of the "
+                    f"loading {name!r} needs about {need / MIB:.0f} MiB; {self.used(budget, name) / MIB:.0f} MiB of the "
                     f"{budget.capacity / MIB:.0f} MiB {budget.scope} budget are in use, the critical watermark is "
                     f"{self.config.vram.critical_watermark:g}% and no idle, unpinned model can be evicted"
                 )

@@ -1,0 +1,21 @@
+"""A Python policy plugin for the tests: evicts the most recently used idle model and refuses
+to load models whose name starts with the configured prefix."""
+
+from __future__ import annotations
+
+
+class MostRecentFirst:
+    def __init__(self, options: dict):
+        if options.get("explode"):
+            raise RuntimeError("plugin init exploded on purpose")
+        self.refuse_prefix = options.get("refuse_prefix", "")
+
+    def refuse_load(self, name: str) -> str | None:
+        if self.refuse_prefix and name.startswith(self.refuse_prefix):
+            return f"MostRecentFirst refuses models named {self.refuse_prefix}*"
+        return None
+
+    def choose_eviction(self, candidates, for_model: str) -> str | None:
+        if not candidates:
+            return None
+        return max(candidates, key=lambda c: c.last_used).name

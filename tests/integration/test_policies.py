@@ -1,0 +1,192 @@
+"""Every strategy's load and evict behaviour under a small memory budget, with real models."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import EIE, GEMMA3, ROOT, SMOLLM2, Server, model_entry
+
+SMALL = {"n_ctx": 512, "n_parallel": 1, "n_batch": 64}  # about 135 MiB measured for SmolLM2
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+def smol(name: str) -> dict:
+    return model_entry(name, SMOLLM2, **SMALL)
+
+
+def ask(srv, model: str) -> httpx.Response:
+    return httpx.post(srv.base + "/v1/completions", timeout=120,
+                      json={"model": model, "prompt": "Hello", "max_tokens": 2, "temperature": 0})
+
+
+def states(srv) -> dict[str, str]:
+    return {n: m["state"] for n, m in httpx.get(srv.base + "/health").json()["models"].items()}
+
+
+def events(srv) -> list[dict]:
+    return httpx.get(srv.base + "/v1/admin/scheduling/status").json()["events"]
+
+
+def admin(srv, action: str, model: str) -> httpx.Response:
+    return httpx.post(srv.base + f"/v1/admin/models/{action}", json={"model": model}, timeout=120)
+
+
+def test_generic_loads_on_demand_and_evicts_lru(server_factory):
+    srv = server_factory({"policy": {"strategy": "generic", "keep_alive_s": 0},
+                          "vram": {"budget_mb": 330, "critical_watermark": 95, "low_watermark": 94},
+                          "models": [smol("a"), smol("b"), smol("c")]}, "generic")
+    assert states(srv) == {"a": "unloaded", "b": "unloaded", "c": "unloaded"}
+    assert httpx.get(srv.base + "/health").status_code == 200  # nothing must be resident at boot
+    assert ask(srv, "a").status_code == 200
+    assert ask(srv, "b").status_code == 200
+    assert states(srv) == {"a": "ready", "b": "ready", "c": "unloaded"}
+    assert ask(srv, "a").status_code == 200  # a is now more recent than b
+    assert ask(srv, "c").status_code == 200
+    assert states(srv) == {"a": "ready", "b": "unloaded", "c": "ready"}
+    assert any(e["event"] == "unload" and e["model"] == "b" and "make room for c" in e["detail"] for e in events(srv))
+    r = admin(srv, "unload", "a")
+    assert r.status_code == 200 and states(srv)["a"] == "unloaded"
+    r = admin(srv, "load", "b")
+    assert r.status_code == 200 and r.json()["state"] == "ready"
+
+
+def test_generic_keep_alive_unloads_idle_models(server_factory):
+    srv = server_factory({"policy": {"strategy": "generic", "keep_alive_s": 1},
+                          "models": [smol("a")]}, "keepalive")
+    assert ask(srv, "a").status_code == 200
+    assert states(srv)["a"] == "ready"
+    deadline = time.monotonic() + 10
+    while states(srv)["a"] != "unloaded" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert states(srv)["a"] == "unloaded"
+    assert any("keep_alive" in e["detail"] for e in events(srv))
+
+
+def test_a_load_past_the_critical_watermark_is_refused_with_507(server_factory):
+    srv = server_factory({"policy": {"strategy": "generic"}, "vram": {"budget_mb": 200},
+                          "models": [model_entry("gemma", GEMMA3, **SMALL), smol("a")]}, "tight")
+    r = ask(srv, "gemma")
+    assert r.status_code == 507
+    err = r.json()["error"]
+    assert err["code"] == "insufficient_memory" and "critical watermark" in err["message"]
+    assert states(srv)["gemma"] == "unloaded"  # refused before anything was allocated
+    assert ask(srv, "a").status_code == 200
+
+
+def test_estimates_are_checked_against_measurements(server_factory):
+    srv = server_factory({"policy": {"strategy": "generic"}, "models": [smol("a"), model_entry("g", GEMMA3, **SMALL)]},
+                         "estimates")
+    for m in ("a", "g"):
+        assert ask(srv, m).status_code == 200
+    status = httpx.get(srv.base + "/v1/admin/vram/status").json()
+    for m in status["models"]:
+        est, measured = m["estimate"]["total_bytes"], m["total_bytes"]
+        assert 0.8 < est / measured < 1.25, (m["name"], est, measured)
+        assert m["estimate"]["kv_cache_bytes"] == m["kv_cache_bytes"]
+
+
+def test_pinned_group_is_loaded_at_boot_and_never_evicted(server_factory):
+    srv = server_factory({"policy": {"strategy": "pinned-group"}, "vram": {"budget_mb": 330},
+                          "groups": [{"name": "core", "models": ["a", "b"], "pinned": True}],
+                          "models": [smol("a"), smol("b"), smol("c")]}, "pinned")
+    assert states(srv) == {"a": "ready", "b": "ready", "c": "unloaded"}
+    r = ask(srv, "c")
+    assert r.status_code == 507  # the only residents are pinned
+    r = admin(srv, "unload", "a")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "policy_refused"
+    assert states(srv)["a"] == "ready"
+
+
+def test_multi_group_budgets_are_isolated(server_factory):
+    srv = server_factory({
+        "policy": {"strategy": "multi-group"},
+        "groups": [
+            {"name": "core-1", "models": ["a"], "pinned": True, "budget_mb": 200},
+            {"name": "core-2", "models": ["b"], "pinned": True, "budget_mb": 200},
+            {"name": "side", "models": ["c", "d"], "budget_mb": 200},
+        ],
+        "models": [smol("a"), smol("b"), smol("c"), smol("d")],
+    }, "multi")
+    assert states(srv) == {"a": "ready", "b": "ready", "c": "unloaded", "d": "unloaded"}
+    assert ask(srv, "c").status_code == 200
+    assert ask(srv, "d").status_code == 200  # evicts c: the side group's budget holds one model
+    assert states(srv) == {"a": "ready", "b": "ready", "c": "unloaded", "d": "ready"}
+    budgets = httpx.get(srv.base + "/v1/admin/vram/status").json()["budgets"]
+    assert set(budgets) >= {"group:core-1", "group:core-2", "group:side"}
+    assert budgets["group:side"]["capacity_bytes"] == 200 * 1024 * 1024
+
+
+def test_fixed_appliance_refuses_load_and_unload(server_factory):
+    srv = server_factory({"models": [smol("a")]}, "fixed")
+    for action in ("load", "unload"):
+        r = admin(srv, action, "a")
+        assert r.status_code == 409
+        assert "fixed-appliance" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def c_plugin(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plugin") / "largest_first.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wall", "-Werror", "-I", str(ROOT / "native/include"),
+                    "-o", str(out), str(ROOT / "native/examples/largest_first.c")], check=True)
+    return out
+
+
+def test_c_plugin_makes_its_own_decisions(server_factory, c_plugin):
+    srv = server_factory({
+        "policy": {"strategy": f"plugin:{c_plugin}", "plugin_options": {"deny_prefix": "deny-"}},
+        "vram": {"budget_mb": 560},
+        "models": [smol("a"), model_entry("g", GEMMA3, **SMALL), smol("b"), smol("deny-x")],
+    }, "cplugin")
+    r = ask(srv, "deny-x")
+    assert r.status_code == 409 and "refused to load 'deny-x'" in r.json()["error"]["message"]
+    assert ask(srv, "a").status_code == 200
+    assert ask(srv, "g").status_code == 200
+    assert ask(srv, "b").status_code == 200  # LRU would evict a; the plugin evicts the largest, g
+    assert states(srv) == {"a": "ready", "g": "unloaded", "b": "ready", "deny-x": "unloaded"}
+    assert httpx.get(srv.base + "/health").json()["strategy"] == "plugin:largest-first"
+
+
+def test_python_plugin_makes_its_own_decisions(server_factory):
+    env = {"PYTHONPATH": str(PLUGINS)}
+    srv = server_factory({
+        "policy": {"strategy": "plugin:mru_policy:MostRecentFirst", "plugin_options": {"refuse_prefix": "blocked"}},
+        "vram": {"budget_mb": 330},
+        "models": [smol("a"), smol("b"), smol("c"), smol("blocked-1")],
+    }, "pyplugin", env=env)
+    assert ask(srv, "blocked-1").status_code == 409
+    assert ask(srv, "a").status_code == 200
+    assert ask(srv, "b").status_code == 200
+    assert ask(srv, "c").status_code == 200  # evicts the most recently used: b
+    assert states(srv) == {"a": "ready", "b": "unloaded", "c": "ready", "blocked-1": "unloaded"}
+
+
+@pytest.mark.parametrize("strategy,needle", [
+    ("plugin:/nonexistent/plugin.so", "cannot load plugin library"),
+    ("plugin:mru_policy:NoSuchClass", "cannot import plugin"),
+    ("plugin:no_such_module:X", "cannot import plugin"),
+    ("plugin:mru_policy:MostRecentFirst", "failed to initialise"),
+    ("WRONG_ABI", "has ABI version 99"),
+])
+def test_a_bad_plugin_stops_the_start(tmp_path, c_plugin, strategy, needle):
+    if strategy == "WRONG_ABI":
+        src = tmp_path / "wrong.c"
+        src.write_text(c_plugin.parent.joinpath("..").name and
+                       '#include "eie_policy.h"\nstatic const eie_policy p = {99, "old"};\n'
+                       'const eie_policy *eie_policy_get(void) { return &p; }\n')
+        so = tmp_path / "wrong.so"
+        subprocess.run(["cc", "-shared", "-fPIC", "-I", str(ROOT / "native/include"), "-o", str(so), str(src)],
+                       check=True)
+        strategy = f"plugin:{so}"
+    options = {"explode": True} if "MostRecentFirst" in strategy else {}
+    srv = Server({"policy": {"strategy": strategy, "plugin_options": options}, "models": [smol("a")]}, tmp_path,
+                 env={"PYTHONPATH": str(PLUGINS)})
+    proc = subprocess.run([str(EIE), "serve", "--config", str(srv.config_path)], capture_output=True, text=True,
+                          timeout=60, env=srv.env)
+    assert proc.returncode == 2
+    assert needle in proc.stderr, proc.stderr
