@@ -32,7 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
     except PluginError as e:
         print(f"eie: cannot start with this policy: {e}", file=sys.stderr)
         return 2
-    app = App(config, manager)
+    app = App(config, manager, args.config)
     uv = uvicorn.Config(
         app,
         host=host,

@@ -103,6 +103,8 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     host: Annotated[str, Meta(min_length=1)] = "127.0.0.1"
     port: Port = 8080
     api_keys: list[Annotated[str, Meta(min_length=8)]] = []
+    # Keys for /v1/admin/*; when empty, the API keys grant admin access too.
+    admin_keys: list[Annotated[str, Meta(min_length=8)]] = []
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 
 from ..config import Config
-from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
+from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
 from ..resources import memory
-from ..resources.estimate import estimate, read_shape
+from ..resources.estimate import estimate
 from .errors import ApiError, from_validation
 from .generation import manager_error
 from .http import Request
@@ -150,12 +150,12 @@ class AdminRoutes:
             entry = {"path": str(real.relative_to(base)), "size_bytes": real.stat().st_size,
                      "configured_as": configured.get(real)}
             try:
-                shape = await asyncio.to_thread(read_shape, real)
+                shape = await asyncio.to_thread(shape_of, real)
                 entry.update(architecture=shape.architecture, n_layer=shape.n_layer, n_vocab=shape.n_vocab)
                 cfg = self.config.model(configured[real]) if real in configured else None
                 if cfg is not None:
                     entry["estimate_bytes"] = estimate(shape, cfg).total
-            except ValueError as e:
+            except (OSError, ValueError) as e:
                 entry["error"] = str(e)
             found.append(entry)
         await request.json(200, {"model_dir": str(base), "models": found})

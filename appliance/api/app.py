@@ -25,13 +25,14 @@ def _digest(key: str) -> bytes:
 
 
 class App:
-    def __init__(self, config: Config, manager: ModelManager):
+    def __init__(self, config: Config, manager: ModelManager, config_path: str | None = None):
         self.config = config
+        self.config_path = config_path
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager)
         self.groups = GroupRoutes(config, manager)
         self.admin = AdminRoutes(config, manager)
-        self._key_digests = [_digest(k) for k in config.server.api_keys]
+        self._set_keys(config)
         self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {
             "/v1/chat/completions": {"POST": (self.openai.chat, True)},
             "/v1/completions": {"POST": (self.openai.completions, True)},
@@ -44,6 +45,7 @@ class App:
             "/v1/admin/models/load": {"POST": (self.admin.load, True)},
             "/v1/admin/models/unload": {"POST": (self.admin.unload, True)},
             "/v1/admin/models/discover": {"GET": (self.admin.discover, True)},
+            "/v1/admin/config/reload": {"POST": (self.reload, True)},
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -64,7 +66,7 @@ class App:
                                code="method_not_allowed", headers=[(b"allow", allow)])
             handler, needs_key = entry
             if needs_key:
-                self._authorize(request)
+                self._authorize(request, admin=request.path.startswith("/v1/admin/"))
             await handler(request)
         except ApiError as e:
             if e.status == 499:
@@ -83,8 +85,22 @@ class App:
         except (OSError, RuntimeError):
             pass  # response already started or client gone
 
-    def _authorize(self, request: Request) -> None:
-        if not self._key_digests:
+    def _set_keys(self, config: Config) -> None:
+        self._key_digests = [_digest(k) for k in config.server.api_keys]
+        admin = config.server.admin_keys or config.server.api_keys
+        self._admin_digests = [_digest(k) for k in admin]
+
+    def apply_config(self, config: Config) -> None:
+        """Point every part at a reloaded config (see admin config reload)."""
+        self.config = config
+        self._set_keys(config)
+        self.openai.config = config
+        self.groups.set_config(config)
+        self.admin.config = config
+
+    def _authorize(self, request: Request, admin: bool = False) -> None:
+        digests = self._admin_digests if admin else self._key_digests
+        if not digests and not (admin and self._key_digests):
             return
         auth = request.header("authorization") or ""
         scheme, _, token = auth.partition(" ")
@@ -93,10 +109,36 @@ class App:
         # Compare fixed-length digests so the time taken does not depend on how much of a key matched.
         given = _digest(token.strip())
         ok = False
-        for d in self._key_digests:
+        for d in digests:
             ok |= hmac.compare_digest(given, d)
         if not ok:
+            if admin and any(hmac.compare_digest(given, d) for d in self._key_digests):
+                raise ApiError(403, "this key may not use admin endpoints", type="permission_error",
+                               code="admin_key_required")
             raise ApiError(401, "invalid API key", code="invalid_api_key")
+
+    async def reload(self, request: Request) -> None:
+        """Re-read the config file: apply what can change live, report what needs a restart,
+        keep the old config on any error."""
+        import asyncio
+
+        from ..config import ConfigError, load_config
+        from .reload import plan_reload
+
+        await request.body(self.config.server.limits.max_body_bytes)
+        path = self.config_path
+        if path is None:
+            raise ApiError(409, "this server was not started from a config file", code="no_config_file")
+        try:
+            new = await asyncio.to_thread(load_config, path)
+        except ConfigError as e:
+            raise ApiError(400, "config reload failed; the running config is unchanged: " + "; ".join(e.problems),
+                           param="config", code="invalid_config") from None
+        plan = plan_reload(self.config, new)
+        added = self.manager.apply_config(plan.config, plan.added_models)
+        self.apply_config(plan.config)
+        await request.json(200, {"applied": plan.applied, "restart_required": plan.restart_required,
+                                 "added_models": added, "config": str(path)})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

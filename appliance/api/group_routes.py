@@ -52,8 +52,12 @@ def failure_body(result: GroupResult) -> ErrorBody:
 
 class GroupRoutes:
     def __init__(self, config: Config, manager: ModelManager):
+        self.manager = manager
+        self.set_config(config)
+
+    def set_config(self, config: Config) -> None:
         self.config = config
-        self.executor = GroupExecutor(manager.ready_runner, config.server.limits.max_tokens)
+        self.executor = GroupExecutor(self.manager.ready_runner, config.server.limits.max_tokens)
 
     async def batch(self, request: Request) -> None:
         await self._execute(request, ("parallel", "fanout"), "/v1/chain/execute")

@@ -8,12 +8,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..config import Config, ModelConfig
 from ..policy import Candidate, make_policy
 from ..resources import memory
 from ..resources.cores import CoreBudget
-from ..resources.estimate import Estimate, estimate, read_shape
+from ..resources.estimate import Estimate, GgufShape, estimate, shape_from_header
+from . import native
 from .runner import ModelRunner, NotReady
 
 log = logging.getLogger("eie.manager")
@@ -38,6 +40,18 @@ class Budget:
     low: int
     critical: int
     scope: str  # "device" or "group:<name>"
+
+
+_shapes: dict[tuple[str, int, int], GgufShape] = {}
+
+
+def shape_of(path: Path) -> GgufShape:
+    """A GGUF file's dimensions, cached by path, size and modification time; raises ValueError."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _shapes:
+        _shapes[key] = shape_from_header(native.read_header(path), st.st_size)
+    return _shapes[key]
 
 
 class ModelManager:
@@ -81,12 +95,7 @@ class ModelManager:
 
     def _boot(self) -> None:
         for name in self.boot_models():
-            try:
-                self.load(name, boot=True)
-            except (InsufficientMemory, PolicyRefused) as e:
-                runner = self.runners[name]
-                runner.state, runner.error = "failed", str(e)
-                log.error("boot model %s not loaded: %s", name, e)
+            self._load_quietly(name)
 
     def wait_booted(self, timeout: float | None = None) -> bool:
         if not self._threads:
@@ -109,7 +118,7 @@ class ModelManager:
         if name not in self.estimates:
             runner = self.runners[name]
             try:
-                self.estimates[name] = estimate(read_shape(runner.path), runner.cfg)
+                self.estimates[name] = estimate(shape_of(runner.path), runner.cfg)
             except (OSError, ValueError) as e:
                 self.estimates[name] = None
                 self.estimate_errors[name] = str(e)
@@ -277,6 +286,30 @@ class ModelManager:
 
     def _scope_key(self, name: str) -> str:
         return self.budget(name).scope
+
+    def apply_config(self, config: Config, added: list[str]) -> list[str]:
+        """Take a reloaded config: new models get runners (loaded now if the strategy boots them)."""
+        with self._lock:
+            self.config = config
+            self.policy.reconfigure(config)
+            self._group_of = {}
+            for g in config.groups:
+                for m in g.models:
+                    self._group_of.setdefault(m, g)
+            for name in added:
+                self.runners[name] = self._new_runner(config.model(name))
+        boot = [n for n in added if n in self.boot_models()]
+        for name in boot:
+            threading.Thread(target=self._load_quietly, args=(name,), daemon=True).start()
+        return added
+
+    def _load_quietly(self, name: str) -> None:
+        try:
+            self.load(name, boot=True)
+        except (InsufficientMemory, PolicyRefused) as e:
+            runner = self.runners[name]
+            runner.state, runner.error = "failed", str(e)
+            log.error("model %s not loaded: %s", name, e)
 
     # ---- views -----------------------------------------------------------------------------
 

@@ -29,6 +29,10 @@ class GenericStrategy:
     loads_on_demand = True
 
     def __init__(self, config: Config):
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        """Take a reloaded config (groups, keep-alive and budgets may have changed)."""
         self.config = config
 
     def boot_models(self) -> list[str]:
@@ -66,8 +70,8 @@ class PinnedGroupStrategy(GenericStrategy):
 
     name = "pinned-group"
 
-    def __init__(self, config: Config):
-        super().__init__(config)
+    def reconfigure(self, config: Config) -> None:
+        super().reconfigure(config)
         self._pinned = {m for g in config.groups if g.pinned for m in g.models}
 
     def boot_models(self) -> list[str]:

@@ -1,14 +1,13 @@
 """Memory a model will take, estimated from its GGUF metadata before anything is allocated.
 
+The metadata comes from llama.cpp's vocab-only load (engine/native.read_header).
+
 Checked against llama.cpp's own buffer sizes after the load (`/v1/admin/vram/status` shows both).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-import gguf
 
 from ..config import ModelConfig
 
@@ -44,37 +43,37 @@ class GgufShape:
     tensor_bytes: int
 
 
-def read_shape(path: Path) -> GgufShape:
-    """Model dimensions from the GGUF header (via the `gguf` package); raises ValueError if unreadable."""
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises assorted errors on corrupt files
-        raise ValueError(f"not a readable GGUF file: {e}") from e
-
-    def field(key: str, default=None):
-        f = reader.fields.get(key)
-        return f.contents() if f is not None else default
-
-    arch = field("general.architecture")
+def shape_from_header(meta: dict[str, str], file_size: int) -> GgufShape:
+    """Model dimensions from GGUF metadata (as llama.cpp reports it); raises ValueError if incomplete."""
+    arch = meta.get("general.architecture")
     if not arch:
         raise ValueError("GGUF has no general.architecture")
-    n_embd = int(field(f"{arch}.embedding_length", 0))
-    n_head = int(field(f"{arch}.attention.head_count", 1) or 1)
-    n_head_kv = field(f"{arch}.attention.head_count_kv", n_head)
-    head_dim = n_embd // n_head if n_head else 0
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    n_vocab = int(field(f"{arch}.vocab_size", 0) or (len(tokens.data) if tokens is not None else 0))
+
+    def num(key: str, default: int) -> int:
+        value = meta.get(f"{arch}.{key}")
+        if value is None:
+            return default
+        try:
+            return int(float(value))
+        except ValueError:  # per-layer arrays: take the largest entry
+            parts = [int(float(x)) for x in value.strip("[]").split(",") if x.strip()]
+            return max(parts) if parts else default
+
+    n_embd = num("embedding_length", 0)
+    n_head = num("attention.head_count", 1) or 1
+    head_dim = n_embd // n_head
     return GgufShape(
         architecture=arch,
-        n_layer=int(field(f"{arch}.block_count", 0)),
+        n_layer=num("block_count", 0),
         n_embd=n_embd,
-        n_ff=int(field(f"{arch}.feed_forward_length", 0) or 0),
+        n_ff=num("feed_forward_length", 0),
         n_head=n_head,
-        n_head_kv=int(n_head_kv if not isinstance(n_head_kv, list) else max(n_head_kv)),
-        key_length=int(field(f"{arch}.attention.key_length", head_dim)),
-        value_length=int(field(f"{arch}.attention.value_length", head_dim)),
-        n_vocab=n_vocab,
-        tensor_bytes=int(sum(int(t.n_bytes) for t in reader.tensors)),
+        n_head_kv=num("attention.head_count_kv", n_head),
+        key_length=num("attention.key_length", head_dim),
+        value_length=num("attention.value_length", head_dim),
+        n_vocab=int(meta.get("n_vocab", 0)),
+        # The tensor data is the file less its header; llama.cpp's buffers come within a few percent.
+        tensor_bytes=file_size,
     )
 
 

@@ -1,0 +1,68 @@
+"""What a config reload may change live, and what needs a restart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from msgspec import structs
+
+from ..config import Config
+
+
+@dataclass
+class ReloadPlan:
+    config: Config  # the config to run with: live changes applied, restart-only ones kept as they were
+    applied: list[str] = field(default_factory=list)
+    restart_required: list[str] = field(default_factory=list)
+    added_models: list[str] = field(default_factory=list)
+
+
+def plan_reload(old: Config, new: Config) -> ReloadPlan:
+    plan = ReloadPlan(config=old)
+    server = old.server
+    for key in ("limits", "api_keys", "admin_keys"):
+        if getattr(old.server, key) != getattr(new.server, key):
+            server = structs.replace(server, **{key: getattr(new.server, key)})
+            plan.applied.append(f"server.{key}")
+    for key in ("host", "port"):
+        if getattr(old.server, key) != getattr(new.server, key):
+            plan.restart_required.append(f"server.{key}")
+    policy = old.policy
+    for key in ("keep_alive_s", "load_timeout_s"):
+        if getattr(old.policy, key) != getattr(new.policy, key):
+            policy = structs.replace(policy, **{key: getattr(new.policy, key)})
+            plan.applied.append(f"policy.{key}")
+    for key in ("strategy", "plugin_options"):
+        if getattr(old.policy, key) != getattr(new.policy, key):
+            plan.restart_required.append(f"policy.{key}")
+    models = list(old.models)
+    old_by_name = {m.name: m for m in old.models}
+    new_by_name = {m.name: m for m in new.models}
+    for name, m in new_by_name.items():
+        if name not in old_by_name:
+            models.append(m)
+            plan.added_models.append(name)
+            plan.applied.append(f"models.{name} (added)")
+        elif old.model_path(old_by_name[name]) != new.model_path(m) or structs.replace(m, path="") != structs.replace(
+            old_by_name[name], path=""
+        ):
+            plan.restart_required.append(f"models.{name}")
+    for name in old_by_name:
+        if name not in new_by_name:
+            plan.restart_required.append(f"models.{name} (removed)")
+    groups = old.groups
+    if old.groups != new.groups:
+        known = {m.name for m in models}
+        if all(set(g.models) <= known for g in new.groups):
+            groups = new.groups
+            plan.applied.append("groups")
+        else:
+            plan.restart_required.append("groups (they name models that are not running)")
+    vram = old.vram
+    if old.vram != new.vram:
+        vram = new.vram
+        plan.applied.append("vram")
+    if old.model_dir != new.model_dir:
+        plan.restart_required.append("model_dir")
+    plan.config = structs.replace(old, server=server, policy=policy, models=models, groups=groups, vram=vram)
+    return plan
