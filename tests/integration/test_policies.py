@@ -190,3 +190,16 @@ def test_a_bad_plugin_stops_the_start(tmp_path, c_plugin, strategy, needle):
                           timeout=60, env=srv.env)
     assert proc.returncode == 2
     assert needle in proc.stderr, proc.stderr
+
+
+def test_idle_models_are_evicted_above_the_low_watermark(server_factory):
+    srv = server_factory({"policy": {"strategy": "generic", "keep_alive_s": 0},
+                          "vram": {"budget_mb": 330, "low_watermark": 50, "critical_watermark": 95},
+                          "models": [smol("a"), smol("b")]}, "lowwater")
+    assert ask(srv, "a").status_code == 200
+    assert ask(srv, "b").status_code == 200  # fits under critical, but the two cross the low watermark
+    deadline = time.monotonic() + 10
+    while states(srv)["a"] != "unloaded" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert states(srv) == {"a": "unloaded", "b": "ready"}
+    assert any(e["model"] == "a" and "low watermark" in e["detail"] for e in events(srv))
