@@ -276,11 +276,16 @@ class ModelManager:
                             self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")
                     for scope_model in {self._scope_key(n): n for n in self.runners}.values():
                         budget = self.budget(scope_model)
-                        while self.used(budget) > budget.low:
+                        if self.used(budget) <= budget.low:
+                            continue
+                        limit = self.policy.on_memory_pressure("low", self._candidates(budget, ""))
+                        evicted = 0
+                        while self.used(budget) > budget.low and (limit is None or evicted < limit):
                             victim = self.policy.choose_eviction(self._candidates(budget, ""), "")
                             if victim is None:
                                 break
                             self._unload(victim, "evicted above the low watermark")
+                            evicted += 1
             except Exception:
                 log.exception("janitor pass failed")
 

@@ -98,6 +98,13 @@ class CPluginStrategy(GenericStrategy):
             return f"policy {self.name} refused to load {name!r}"
         return super().refuse_load(name)
 
+    def on_memory_pressure(self, level: str, candidates: list[Candidate]) -> int | None:
+        if not self._p.on_memory_pressure:
+            return super().on_memory_pressure(level, candidates)
+        code = {"low": 1, "critical": 2}[level]
+        n = self._p.on_memory_pressure(code, self._infos(candidates), len(candidates))
+        return None if n < 0 else n
+
     def choose_eviction(self, candidates: list[Candidate], for_model: str) -> str | None:
         if not self._p.choose_eviction:
             return super().choose_eviction(candidates, for_model)
@@ -116,6 +123,7 @@ class PythonPluginStrategy(GenericStrategy):
 
     The class is built as `Class(options: dict)` and may define `refuse_load(name) -> str | None`,
     `choose_eviction(candidates: list[Candidate], for_model: str) -> str | None`,
+    `on_memory_pressure(level: str, candidates: list[Candidate]) -> int | None`,
     `keep_alive_s(name) -> float | None` and `close()`.
     """
 
@@ -146,6 +154,10 @@ class PythonPluginStrategy(GenericStrategy):
     def choose_eviction(self, candidates: list[Candidate], for_model: str) -> str | None:
         return self._call("choose_eviction", candidates, for_model,
                           default=lambda: super(PythonPluginStrategy, self).choose_eviction(candidates, for_model))
+
+    def on_memory_pressure(self, level: str, candidates: list[Candidate]) -> int | None:
+        return self._call("on_memory_pressure", level, candidates,
+                          default=lambda: super(PythonPluginStrategy, self).on_memory_pressure(level, candidates))
 
     def keep_alive_s(self, name: str) -> float | None:
         return self._call("keep_alive_s", name, default=lambda: super(PythonPluginStrategy, self).keep_alive_s(name))

@@ -57,6 +57,11 @@ class GenericStrategy:
         ka = self.config.policy.keep_alive_s
         return ka if ka > 0 else None
 
+    def on_memory_pressure(self, level: str, candidates: list[Candidate]) -> int | None:
+        """Memory crossed the `level` ("low") watermark: how many of `candidates` to evict at most
+        (None: as many as it takes to get back under it)."""
+        return None
+
     def choose_eviction(self, candidates: list[Candidate], for_model: str) -> str | None:
         """The idle model to unload to make room for `for_model`; None: evict nothing."""
         evictable = [c for c in candidates if not self.pinned(c.name)]

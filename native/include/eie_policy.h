@@ -39,8 +39,8 @@ typedef struct eie_policy {
     int  (*init)(const char *options_json);
     /* A request for `model` that is not loaded: 0 lets it load, non-zero refuses it. */
     int  (*on_request)(const char *model);
-    /* Memory crossed a watermark; return how many of `models` EIE should evict (LRU order
-       is then decided by choose_eviction), or -1 for EIE's default. */
+    /* Memory crossed the low watermark; `models` are the idle, evictable ones. Return how many
+       EIE may evict (each chosen by choose_eviction), or -1 for as many as it takes. */
     int  (*on_memory_pressure)(int level, const eie_model_info *models, size_t n);
     /* Which of `models` to evict to make room for `for_model`: an index, or -1 for none. */
     int  (*choose_eviction)(const eie_model_info *models, size_t n, const char *for_model);

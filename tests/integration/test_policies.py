@@ -203,3 +203,13 @@ def test_idle_models_are_evicted_above_the_low_watermark(server_factory):
         time.sleep(0.1)
     assert states(srv) == {"a": "unloaded", "b": "ready"}
     assert any(e["model"] == "a" and "low watermark" in e["detail"] for e in events(srv))
+
+
+def test_plugin_can_decline_pressure_evictions(server_factory):
+    srv = server_factory({"policy": {"strategy": "plugin:mru_policy:NeverUnderPressure", "keep_alive_s": 0},
+                          "vram": {"budget_mb": 330, "low_watermark": 50, "critical_watermark": 95},
+                          "models": [smol("a"), smol("b")]}, "pressure", env={"PYTHONPATH": str(PLUGINS)})
+    assert ask(srv, "a").status_code == 200
+    assert ask(srv, "b").status_code == 200
+    time.sleep(1.5)  # several janitor passes
+    assert states(srv) == {"a": "ready", "b": "ready"}

@@ -19,3 +19,10 @@ class MostRecentFirst:
         if not candidates:
             return None
         return max(candidates, key=lambda c: c.last_used).name
+
+
+class NeverUnderPressure(MostRecentFirst):
+    """Lets memory stay above the low watermark: evicts nothing on pressure."""
+
+    def on_memory_pressure(self, level: str, candidates) -> int | None:
+        return 0
