@@ -9,6 +9,7 @@ import msgspec
 
 from ..config import Config
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
+from ..policy import PluginError
 from ..resources import memory
 from ..resources.estimate import estimate
 from .errors import ApiError, from_validation
@@ -115,7 +116,7 @@ class AdminRoutes:
         name = await self._model_action(request)
         try:
             runner = await asyncio.to_thread(self.manager.load, name)
-        except (PolicyRefused, InsufficientMemory) as e:
+        except (PolicyRefused, InsufficientMemory, PluginError) as e:
             raise manager_error(e) from None
         status = 200 if runner.state == "ready" else 500
         await request.json(status, {"model": name, "state": runner.state, "error": runner.error,

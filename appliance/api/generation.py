@@ -8,6 +8,7 @@ from ..config import Config
 from ..engine.client import GenerationFailed, PromptError
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
+from ..policy import PluginError
 from ..engine.sampling import SamplingParams
 from .errors import ApiError, bad_request
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions
@@ -25,7 +26,7 @@ async def resolve_runner(manager: ModelManager, name: str) -> ModelRunner:
         headers = RETRY_AFTER if str(e) == "loading" else []
         raise ApiError(503, f"model '{name}' is not available: {e}", type="service_unavailable", param="model",
                        code="model_not_ready", headers=headers) from None
-    except (PolicyRefused, InsufficientMemory, TimeoutError) as e:
+    except (PolicyRefused, InsufficientMemory, TimeoutError, PluginError) as e:
         raise manager_error(e) from None
 
 
@@ -36,6 +37,8 @@ def manager_error(e: Exception) -> ApiError:
         return ApiError(409, str(e), type="invalid_request_error", code="model_busy")
     if isinstance(e, InsufficientMemory):
         return ApiError(507, str(e), type="insufficient_storage", code="insufficient_memory")
+    if isinstance(e, PluginError):
+        return ApiError(500, str(e), type="server_error", code="policy_plugin_error")
     if isinstance(e, TimeoutError):
         return ApiError(503, "the model did not load in time", type="service_unavailable", code="load_timeout")
     raise e

@@ -146,7 +146,10 @@ class PythonPluginStrategy(GenericStrategy):
         fn = getattr(self._obj, method, None)
         if fn is None:
             return default()
-        return fn(*args)
+        try:
+            return fn(*args)
+        except Exception as e:
+            raise PluginError(f"policy plugin {self.name} raised in {method}: {e!r}") from e
 
     def refuse_load(self, name: str) -> str | None:
         return self._call("refuse_load", name, default=lambda: super(PythonPluginStrategy, self).refuse_load(name))

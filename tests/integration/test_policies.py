@@ -213,3 +213,13 @@ def test_plugin_can_decline_pressure_evictions(server_factory):
     assert ask(srv, "b").status_code == 200
     time.sleep(1.5)  # several janitor passes
     assert states(srv) == {"a": "ready", "b": "ready"}
+
+
+def test_a_plugin_that_raises_is_reported_and_the_server_keeps_serving(server_factory):
+    srv = server_factory({"policy": {"strategy": "plugin:mru_policy:RaisesOnRequest"}, "models": [smol("a")]},
+                         "raising", env={"PYTHONPATH": str(PLUGINS)})
+    r = ask(srv, "a")
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "policy_plugin_error" and "raised in refuse_load" in err["message"]
+    assert httpx.get(srv.base + "/health").status_code == 200

@@ -26,3 +26,8 @@ class NeverUnderPressure(MostRecentFirst):
 
     def on_memory_pressure(self, level: str, candidates) -> int | None:
         return 0
+
+
+class RaisesOnRequest(MostRecentFirst):
+    def refuse_load(self, name: str) -> str | None:
+        raise ValueError("plugin bug")
