@@ -13,6 +13,17 @@ Every request carries a prompt not sent before (prompt caching cannot help eithe
 `"cache_prompt": false` (EIE ignores the unknown field). Ratios are eie/llama-server for the
 rates and llama/eie for TTFT, so >= 1.0 always means EIE is as good or better; the goal is 0.95.
 
+Both servers stay up side by side (each burns ~0 CPU when idle, checked at start; otherwise
+they run one at a time, see --mode). On a 2-core machine any other busy process wrecks spinning
+ggml threads, so before each measurement the script waits until the machine is quiet, and a
+measurement during which other processes used more than --noise-limit cores is retried and, if
+it stays noisy, flagged in the table's footer and the JSON.
+
+llama-server without --cache-ram never clears idle slots, so with a unified KV cache later
+requests would attend over other slots' stale cells (slower), while EIE frees a sequence's KV when
+it ends. So that both start each measurement from an empty KV cache, the script erases every
+llama-server slot (POST /slots/N?action=erase, outside the timed window); --keep-stale-kv skips that.
+
 Run: .venv/bin/python bench/serve_vs_llama_server.py [--model smollm2-135m|gemma3-270m|all]
 The first run builds llama-server (minutes on 2 cores) and caches the binary under
 ${XDG_CACHE_HOME:-~/.cache}/eie/llama-server/<key>/. Writes bench/results/serve_vs_llama_server.json.
@@ -206,17 +217,17 @@ class CpuWindow:
             self.other_cores = max(0.0, (b1 - b0) - (s1 - s0) - (c1 - c0)) / self.wall
 
 
-def other_cpu_cores(exclude_pids: list[int], window_s: float) -> float:
+async def other_cpu_cores(exclude_pids: list[int], window_s: float) -> float:
     """Cores used over `window_s` by everything except `exclude_pids` and this process."""
     b0, c0 = system_busy_seconds(), self_cpu_seconds()
     p0 = sum(proc_cpu_seconds(p) for p in exclude_pids)
-    time.sleep(window_s)
+    await asyncio.sleep(window_s)
     b1, c1 = system_busy_seconds(), self_cpu_seconds()
     p1 = sum(proc_cpu_seconds(p) for p in exclude_pids)
     return max(0.0, (b1 - b0) - (p1 - p0) - (c1 - c0)) / window_s
 
 
-def wait_for_quiet(exclude_pids: list[int], limit_cores: float, max_wait_s: float) -> float:
+async def wait_for_quiet(exclude_pids: list[int], limit_cores: float, max_wait_s: float) -> float:
     """Wait (bounded) until other processes use under `limit_cores` for two windows in a row.
 
     On a 2-core machine one busy foreign process makes spinning ggml threads collapse, so a
@@ -227,7 +238,7 @@ def wait_for_quiet(exclude_pids: list[int], limit_cores: float, max_wait_s: floa
     quiet = 0
     logged = False
     for _ in range(int(max_wait_s / window) + 2):
-        busy = other_cpu_cores(exclude_pids, window)
+        busy = await other_cpu_cores(exclude_pids, window)
         quiet = quiet + 1 if busy < limit_cores else 0
         if quiet >= 2:
             break
@@ -262,6 +273,7 @@ class Server:
     port: int
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    erase_slots: int = 0  # llama-server: slots to erase before each measurement
     proc: subprocess.Popen | None = None
 
     @property
@@ -331,9 +343,10 @@ def eie_config_yaml(spec: ModelSpec, port: int) -> str:
     )
 
 
-def llama_server_flags(spec: ModelSpec) -> list[str]:
+def llama_server_flags(spec: ModelSpec, slot_dir: Path) -> list[str]:
     """llama-server flags that mirror EIE's context: unified f16 KV of n_ctx*n_parallel cells,
-    full-size SWA cache, n_batch = n_ubatch, flash-attn auto, and no prompt cache of any kind."""
+    full-size SWA cache, n_batch = n_ubatch, flash-attn auto, and no prompt cache of any kind.
+    --slot-save-path only enables POST /slots actions (erase); nothing is saved there."""
     return [
         "-m", str(MODEL_DIR / spec.file),
         "-c", str(spec.n_ctx * spec.n_parallel),
@@ -353,10 +366,11 @@ def llama_server_flags(spec: ModelSpec) -> list[str]:
         "--ctx-checkpoints", "0",
         "--no-context-shift",
         "--no-webui",
+        "--slot-save-path", str(slot_dir),
     ]
 
 
-def make_servers(spec: ModelSpec, binary: Path, workdir: Path) -> tuple[Server, Server]:
+def make_servers(spec: ModelSpec, binary: Path, workdir: Path, erase_slots: bool = True) -> tuple[Server, Server]:
     eie_port, llama_port = free_port(), free_port()
     cfg = workdir / f"eie-{spec.name}.yaml"
     cfg.write_text(eie_config_yaml(spec, eie_port))
@@ -366,10 +380,13 @@ def make_servers(spec: ModelSpec, binary: Path, workdir: Path) -> tuple[Server, 
          "--log-level", "warning"],
         eie_port, workdir / f"eie-{spec.name}.log",
     )
+    slot_dir = workdir / f"slots-{spec.name}"
+    slot_dir.mkdir(exist_ok=True)
     llama = Server(
         "llama-server",
-        [str(binary), *llama_server_flags(spec), "--host", HOST, "--port", str(llama_port)],
+        [str(binary), *llama_server_flags(spec, slot_dir), "--host", HOST, "--port", str(llama_port)],
         llama_port, workdir / f"llama-server-{spec.name}.log",
+        erase_slots=spec.n_parallel if erase_slots else 0,
     )
     return eie, llama
 
@@ -484,6 +501,7 @@ class StreamResult:
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     finish_reason: str | None = None
+    server_timings: dict[str, Any] | None = None  # llama-server's own `timings` (prompt_ms, predicted_ms, ...)
 
     @property
     def ttft(self) -> float:
@@ -517,6 +535,8 @@ def _absorb(res: StreamResult, obj: dict[str, Any], now: float) -> None:
         res.completion_tokens = usage.get("completion_tokens")
         res.prompt_tokens = usage.get("prompt_tokens")
     timings = obj.get("timings")  # llama-server's own counts, when usage is absent
+    if timings:
+        res.server_timings = timings
     if timings and res.completion_tokens is None:
         res.completion_tokens = timings.get("predicted_n")
         res.prompt_tokens = (timings.get("prompt_n") or 0) + (timings.get("cache_n") or 0)
@@ -568,14 +588,14 @@ async def measure_decode(client: httpx.AsyncClient, server: Server, model: str, 
     with cpu.measure():
         res = await stream_completion(client, server, model, decode_prompt(variant), max_tokens)
     return Sample(res.decode_rate, {"completion_tokens": res.completion_tokens, "text_chunks": res.text_chunks,
-                                    "finish_reason": res.finish_reason}, _cpu(cpu))
+                                    "finish_reason": res.finish_reason, **_timings(res)}, _cpu(cpu))
 
 
 async def measure_ttft(client: httpx.AsyncClient, server: Server, model: str, prompt: str) -> Sample:
     cpu = CpuWindow(server.pid)
     with cpu.measure():
         res = await stream_completion(client, server, model, prompt, 1)
-    return Sample(res.ttft, {"prompt_tokens": res.prompt_tokens}, _cpu(cpu))
+    return Sample(res.ttft, {"prompt_tokens": res.prompt_tokens, **_timings(res)}, _cpu(cpu))
 
 
 async def measure_aggregate(client: httpx.AsyncClient, server: Server, model: str, variant: int,
@@ -589,6 +609,15 @@ async def measure_aggregate(client: httpx.AsyncClient, server: Server, model: st
     tokens = sum(r.completion_tokens or 0 for r in results)
     return Sample(tokens / wall, {"completion_tokens": [r.completion_tokens for r in results], "wall_s": wall},
                   _cpu(cpu))
+
+
+def _timings(res: StreamResult) -> dict[str, Any]:
+    """llama-server's self-reported prompt/decode times, to tell compute from serving overhead."""
+    t = res.server_timings
+    if not t:
+        return {}
+    keys = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second")
+    return {"server_timings": {k: t[k] for k in keys if k in t}}
 
 
 def _cpu(w: CpuWindow) -> dict[str, float]:
@@ -626,6 +655,14 @@ class ModelRun:
         self.samples.setdefault(figure, {}).setdefault(server, []).append(sample)
 
 
+async def erase_slots(client: httpx.AsyncClient, server: Server) -> None:
+    """Empty llama-server's KV cache (all slots), as EIE's is between requests."""
+    for slot in range(server.erase_slots):
+        r = await client.post(f"{server.base}/slots/{slot}", params={"action": "erase"})
+        if r.status_code != 200:
+            raise RuntimeError(f"{server.name}: erasing slot {slot} failed: {r.status_code} {r.text[:300]}")
+
+
 class MeasureTimeout(Exception):
     pass
 
@@ -656,9 +693,10 @@ async def run_repeat(run: ModelRun, servers: list[Server], model: str, rep: int,
             for server in servers:
                 sample: Sample | None = None
                 for attempt in range(1, args.retries + 2):
+                    await erase_slots(client, server)
                     await asyncio.sleep(args.pause)
                     # the whole machine, both servers included, should be idle before a measurement
-                    await asyncio.to_thread(wait_for_quiet, [], args.noise_limit, args.max_wait_quiet)
+                    await wait_for_quiet([], args.noise_limit, args.max_wait_quiet)
                     try:
                         sample = await measure(client, server, figure, model, rep, ttft_prompt, args)
                     except MeasureTimeout as e:  # only ever seen next to a busy foreign process
@@ -691,7 +729,7 @@ def prepare_prompts(llama: Server, repeats: int) -> tuple[list[tuple[str, int]],
 
 
 def bench_model(spec: ModelSpec, binary: Path, workdir: Path, args: argparse.Namespace) -> ModelRun:
-    eie, llama = make_servers(spec, binary, workdir)
+    eie, llama = make_servers(spec, binary, workdir, erase_slots=not args.keep_stale_kv)
     run = ModelRun(spec.name)
     try:
         llama.start()
@@ -734,13 +772,13 @@ def summarize(run: ModelRun) -> dict[str, Any]:
     for figure in FIGURES:
         per = run.samples.get(figure, {})
         med = {name: statistics.median(s.value for s in samples) for name, samples in per.items()}
-        e, l = med.get("eie"), med.get("llama-server")
+        eie, llama = med.get("eie"), med.get("llama-server")
         ratio = None
-        if e and l:
-            ratio = (l / e) if figure.startswith("ttft") else (e / l)
+        if eie and llama:
+            ratio = (llama / eie) if figure.startswith("ttft") else (eie / llama)
         figures[figure] = {
-            "eie": e,
-            "llama_server": l,
+            "eie": eie,
+            "llama_server": llama,
             "ratio": ratio,
             "ratio_means": "llama_ttft / eie_ttft" if figure.startswith("ttft") else "eie / llama-server",
             "goal": GOAL,
@@ -769,6 +807,9 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
                 f"{'yes' if f['meets_goal'] else 'NO'}"
             )
     lines.append("ratio: eie/llama-server for tok/s, llama-server/eie for TTFT; >= 1.0 means EIE is as good or better")
+    for s in summaries:
+        idle = ", ".join(f"{k} {v:.3f}" for k, v in s["idle_cpu_cores"].items())
+        lines.append(f"{s['model']}: servers {s['mode']}; idle CPU (cores): {idle}")
     return "\n".join(lines)
 
 
@@ -827,6 +868,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-wait-quiet", type=float, default=600.0,
                    help="seconds to wait for other processes to go quiet before each measurement")
     p.add_argument("--measure-timeout", type=float, default=60.0, help="seconds one measurement may take")
+    p.add_argument("--keep-stale-kv", action="store_true",
+                   help="do not erase llama-server's idle slots before each measurement (its default behaviour)")
     p.add_argument("--build-jobs", type=int, default=os.cpu_count() or 2)
     args = p.parse_args(argv)
     if not 1 <= args.repeats <= 100:
@@ -862,11 +905,13 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "serve_vs_llama_server",
         "started_utc": started.isoformat(timespec="seconds"),
         "settings": {"repeats": args.repeats, "max_tokens": args.max_tokens, "ttft_prompt_tokens": TTFT_PROMPT_TOKENS,
-                     "concurrent_streams": CONCURRENT_STREAMS, "temperature": 0.0, "goal": GOAL},
+                     "concurrent_streams": CONCURRENT_STREAMS, "temperature": 0.0, "goal": GOAL,
+                     "llama_server_slots_erased_before_each_measurement": not args.keep_stale_kv,
+                     "noise_limit_cores": args.noise_limit, "retries": args.retries},
         "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
         "eie": {**git_state(), "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION},
         "llama_server": {"binary": str(binary), "version": llama_server_version(binary), "cmake_flags": CMAKE_FLAGS,
-                         "flags": {s.name: llama_server_flags(s) for s in specs}},
+                         "flags": {s.name: llama_server_flags(s, Path("SLOT_DIR")) for s in specs}},
         "models": summaries,
     }
     write_results(args.out, report)
