@@ -27,7 +27,8 @@ test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
-	$(BIN)/python bench/serve_vs_llama_server.py
+	$(BIN)/python bench/serve_vs_llama_server.py --model all
+	$(BIN)/python bench/group_parallel.py
 
 clean:
 	rm -rf $(VENV) models build dist

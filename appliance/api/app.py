@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
 from typing import Any, Awaitable, Callable
 
-from ..config import Config
+from ..config import Config, ConfigError, load_config
 from ..engine.manager import ModelManager
 from .errors import ApiError
 from .http import Receive, Request, Send
 from .admin_routes import AdminRoutes
 from .group_routes import GroupRoutes
 from .openai_routes import OpenAIRoutes
+from .reload import plan_reload
 
 log = logging.getLogger("eie.api")
 
@@ -120,11 +122,6 @@ class App:
     async def reload(self, request: Request) -> None:
         """Re-read the config file: apply what can change live, report what needs a restart,
         keep the old config on any error."""
-        import asyncio
-
-        from ..config import ConfigError, load_config
-        from .reload import plan_reload
-
         await request.body(self.config.server.limits.max_body_bytes)
         path = self.config_path
         if path is None:
@@ -151,8 +148,6 @@ class App:
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
-                import asyncio
-
                 await asyncio.to_thread(self.manager.stop)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
