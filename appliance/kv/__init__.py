@@ -1,0 +1,1 @@
+"""KV cache formats: TurboQuant codebooks and codec."""
