@@ -12,7 +12,7 @@ import msgspec
 from ..config import Config
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
-from .errors import ApiError, from_validation
+from .errors import from_validation
 from ..engine.client import Generations, collect, fit_max_tokens, render_chat
 from ..engine.sampling import with_seed_offset
 from .generation import (

@@ -6,7 +6,6 @@ import asyncio
 
 import httpx
 import openai
-import pytest
 
 PROMPTS = [
     "Write one sentence about cats.",

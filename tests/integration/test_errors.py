@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import GEMMA3, SMOLLM2, model_entry
+from conftest import SMOLLM2, model_entry
 
 KEY = "test-key-0123456789"
 
