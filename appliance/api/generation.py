@@ -45,8 +45,6 @@ def manager_error(e: Exception) -> ApiError:
 
 
 def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:
-    if req.logprobs:
-        raise bad_request("logprobs are not supported by this server yet", param="logprobs")
     bias: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
         try:

@@ -11,8 +11,8 @@ import msgspec
 
 from ..config import Config
 from ..engine.manager import ModelManager
-from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
-from .errors import from_validation
+from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta, TokenLogprob
+from .errors import bad_request, from_validation
 from ..engine.client import Generations, collect, fit_max_tokens, render_chat
 from ..engine.sampling import with_seed_offset
 from .generation import (
@@ -33,13 +33,17 @@ from .schemas import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatLogprobs,
     ChatRequest,
+    ChatTokenLogprob,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     Delta,
     ModelCard,
     ModelList,
+    TopLogprob,
     Usage,
 )
 
@@ -57,6 +61,31 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes):
 
 def _usage(outs_prompt: int, completion: int) -> Usage:
     return Usage(outs_prompt, completion, outs_prompt + completion)
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> ChatLogprobs:
+    return ChatLogprobs([
+        ChatTokenLogprob(_text(e.token), e.logprob, list(e.token),
+                         [TopLogprob(_text(t), lp, list(t)) for t, lp in e.top])
+        for e in entries
+    ])
+
+
+def completion_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> CompletionLogprobs:
+    offsets, pos = [], 0
+    for e in entries:
+        offsets.append(pos)
+        pos += len(_text(e.token))
+    return CompletionLogprobs(
+        tokens=[_text(e.token) for e in entries],
+        token_logprobs=[e.logprob for e in entries],
+        top_logprobs=[{_text(t): lp for t, lp in e.top} for e in entries],
+        text_offset=offsets,
+    )
 
 
 class OpenAIRoutes:
@@ -96,11 +125,15 @@ class OpenAIRoutes:
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
         stops = stop_list(req)
         until = deadline(self.config)
-        gens = Generations(
-            runner, [GenerationRequest(prompt, max_tokens, with_seed_offset(params, i), stops, until) for i in range(req.n)]
-        )
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        gens = Generations(runner, [
+            GenerationRequest(prompt, max_tokens, with_seed_offset(params, i), stops, until, top_logprobs=top)
+            for i in range(req.n)
+        ])
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
-                        self._chat_stream, self._chat_response, req.model)
+                        self._chat_stream, self._chat_response, req.model, top is not None)
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -112,26 +145,26 @@ class OpenAIRoutes:
         stops = stop_list(req)
         until = deadline(self.config)
         seqs = [
-            GenerationRequest(p, m, with_seed_offset(params, i), stops, until)
+            GenerationRequest(p, m, with_seed_offset(params, i), stops, until, top_logprobs=req.logprobs)
             for p, m in zip(prompts, limits)
             for i in range(req.n)
         ]
         await self._run(request, Generations(runner, seqs), req.stream,
                         req.stream_options and req.stream_options.include_usage,
-                        self._completion_stream, self._completion_response, req.model)
+                        self._completion_stream, self._completion_response, req.model, req.logprobs is not None)
 
     async def _run(self, request: Request, gens: Generations, stream: bool, include_usage: bool | None,
-                   streamer: Callable, responder: Callable, model: str) -> None:
+                   streamer: Callable, responder: Callable, model: str, logprobs: bool) -> None:
         gens.start()
         watcher = asyncio.ensure_future(request.watch_disconnect())
         disconnect = asyncio.ensure_future(request.disconnected.wait())
         disconnect.add_done_callback(lambda _: gens.cancel())
         try:
             if stream:
-                await streamer(request, gens, bool(include_usage), model)
+                await streamer(request, gens, bool(include_usage), model, logprobs)
             else:
                 outs = await collect(gens)
-                await request.json(200, responder(outs, model))
+                await request.json(200, responder(outs, model, logprobs))
         finally:
             if gens.pending:
                 gens.cancel()
@@ -141,13 +174,18 @@ class OpenAIRoutes:
     # ---- chat ------------------------------------------------------------------------------
 
     @staticmethod
-    def _chat_response(outs, model: str) -> ChatCompletion:
-        choices = [ChatChoice(i, AssistantMessage("assistant", o.text), o.finish_reason) for i, o in enumerate(outs)]
+    def _chat_response(outs, model: str, logprobs: bool) -> ChatCompletion:
+        choices = [
+            ChatChoice(i, AssistantMessage("assistant", o.text), o.finish_reason,
+                       chat_logprobs(o.logprobs) if logprobs else None)
+            for i, o in enumerate(outs)
+        ]
         completion = sum(o.completion_tokens for o in outs)
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
                               _usage(outs[0].prompt_tokens, completion), system_fingerprint=FINGERPRINT)
 
-    async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str) -> None:
+    async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
+                           logprobs: bool) -> None:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
@@ -158,7 +196,8 @@ class OpenAIRoutes:
         await self._stream(
             sse, gens, include_usage,
             first=lambda i: chunk([ChatChunkChoice(i, Delta(role="assistant", content=""))]),
-            delta=lambda i, text: chunk([ChatChunkChoice(i, Delta(content=text))]),
+            delta=lambda i, ev: chunk([ChatChunkChoice(i, Delta(content=ev.text), None,
+                                                       chat_logprobs(ev.logprobs) if logprobs else None)]),
             final=lambda i, reason: chunk([ChatChunkChoice(i, Delta(), reason)]),
             usage=lambda u: chunk([], u),
         )
@@ -166,14 +205,18 @@ class OpenAIRoutes:
     # ---- completions -----------------------------------------------------------------------
 
     @staticmethod
-    def _completion_response(outs, model: str) -> Completion:
-        choices = [CompletionChoice(i, o.text, o.finish_reason) for i, o in enumerate(outs)]
+    def _completion_response(outs, model: str, logprobs: bool) -> Completion:
+        choices = [
+            CompletionChoice(i, o.text, o.finish_reason, completion_logprobs(o.logprobs) if logprobs else None)
+            for i, o in enumerate(outs)
+        ]
         prompt = sum(o.prompt_tokens for o in outs)
         completion = sum(o.completion_tokens for o in outs)
         return Completion(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
                           system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion))
 
-    async def _completion_stream(self, request: Request, gens: Generations, include_usage: bool, model: str) -> None:
+    async def _completion_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
+                                 logprobs: bool) -> None:
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
@@ -184,7 +227,8 @@ class OpenAIRoutes:
         await self._stream(
             sse, gens, include_usage,
             first=None,
-            delta=lambda i, text: chunk([CompletionChoice(i, text, None)]),
+            delta=lambda i, ev: chunk([CompletionChoice(i, ev.text, None,
+                                                        completion_logprobs(ev.logprobs) if logprobs else None)]),
             final=lambda i, reason: chunk([CompletionChoice(i, "", reason)]),
             usage=lambda u: chunk([], u),
         )
@@ -210,7 +254,7 @@ class OpenAIRoutes:
                     opened.add(i)
                     await sse.event(first(i))
                 if isinstance(ev, TextDelta):
-                    await sse.event(delta(i, ev.text))
+                    await sse.event(delta(i, ev))
                 elif isinstance(ev, Finished):
                     prompt_tokens[i] = ev.prompt_tokens
                     completion += ev.completion_tokens

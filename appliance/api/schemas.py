@@ -51,7 +51,6 @@ class SamplingOptions(Struct, frozen=True, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
-    logprobs: bool | int | None = None
     user: str | None = None
 
 
@@ -62,8 +61,9 @@ class SamplingFields(SamplingOptions, frozen=True, kw_only=True):
 
 class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    logprobs: bool | None = None
     max_completion_tokens: MaxTokens | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: ResponseFormat | None = None
@@ -72,6 +72,8 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
     # A string, a list of strings, or a list of token ids (checked by the handler).
     prompt: str | list[str | int]
+    # Per-token log-probabilities with this many alternatives (OpenAI allows up to 5).
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -96,11 +98,35 @@ class AssistantMessage(Struct, frozen=True):
     content: str
 
 
+class TopLogprob(Struct, frozen=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(Struct, frozen=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Struct, frozen=True):
+    content: list[ChatTokenLogprob]
+
+
+class CompletionLogprobs(Struct, frozen=True):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatChoice(Struct, frozen=True):
     index: int
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(Struct, frozen=True):
@@ -122,7 +148,7 @@ class ChatChunkChoice(Struct, frozen=True):
     index: int
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(Struct, frozen=True):
@@ -139,7 +165,7 @@ class CompletionChoice(Struct, frozen=True):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(Struct, frozen=True):

@@ -6,11 +6,11 @@ Used by the API and by the group executor; raises engine exceptions, never HTTP 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from .chat_template import TemplateError
-from .runner import Event, Failed, Finished, GenerationRequest, Handle, ModelRunner, TextDelta
+from .runner import Event, Failed, Finished, GenerationRequest, Handle, ModelRunner, TextDelta, TokenLogprob
 
 
 class PromptError(ValueError):
@@ -73,6 +73,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     mean_logprob: float | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Generations:
@@ -126,6 +127,7 @@ async def collect(gens: Generations) -> list[Outcome]:
         async for i, ev in gens.events():
             if isinstance(ev, TextDelta):
                 parts[i].append(ev.text)
+                outs[i].logprobs.extend(ev.logprobs)
             elif isinstance(ev, Finished):
                 o = outs[i]
                 o.finish_reason, o.prompt_tokens, o.completion_tokens = ev.reason, ev.prompt_tokens, ev.completion_tokens

@@ -38,11 +38,21 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     deadline: float = float("inf")  # time.monotonic() value
     logprobs: bool = False  # report the mean log-probability of the sampled tokens
+    # Per-token log-probabilities with this many alternatives each (None: none).
+    top_logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class _Sequence:
         "out_index",
         "leader",
         "logprob_sum",
+        "pending_logprobs",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -104,6 +115,7 @@ class _Sequence:
         # instead of prefilled again (fan-out of N samples costs one prefill).
         self.leader: _Sequence | None = None
         self.logprob_sum = 0.0
+        self.pending_logprobs: list[TokenLogprob] = []
 
 
 class Handle:
@@ -390,15 +402,22 @@ class ModelRunner:
         vocab = self.vocab
         for seq in seqs:
             token = lc.llama_sampler_sample(seq.chain, ctx, seq.out_index)
-            if seq.req.logprobs:
-                seq.logprob_sum += self._logprob(seq.out_index, token)
+            per_token = seq.req.top_logprobs is not None
+            if seq.req.logprobs or per_token:
+                lp, top = self._logprobs(seq.out_index, token, seq.req.top_logprobs or 0)
+                seq.logprob_sum += lp
             if vocab.is_eog(token):
                 self._emit_end(seq, "stop")
                 continue
             seq.n_generated += 1
-            text, hit_stop = seq.stream.push(vocab.piece(token))
+            piece = vocab.piece(token)
+            if per_token:
+                seq.pending_logprobs.append(TokenLogprob(piece, lp, tuple((vocab.piece(t), v) for t, v in top)))
+            text, hit_stop = seq.stream.push(piece)
+            if hit_stop:
+                seq.pending_logprobs.clear()  # the stop string's tokens are not part of the answer
             if text:
-                seq.sink(TextDelta(text))
+                self._emit(seq, text)
             if hit_stop:
                 self._finish(seq, self._finished(seq, "stop"))
             elif seq.n_generated >= seq.req.max_tokens or seq.pos >= self.cfg.n_ctx:
@@ -406,10 +425,15 @@ class ModelRunner:
             else:
                 seq.last_token = token
 
+    def _emit(self, seq: _Sequence, text: str) -> None:
+        lps = tuple(seq.pending_logprobs)
+        seq.pending_logprobs.clear()
+        seq.sink(TextDelta(text, lps))
+
     def _emit_end(self, seq: _Sequence, reason: str) -> None:
         rest = seq.stream.finish()
-        if rest:
-            seq.sink(TextDelta(rest))
+        if rest or seq.pending_logprobs:
+            self._emit(seq, rest)
         self._finish(seq, self._finished(seq, reason))
 
     def _finished(self, seq: _Sequence, reason: str) -> Finished:
@@ -418,9 +442,15 @@ class ModelRunner:
             mean = seq.logprob_sum / max(1, seq.n_generated + (1 if reason == "stop" else 0))
         return Finished(reason, len(seq.req.prompt), seq.n_generated, mean)
 
-    def _logprob(self, index: int, token: int) -> float:
-        """log p(token) under the model's raw next-token distribution."""
+    def _logprobs(self, index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+        """log p(token) under the model's raw next-token distribution, and the k most likely."""
         ptr = lc.llama_get_logits_ith(self.loaded.ctx, index)
         logits = np.ctypeslib.as_array(ptr, shape=(self.loaded.n_vocab,))
         top = float(logits.max())
-        return float(logits[token]) - top - float(np.log(np.exp(logits - top).sum()))
+        lse = top + float(np.log(np.exp(logits - top, dtype=np.float64).sum()))
+        best: list[tuple[int, float]] = []
+        if k > 0:
+            ids = np.argpartition(logits, -k)[-k:]
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            best = [(int(i), float(logits[i]) - lse) for i in ids]
+        return float(logits[token]) - lse, best

@@ -218,3 +218,12 @@ def test_504_when_the_deadline_passes(server_factory):
     assert '"deadline_exceeded"' in lines[-2] and lines[-1] == "data: [DONE]"
     # The server is still fine afterwards.
     assert httpx.get(srv.base + "/health").status_code == 200
+
+
+def test_400_for_bad_logprob_requests(strict_server):
+    r = post(strict_server, "/v1/chat/completions", chat(top_logprobs=3))
+    assert r.status_code == 400 and envelope(r)["param"] == "top_logprobs"
+    r = post(strict_server, "/v1/chat/completions", chat(logprobs=True, top_logprobs=50))
+    assert r.status_code == 400 and envelope(r)["param"] == "top_logprobs"
+    r = post(strict_server, "/v1/completions", {"model": "smollm2-135m", "prompt": "Hi", "logprobs": 9})
+    assert r.status_code == 400 and envelope(r)["param"] == "logprobs"

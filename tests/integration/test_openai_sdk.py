@@ -118,3 +118,32 @@ def test_utf8_multibyte_characters_survive_streaming(client):
     assert "".join(chunks) == full.choices[0].text
     assert all("\ufffd" not in c for c in chunks)
     assert any(ord(ch) > 0x2E80 for ch in full.choices[0].text), full.choices[0].text
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_chat_logprobs_streamed_and_not(client, model):
+    full = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=12,
+                                          logprobs=True, top_logprobs=3)
+    content = full.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == full.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert [x.logprob for x in t.top_logprobs] == sorted((x.logprob for x in t.top_logprobs), reverse=True)
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+        assert bytes(t.bytes).decode("utf-8", "replace") == t.token
+    stream = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=12,
+                                            logprobs=True, top_logprobs=3, stream=True)
+    streamed = [t for c in stream if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+    plain = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs(client):
+    r = client.completions.create(model="smollm2-135m", prompt="The capital of France is", temperature=0,
+                                  max_tokens=6, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.tokens[0] == " Paris" and len(lp.top_logprobs[0]) == 2 and " Paris" in lp.top_logprobs[0]
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert all(v <= 0 for v in lp.token_logprobs)
