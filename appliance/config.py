@@ -16,7 +16,7 @@ import yaml
 from msgspec import Meta, Struct, field
 from msgspec import inspect as mi
 
-KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo4", "turbo3", "turbo2"]
 FlashAttn = Literal["auto", "on", "off"]
 _STRATEGY_PATTERN = r"^(generic|pinned-group|multi-group|fixed-appliance|plugin:[^\s]+)$"
 Strategy = Annotated[str, Meta(pattern=_STRATEGY_PATTERN)]

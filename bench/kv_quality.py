@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="all", choices=["all", *MODELS])
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--types", default="f16,q8_0,q4_0,q8_0/q4_0")
+    ap.add_argument("--types", default="f16,q8_0,q4_0,turbo4,turbo3,turbo2,q8_0/turbo3")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "kv_quality.json")
     args = ap.parse_args(argv)

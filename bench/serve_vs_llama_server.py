@@ -103,14 +103,17 @@ def log(msg: str) -> None:
 # ---- building llama-server ---------------------------------------------------------------------
 
 
-def patch_files() -> list[Path]:
-    return sorted((REPO / "native" / "patches").glob("*.patch"))
+def source_inputs() -> list[Path]:
+    """What native/prepare-llama-source.sh puts into the llama.cpp tree: part of the cache key."""
+    native = REPO / "native"
+    return [native / "prepare-llama-source.sh", *sorted((native / "patches").glob("*.patch")),
+            *sorted((native / "turboquant").glob("*.[ch]"))]
 
 
 def llama_server_key() -> str:
     h = hashlib.sha256()
     h.update(f"{LLAMA_CPP_PYTHON_VERSION}|{' '.join(CMAKE_FLAGS)}|{platform.machine()}".encode())
-    for p in patch_files():
+    for p in source_inputs():
         h.update(b"|" + p.name.encode() + b"|" + p.read_bytes())
     return h.hexdigest()[:16]
 
@@ -144,10 +147,7 @@ def build_llama_server(jobs: int) -> Path:
         with tarfile.open(sdist) as tf:
             tf.extractall(work, filter="data")
         src = next(work.glob("llama_cpp_python-*/")) / "vendor" / "llama.cpp"
-        for p in patch_files():
-            log(f"applying {p.name}")
-            with p.open("rb") as fh:
-                subprocess.run(["patch", "-d", str(src), "-p1", "--forward"], stdin=fh, check=True)
+        subprocess.run([str(REPO / "native" / "prepare-llama-source.sh"), str(src)], check=True)
         build = work / "build"
         log(f"building llama-server {LLAMA_CPP_PYTHON_VERSION} ({' '.join(CMAKE_FLAGS)}), {jobs} jobs; takes minutes")
         subprocess.run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],

@@ -11,9 +11,7 @@ cache_root="${EIE_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eie/wheels}"
 cmake_args="${EIE_CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF}"
 
 key_material="$version|$cmake_args|$(uname -m)|$("$python" -c 'import sys; print(sys.version_info[:2])')"
-if [ -d "$here/patches" ]; then
-  key_material="$key_material|$(cat "$here"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)"
-fi
+key_material="$key_material|$(cat "$here"/prepare-llama-source.sh "$here"/patches/*.patch "$here"/turboquant/*.[ch] 2>/dev/null | sha256sum | cut -c1-16)"
 key="$(printf '%s' "$key_material" | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
 
@@ -28,13 +26,7 @@ trap 'rm -rf "$work"' EXIT
 "$python" -m pip download --no-deps --no-binary :all: -d "$work/sdist" "llama-cpp-python==$version" >&2
 tar xzf "$work"/sdist/llama_cpp_python-*.tar.gz -C "$work"
 src="$(echo "$work"/llama_cpp_python-*/)"
-if [ -d "$here/patches" ]; then
-  for p in "$here"/patches/*.patch; do
-    [ -e "$p" ] || continue
-    echo "applying $(basename "$p")" >&2
-    patch -d "$src/vendor/llama.cpp" -p1 --forward < "$p" >&2
-  done
-fi
+"$here/prepare-llama-source.sh" "$src/vendor/llama.cpp" >&2
 
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export CMAKE_ARGS="$cmake_args"

@@ -27,6 +27,10 @@ GGML_TYPES: dict[str, int] = {
     "q8_0": 8,
     "iq4_nl": 20,
     "bf16": 30,
+    # TurboQuant, added by native/patches/0001-turboquant-kv-types.patch
+    "turbo4": 43,
+    "turbo3": 44,
+    "turbo2": 45,
 }
 
 FLASH_ATTN = {
@@ -190,6 +194,18 @@ def read_header(path: Path) -> dict[str, str]:
         lc.llama_model_free(model)
 
 
+TURBO_TYPES = {"turbo4", "turbo3", "turbo2"}
+
+
+def build_has_turboquant() -> bool:
+    """Whether the llama.cpp libraries in use carry the TurboQuant KV types (native/patches)."""
+    lib = Path(lc.__file__).parent / "lib" / "libggml-base.so"
+    try:
+        return hasattr(ctypes.CDLL(str(lib)), "quantize_row_turbo4_ref")
+    except OSError:
+        return False
+
+
 def load(
     path: Path,
     *,
@@ -205,6 +221,8 @@ def load(
     init_backend()
     if not path.is_file():
         raise LoadError(f"model file not found: {path}")
+    if {type_k, type_v} & TURBO_TYPES and not build_has_turboquant():
+        raise LoadError("this llama.cpp build has no TurboQuant KV types; rebuild it with `make setup`")
     assert _router is not None
     lines = _router.start_capture()
     model = None

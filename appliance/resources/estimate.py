@@ -15,6 +15,7 @@ from ..config import ModelConfig
 KV_BYTES_PER_VALUE = {
     "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
     "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32,
+    "turbo4": 34 / 64, "turbo3": 26 / 64, "turbo2": 18 / 64,
 }
 
 
