@@ -174,7 +174,8 @@ class ModelManager:
             if name == exclude or r.state != "ready" or r.running() or r.queue_depth():
                 continue
             group = self._group_of.get(name)
-            out.append(Candidate(name, self.measured(r), self.last_used.get(name, 0.0), group.name if group else None))
+            last = max(self.last_used.get(name, 0.0), r.last_finished)
+            out.append(Candidate(name, self.measured(r), last, group.name if group else None))
         return out
 
     def _make_room(self, name: str, need: int) -> None:
@@ -271,8 +272,9 @@ class ModelManager:
                     now = time.monotonic()
                     for name, r in list(self.runners.items()):
                         ka = self.policy.keep_alive_s(name)
+                        idle_since = max(self.last_used.get(name, now), r.last_finished)
                         if (ka is not None and r.state == "ready" and not r.running() and not r.queue_depth()
-                                and now - self.last_used.get(name, now) > ka):
+                                and now - idle_since > ka):
                             self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")
                     for scope_model in {self._scope_key(n): n for n in self.runners}.values():
                         budget = self.budget(scope_model)

@@ -156,6 +156,7 @@ class ModelRunner:
         self.load_seconds = 0.0
         # Counters since load (read without locking: plain ints, written by the runner thread).
         self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0}
+        self.last_finished = 0.0  # time.monotonic() when a sequence last finished
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -304,6 +305,7 @@ class ModelRunner:
             self._active.remove(seq)
             self._by_id.remove(seq)
             heapq.heappush(self._free_ids, seq.seq_id)
+        self.last_finished = time.monotonic()
         seq.sink(event)
 
     def _step(self) -> None:
