@@ -141,14 +141,18 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
     # Where the config was read from; set by load_config, not by users.
     source_dir: str = "."
 
+    def model_base(self) -> Path:
+        """model_dir as an absolute path (relative ones resolve against the config file)."""
+        base = Path(self.model_dir)
+        if not base.is_absolute():
+            base = Path(self.source_dir) / base
+        return base.resolve()
+
     def model_path(self, model: ModelConfig) -> Path:
         path = Path(model.path)
         if path.is_absolute():
             return path
-        base = Path(self.model_dir)
-        if not base.is_absolute():
-            base = Path(self.source_dir) / base
-        return (base / path).resolve()
+        return (self.model_base() / path).resolve()
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from urllib.parse import parse_qs
 
 import msgspec
 
@@ -132,10 +132,7 @@ class AdminRoutes:
 
     async def discover(self, request: Request) -> None:
         """GGUF files in model_dir (only inside it), with what loading each would take."""
-        base = Path(self.config.model_dir)
-        if not base.is_absolute():
-            base = Path(self.config.source_dir) / base
-        base = base.resolve()
+        base = self.config.model_base()
         sub = _query(request, "path") or "."
         target = (base / sub).resolve()
         if not target.is_relative_to(base):
@@ -163,7 +160,5 @@ class AdminRoutes:
 
 
 def _query(request: Request, key: str) -> str | None:
-    from urllib.parse import parse_qs
-
     values = parse_qs(request.scope.get("query_string", b"").decode("latin-1")).get(key)
     return values[0] if values else None

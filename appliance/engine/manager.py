@@ -61,7 +61,6 @@ class ModelManager:
         self.policy = make_policy(config)
         self.runners: dict[str, ModelRunner] = {m.name: self._new_runner(m) for m in config.models}
         self.estimates: dict[str, Estimate | None] = {}
-        self.estimate_errors: dict[str, str] = {}
         self.last_used: dict[str, float] = {}
         self.events: collections.deque[dict] = collections.deque(maxlen=100)
         self.counters = collections.Counter()
@@ -119,9 +118,8 @@ class ModelManager:
             runner = self.runners[name]
             try:
                 self.estimates[name] = estimate(shape_of(runner.path), runner.cfg)
-            except (OSError, ValueError) as e:
-                self.estimates[name] = None
-                self.estimate_errors[name] = str(e)
+            except (OSError, ValueError):
+                self.estimates[name] = None  # unreadable: the load itself reports why
         return self.estimates[name]
 
     @staticmethod
@@ -141,11 +139,15 @@ class ModelManager:
             return est.total if est else 0
         return 0
 
+    @property
+    def _isolated(self) -> bool:
+        """Whether groups with a budget_mb get pools of their own."""
+        return self.config.vram.group_isolation or getattr(self.policy, "isolates_groups", False)
+
     def budget(self, for_model: str | None = None) -> Budget:
         vram = self.config.vram
-        isolate = vram.group_isolation or getattr(self.policy, "isolates_groups", False)
         group = self._group_of.get(for_model) if for_model else None
-        if isolate and group is not None and group.budget_mb:
+        if self._isolated and group is not None and group.budget_mb:
             capacity, scope = group.budget_mb * MIB, f"group:{group.name}"
         elif vram.budget_mb:
             capacity, scope = vram.budget_mb * MIB, "device"
@@ -159,8 +161,7 @@ class ModelManager:
         if budget.scope.startswith("group:"):
             group = budget.scope[len("group:") :]
             return [n for n in self.runners if self._group_of.get(n) and self._group_of[n].name == group]
-        isolate = self.config.vram.group_isolation or getattr(self.policy, "isolates_groups", False)
-        if isolate:  # the device pool holds the models that have no group budget of their own
+        if self._isolated:  # the device pool holds the models that have no group budget of their own
             return [n for n in self.runners if not (self._group_of.get(n) and self._group_of[n].budget_mb)]
         return list(self.runners)
 
@@ -276,8 +277,7 @@ class ModelManager:
                         if (ka is not None and r.state == "ready" and not r.running() and not r.queue_depth()
                                 and now - idle_since > ka):
                             self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")
-                    for scope_model in {self._scope_key(n): n for n in self.runners}.values():
-                        budget = self.budget(scope_model)
+                    for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():
                         if self.used(budget) <= budget.low:
                             continue
                         limit = self.policy.on_memory_pressure("low", self._candidates(budget, ""))
@@ -290,9 +290,6 @@ class ModelManager:
                             evicted += 1
             except Exception:
                 log.exception("janitor pass failed")
-
-    def _scope_key(self, name: str) -> str:
-        return self.budget(name).scope
 
     def apply_config(self, config: Config, added: list[str]) -> list[str]:
         """Take a reloaded config: new models get runners (loaded now if the strategy boots them)."""
