@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 import yaml
@@ -17,6 +17,9 @@ from msgspec import Meta, Struct, field
 from msgspec import inspect as mi
 
 KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo4", "turbo3", "turbo2"]
+# `auto`: the manager picks the type from the memory budget (resources/kv_choice.py).
+KvMode = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo4", "turbo3", "turbo2",
+                 "auto"]
 FlashAttn = Literal["auto", "on", "off"]
 _STRATEGY_PATTERN = r"^(generic|pinned-group|multi-group|fixed-appliance|plugin:[^\s]+)$"
 Strategy = Annotated[str, Meta(pattern=_STRATEGY_PATTERN)]
@@ -27,9 +30,16 @@ ModelName = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z
 
 
 class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
-    mode: KvType = "f16"
+    """A model's KV cache: `inference.kv_cache` overlaid key by key with the model's own `kv_cache`.
+
+    `mode: auto` is resolved by the model manager before loading; runners only see concrete types.
+    """
+
+    mode: KvMode = "f16"
     # Optional asymmetric override for K (K is more sensitive to quantization than V).
     k: KvType | None = None
+    # Allow the KV type to be lowered (and raised again) at run time under memory pressure.
+    adaptive: bool = False
 
     @property
     def type_k(self) -> str:
@@ -53,6 +63,11 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     chat_template: str | None = None
     # Requests waiting for a sequence slot beyond this are refused with 429.
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
+
+
+class InferenceConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    # The default of every model's kv_cache; a model's own kv_cache overrides it key by key.
+    kv_cache: KvCacheConfig = field(default_factory=KvCacheConfig)
 
 
 class ReplaceWith(Struct, frozen=True, forbid_unknown_fields=True):
@@ -136,6 +151,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
     server: ServerConfig = field(default_factory=ServerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     vram: VramConfig = field(default_factory=VramConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     # Relative model paths resolve against model_dir, itself relative to the config file.
     model_dir: str = "."
     # Where the config was read from; set by load_config, not by users.
@@ -329,6 +345,7 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
     models = raw.get("models")
     if not isinstance(models, list):
         return
+    inherited = _inherited_kv(raw)
     seen: dict[str, int] = {}
     for i, m in enumerate(models):
         if not isinstance(m, dict):
@@ -339,13 +356,20 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
                 problems.append(f"models[{i}].name: duplicate model name {_got(name)} (also models[{seen[name]}])")
             else:
                 seen[name] = i
-        kv = m.get("kv_cache")
-        if isinstance(kv, dict) and m.get("flash_attn") == "off":
-            mode = kv.get("mode", "f16")
-            if mode not in ("f32", "f16", "bf16"):
+        own = m.get("kv_cache") if isinstance(m.get("kv_cache"), dict) else {}
+        mode = own.get("mode", inherited.get("mode", "f16"))
+        if m.get("flash_attn") == "off" and mode in get_args(KvMode) and mode not in ("f32", "f16", "bf16"):
+            what = "auto may choose a quantized V cache, which" if mode == "auto" else f"a quantized V cache ({mode})"
+            if "mode" in own:
                 problems.append(
-                    f"models[{i}].kv_cache.mode: a quantized V cache ({mode}) needs flash attention; "
+                    f"models[{i}].kv_cache.mode: {what} needs flash attention; "
                     f"set models[{i}].flash_attn to auto or on, or use f16"
+                )
+            else:
+                problems.append(
+                    f"models[{i}].flash_attn: off, but inference.kv_cache.mode ({mode}) applies to this model and "
+                    f"{'may choose a quantized V cache, which' if mode == 'auto' else 'quantizes V, which'} needs "
+                    f"flash attention; set models[{i}].flash_attn to auto or on, or set models[{i}].kv_cache.mode: f16"
                 )
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
@@ -366,6 +390,22 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         keys = server.get("api_keys")
         if isinstance(keys, list) and len(set(map(str, keys))) != len(keys):
             problems.append("server.api_keys: duplicate keys")
+
+
+def _inherited_kv(raw: dict[str, Any]) -> dict[str, Any]:
+    """The raw `inference.kv_cache` mapping every model starts from ({} when absent or malformed)."""
+    inference = raw.get("inference")
+    kv = inference.get("kv_cache") if isinstance(inference, dict) else None
+    return kv if isinstance(kv, dict) else {}
+
+
+def _with_inherited_kv(raw: dict[str, Any]) -> dict[str, Any]:
+    """Each model's kv_cache overlaid on inference.kv_cache, key by key (a model's own key wins)."""
+    inherited = _inherited_kv(raw)
+    if not inherited:
+        return raw
+    models = [{**m, "kv_cache": {**inherited, **m.get("kv_cache", {})}} for m in raw["models"]]
+    return {**raw, "models": models}
 
 
 def _group_checks(raw: dict[str, Any], model_names: set[Any], problems: list[str]) -> None:
@@ -433,7 +473,7 @@ def parse_config(raw: Any, source: str = "config", source_dir: str = ".") -> Con
     if problems:
         raise ConfigError(problems, source)
     try:
-        return msgspec.convert({**raw, "source_dir": source_dir}, Config, strict=False)
+        return msgspec.convert({**_with_inherited_kv(raw), "source_dir": source_dir}, Config, strict=False)
     except msgspec.ValidationError as e:  # the walker should have caught it; never let it pass silently
         raise ConfigError([str(e)], source) from e
 

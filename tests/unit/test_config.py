@@ -26,7 +26,7 @@ def problems(raw) -> list[str]:
         ({"models": [{**GOOD_MODEL, "kv_cache": {"mode": "q9"}}]}, 'models[0].kv_cache.mode: expected one of'),
         ({"models": [{**GOOD_MODEL, "flash_attn": "maybe"}]}, 'models[0].flash_attn: expected one of auto, off, on, got "maybe"'),
         ({"models": [{**GOOD_MODEL, "colour": "red"}]}, "models[0].colour: unknown key (allowed:"),
-        ({"models": [GOOD_MODEL], "sever": {}}, "sever: unknown key (allowed: groups, model_dir, models, policy, server, vram)"),
+        ({"models": [GOOD_MODEL], "sever": {}}, "sever: unknown key (allowed: groups, inference, model_dir, models, policy, server, vram)"),
         ({"models": []}, "models: expected at least 1 item(s), got 0"),
         ({}, "models: required key is missing"),
         ({"models": [{"path": "x.gguf"}]}, "models[0].name: required key is missing"),
@@ -41,6 +41,15 @@ def problems(raw) -> list[str]:
         ({"models": {"name": "m"}}, "models: expected list of mapping"),
         ({"models": [{**GOOD_MODEL, "n_parallel": 0}]}, "models[0].n_parallel: expected int >= 1 and <= 256, got 0"),
         ({"models": [{**GOOD_MODEL, "n_ctx": 256, "n_parallel": 1, "n_batch": 1024}]}, "models[0].n_batch: must not exceed n_ctx * n_parallel (256)"),
+        ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"mode": "turbo5"}}}, 'inference.kv_cache.mode: expected one of auto, bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0, turbo2, turbo3, turbo4, got "turbo5"'),
+        ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"k": "auto"}}}, 'inference.kv_cache.k: expected one of bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0, turbo2, turbo3, turbo4, got "auto"'),
+        ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"adaptive": "yes"}}}, 'inference.kv_cache.adaptive: expected bool (true or false), got "yes"'),
+        ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"modes": "auto"}}}, "inference.kv_cache.modes: unknown key (allowed: adaptive, k, mode)"),
+        ({"models": [GOOD_MODEL], "inference": {"kv": {}}}, "inference.kv: unknown key (allowed: kv_cache)"),
+        ({"models": [GOOD_MODEL], "inference": {"kv_cache": None}}, "inference.kv_cache: expected a mapping, got null"),
+        ({"models": [{**GOOD_MODEL, "kv_cache": {"adaptive": 1}}]}, "models[0].kv_cache.adaptive: expected bool (true or false), got 1"),
+        ({"models": [{**GOOD_MODEL, "flash_attn": "off", "kv_cache": {"mode": "auto"}}]}, "models[0].kv_cache.mode: auto may choose a quantized V cache, which needs flash attention"),
+        ({"models": [{**GOOD_MODEL, "flash_attn": "off"}], "inference": {"kv_cache": {"mode": "turbo3"}}}, "models[0].flash_attn: off, but inference.kv_cache.mode (turbo3) applies to this model"),
     ],
 )
 def test_each_mistake_is_reported_by_key_path(raw, expected):
@@ -84,6 +93,35 @@ def test_defaults_and_relative_model_paths(tmp_path):
 def test_asymmetric_kv_override():
     cfg = parse_config({"models": [{**GOOD_MODEL, "kv_cache": {"mode": "q8_0", "k": "f16"}}]})
     assert cfg.models[0].kv_cache.type_k == "f16" and cfg.models[0].kv_cache.type_v == "q8_0"
+
+
+def test_inference_kv_cache_is_every_models_default_overridden_key_by_key():
+    cfg = parse_config({
+        "inference": {"kv_cache": {"mode": "auto", "k": "q8_0", "adaptive": True}},
+        "models": [
+            {"name": "inherits", "path": "m.gguf"},
+            {"name": "own-mode", "path": "m.gguf", "kv_cache": {"mode": "turbo3"}},
+            {"name": "own-all", "path": "m.gguf", "kv_cache": {"mode": "f16", "k": None, "adaptive": False}},
+        ],
+    })
+    kv = {m.name: m.kv_cache for m in cfg.models}
+    assert (kv["inherits"].mode, kv["inherits"].k, kv["inherits"].adaptive) == ("auto", "q8_0", True)
+    assert (kv["own-mode"].type_k, kv["own-mode"].type_v, kv["own-mode"].adaptive) == ("q8_0", "turbo3", True)
+    assert (kv["own-all"].type_k, kv["own-all"].type_v, kv["own-all"].adaptive) == ("f16", "f16", False)
+    assert cfg.inference.kv_cache.mode == "auto"
+
+
+def test_without_inference_section_models_keep_their_defaults():
+    cfg = parse_config({"models": [GOOD_MODEL, {**GOOD_MODEL, "name": "n", "kv_cache": {"mode": "q4_0"}}]})
+    assert cfg.inference.kv_cache.mode == "f16" and cfg.inference.kv_cache.adaptive is False
+    assert [(m.kv_cache.type_k, m.kv_cache.type_v, m.kv_cache.adaptive) for m in cfg.models] == [
+        ("f16", "f16", False), ("q4_0", "q4_0", False)]
+
+
+def test_flash_attn_off_is_fine_when_the_model_keeps_f16_over_a_quantized_default():
+    cfg = parse_config({"inference": {"kv_cache": {"mode": "q8_0"}},
+                        "models": [{**GOOD_MODEL, "flash_attn": "off", "kv_cache": {"mode": "f16"}}]})
+    assert cfg.models[0].kv_cache.type_v == "f16"
 
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "presets").glob("*.yaml")), ids=lambda p: p.name)
