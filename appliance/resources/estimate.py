@@ -15,7 +15,8 @@ from ..config import ModelConfig
 KV_BYTES_PER_VALUE = {
     "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
     "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32,
-    "turbo4": 34 / 64, "turbo3": 26 / 64, "turbo2": 18 / 64,
+    # TurboQuant blocks of 64 values (native/turboquant).
+    "turbo4": 35 / 64, "turbo3": 28 / 64, "turbo2": 20 / 64,
 }
 
 
@@ -78,15 +79,20 @@ def shape_from_header(meta: dict[str, str], file_size: int) -> GgufShape:
     )
 
 
-def estimate(shape: GgufShape, cfg: ModelConfig) -> Estimate:
-    cells = cfg.n_ctx * cfg.n_parallel
+def kv_bytes(shape: GgufShape, cells: int, type_k: str, type_v: str) -> int:
+    """Bytes of a KV cache holding `cells` tokens with these K and V types."""
     per_cell = shape.n_layer * shape.n_head_kv * (
-        shape.key_length * KV_BYTES_PER_VALUE[cfg.kv_cache.type_k]
-        + shape.value_length * KV_BYTES_PER_VALUE[cfg.kv_cache.type_v]
+        shape.key_length * KV_BYTES_PER_VALUE[type_k] + shape.value_length * KV_BYTES_PER_VALUE[type_v]
     )
+    return int(cells * per_cell)
+
+
+def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type_v: str | None = None) -> Estimate:
+    """What loading `cfg` takes; `type_k`/`type_v` replace the configured KV types (needed for mode auto)."""
+    kv = kv_bytes(shape, cfg.n_ctx * cfg.n_parallel, type_k or cfg.kv_cache.type_k, type_v or cfg.kv_cache.type_v)
     n_batch = max(cfg.n_batch, cfg.n_parallel)
     # The compute buffer is dominated by the logits of a full ubatch; activations add a little.
     logits = n_batch * shape.n_vocab * 4
     activations = n_batch * (8 * shape.n_embd + 3 * shape.n_ff) * 4
     outputs = cfg.n_parallel * shape.n_vocab * 4
-    return Estimate(weights=shape.tensor_bytes, kv=int(cells * per_cell), compute=logits + activations + outputs)
+    return Estimate(weights=shape.tensor_bytes, kv=kv, compute=logits + activations + outputs)
