@@ -206,6 +206,35 @@ def build_has_turboquant() -> bool:
         return False
 
 
+# libggml-<key>* next to llama_cpp's libraries names the GPU backend a build offloads to.
+_GPU_LIBS = (("cuda", "CUDA"), ("hip", "HIP"), ("musa", "MUSA"), ("sycl", "SYCL"), ("vulkan", "Vulkan"),
+             ("metal", "Metal"), ("opencl", "OpenCL"))
+
+
+def gpu_backend() -> str | None:
+    """The GPU backend `load` offloads models to, or None when they run on the CPU.
+
+    llama.cpp offloads when it has a GPU device (llama_supports_gpu_offload) and n_gpu_layers,
+    which `load` leaves at llama.cpp's default (all layers), is not 0. The backend is named after
+    its libggml-<name> library next to llama_cpp's; a statically linked one is just "GPU".
+    """
+    if not lc.llama_supports_gpu_offload() or lc.llama_model_default_params().n_gpu_layers == 0:
+        return None
+    libdir = Path(lc.__file__).parent / "lib"
+    for key, name in _GPU_LIBS:
+        if any(libdir.glob(f"libggml-{key}*")):
+            return name
+    return "GPU"
+
+
+def turbo_offload_problem(type_k: str, type_v: str, backend: str | None) -> str | None:
+    """Why these KV types cannot run on `backend` (TurboQuant has CPU kernels only), or None."""
+    turbo = next((t for t in (type_v, type_k) if t in TURBO_TYPES), None)
+    if turbo is None or backend is None:
+        return None
+    return f"{turbo} KV cache has no {backend} kernels in this build; use q8_0/q4_0 or run on CPU"
+
+
 def load(
     path: Path,
     *,
@@ -223,6 +252,9 @@ def load(
         raise LoadError(f"model file not found: {path}")
     if {type_k, type_v} & TURBO_TYPES and not build_has_turboquant():
         raise LoadError("this llama.cpp build has no TurboQuant KV types; rebuild it with `make setup`")
+    problem = turbo_offload_problem(type_k, type_v, gpu_backend())
+    if problem:
+        raise LoadError(problem)
     assert _router is not None
     lines = _router.start_capture()
     model = None
