@@ -71,6 +71,7 @@ class AdminRoutes:
                              "total_bytes": est.total} if est else None,
                 "kv_type_k": r.cfg.kv_cache.type_k,
                 "kv_type_v": r.cfg.kv_cache.type_v,
+                **self.manager.kv_status(name),
                 "n_ctx": r.cfg.n_ctx,
                 "n_parallel": r.cfg.n_parallel,
                 "n_ctx_total": r.loaded.n_ctx_total if r.loaded else 0,
@@ -150,7 +151,8 @@ class AdminRoutes:
             try:
                 shape = await asyncio.to_thread(shape_of, real)
                 entry.update(architecture=shape.architecture, n_layer=shape.n_layer, n_vocab=shape.n_vocab)
-                cfg = self.config.model(configured[real]) if real in configured else None
+                runner = self.manager.runners.get(configured[real]) if real in configured else None
+                cfg = runner.cfg if runner else None  # KV types resolved (mode auto)
                 if cfg is not None:
                     entry["estimate_bytes"] = estimate(shape, cfg).total
             except (OSError, ValueError) as e:

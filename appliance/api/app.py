@@ -132,7 +132,8 @@ class App:
             raise ApiError(400, "config reload failed; the running config is unchanged: " + "; ".join(e.problems),
                            param="config", code="invalid_config") from None
         plan = plan_reload(self.config, new)
-        added = self.manager.apply_config(plan.config, plan.added_models)
+        # Reading GGUF headers to decide auto KV types blocks: off the event loop.
+        added = await asyncio.to_thread(self.manager.apply_config, plan.config, plan.added_models)
         self.apply_config(plan.config)
         await request.json(200, {"applied": plan.applied, "restart_required": plan.restart_required,
                                  "added_models": added, "config": str(path)})

@@ -10,11 +10,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from msgspec import structs
+
 from ..config import Config, ModelConfig
 from ..policy import Candidate, make_policy
 from ..resources import memory
 from ..resources.cores import CoreBudget
 from ..resources.estimate import Estimate, GgufShape, estimate, shape_from_header
+from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label
 from . import native
 from .runner import ModelRunner, NotReady
 
@@ -59,8 +62,8 @@ class ModelManager:
         self.config = config
         self.cores = cores or CoreBudget()
         self.policy = make_policy(config)
-        self.runners: dict[str, ModelRunner] = {m.name: self._new_runner(m) for m in config.models}
         self.estimates: dict[str, Estimate | None] = {}
+        self._estimated: dict[str, ModelConfig] = {}  # the config each estimate was made for
         self.last_used: dict[str, float] = {}
         self.events: collections.deque[dict] = collections.deque(maxlen=100)
         self.counters = collections.Counter()
@@ -71,9 +74,69 @@ class ModelManager:
         for g in config.groups:
             for m in g.models:
                 self._group_of.setdefault(m, g)
+        self.kv_choices: dict[str, KvChoice] = self._choose_kv()
+        self.runners: dict[str, ModelRunner] = {m.name: self._new_runner(m) for m in config.models}
 
     def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
-        return ModelRunner(cfg, self.config.model_path(cfg), self.cores)
+        return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores)
+
+    def _with_kv_choice(self, cfg: ModelConfig) -> ModelConfig:
+        """The model's config with `kv_cache.mode: auto` replaced by the current choice."""
+        configured = self.config.model(cfg.name) or cfg
+        choice = self.kv_choices.get(cfg.name)
+        if configured.kv_cache.mode != "auto" or choice is None:
+            return cfg
+        kv = structs.replace(configured.kv_cache, mode=choice.type_v,
+                             k=choice.type_k if choice.type_k != choice.type_v else None)
+        return structs.replace(configured, kv_cache=kv)
+
+    # ---- KV cache types ----------------------------------------------------------------------
+
+    def _choose_kv(self) -> dict[str, KvChoice]:
+        """Resolve `kv_cache.mode: auto` for every model, per budget (see resources/kv_choice.py).
+
+        GGUF headers are read only when some model of the budget is auto; otherwise the
+        configured types stand and are not checked against the budget here (loads still are).
+        """
+        gpu, turbo_built = native.gpu_backend(), native.build_has_turboquant()
+        scopes: dict[str, tuple[Budget, list[ModelConfig]]] = {}
+        for m in self.config.models:
+            b = self.budget(m.name)
+            scopes.setdefault(b.scope, (b, []))[1].append(m)
+        out: dict[str, KvChoice] = {}
+        for budget, models in scopes.values():
+            any_auto = any(m.kv_cache.mode == "auto" for m in models)
+            inputs = [self._kv_input(m) if any_auto else KvInput(m, None) for m in models]
+            desc = describe_budget(budget.scope, budget.capacity, self.config.vram.low_watermark)
+            out.update(choose_kv(inputs, budget.low if any_auto else None, desc, gpu=gpu, turbo_built=turbo_built))
+        for m in self.config.models:
+            c = out[m.name]
+            if m.kv_cache.mode == "auto":
+                log.info("model %s KV cache (auto) %s", m.name, c.reason)
+                self._event("kv_choice", m.name, c.reason)
+            elif c.reason != f"{c.label}: configured":
+                log.warning("model %s KV cache %s", m.name, c.reason)
+        return out
+
+    def _kv_input(self, cfg: ModelConfig) -> KvInput:
+        try:
+            return KvInput(cfg, shape_of(self.config.model_path(cfg)))
+        except (OSError, ValueError) as e:
+            return KvInput(cfg, None, str(e))
+
+    def kv_status(self, name: str) -> dict:
+        """How the model's KV cache types came about, for /v1/admin/vram/status."""
+        configured = self.config.model(name)
+        runner = self.runners[name]
+        choice = self.kv_choices.get(name)
+        reason = choice.reason if choice else None
+        kv = runner.cfg.kv_cache
+        if choice and runner.state == "ready" and (kv.type_k, kv.type_v) != (choice.type_k, choice.type_v):
+            reason += f" (applies at the next load; loaded with {kv_label(kv.type_k, kv.type_v)})"
+        return {"kv_mode_configured": configured.kv_cache.mode if configured else kv.mode,
+                "kv_k_configured": configured.kv_cache.k if configured else kv.k,
+                "kv_adaptive": kv.adaptive,
+                "kv_choice_reason": reason}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -114,12 +177,13 @@ class ModelManager:
     # ---- memory ----------------------------------------------------------------------------
 
     def estimate_for(self, name: str) -> Estimate | None:
-        if name not in self.estimates:
-            runner = self.runners[name]
+        runner = self.runners[name]
+        if self._estimated.get(name) != runner.cfg:  # a new runner may have other KV types (auto)
             try:
                 self.estimates[name] = estimate(shape_of(runner.path), runner.cfg)
             except (OSError, ValueError):
                 self.estimates[name] = None  # unreadable: the load itself reports why
+            self._estimated[name] = runner.cfg
         return self.estimates[name]
 
     @staticmethod
@@ -300,6 +364,12 @@ class ModelManager:
             for g in config.groups:
                 for m in g.models:
                     self._group_of.setdefault(m, g)
+            # Decide auto KV types again (the budget or the set of models may have changed); a
+            # model that is not loaded takes its new choice now, a loaded one at its next load.
+            self.kv_choices = self._choose_kv()
+            for name, runner in list(self.runners.items()):
+                if runner.state == "unloaded" and self._with_kv_choice(runner.cfg) != runner.cfg:
+                    self.runners[name] = self._new_runner(runner.cfg)
             for name in added:
                 self.runners[name] = self._new_runner(config.model(name))
         boot = [n for n in added if n in self.boot_models()]
