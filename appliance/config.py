@@ -40,6 +40,8 @@ class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
     k: KvType | None = None
     # Allow the KV type to be lowered (and raised again) at run time under memory pressure.
     adaptive: bool = False
+    # With adaptive: also step down when the median decode step takes longer than this.
+    max_decode_ms: Annotated[float, Meta(gt=0, le=60_000)] | None = None
 
     @property
     def type_k(self) -> str:
@@ -65,9 +67,21 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
 
 
+class AdaptiveKvConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """How adaptive KV models move between types (appliance/kv/adaptive.py)."""
+
+    # A model changes its KV type at most once per this many seconds.
+    cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 10.0
+    # Pressure must have been gone this long before a model steps back up.
+    upgrade_after_s: Annotated[float, Meta(ge=0, le=86_400)] = 30.0
+    # Share of the budget that must stay free below the low watermark after a step up.
+    margin_percent: Annotated[float, Meta(ge=0, le=50)] = 5.0
+
+
 class InferenceConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # The default of every model's kv_cache; a model's own kv_cache overrides it key by key.
     kv_cache: KvCacheConfig = field(default_factory=KvCacheConfig)
+    kv_adaptive: AdaptiveKvConfig = field(default_factory=AdaptiveKvConfig)
 
 
 class ReplaceWith(Struct, frozen=True, forbid_unknown_fields=True):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the llama-cpp-python wheel from source once per (version, CMake flags, patches)
 # and caches it, so a second setup on the same machine installs in seconds.
-# Prints the path of the cached wheel on its last line.
+# Prints the path of the cached wheel on its last line. Next to the wheel it keeps the prepared
+# ggml headers and tests/test-backend-ops.cpp (see native/build-test-backend-ops.sh).
 set -euo pipefail
 
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -34,6 +35,10 @@ echo "building llama-cpp-python $version (CMAKE_ARGS=$CMAKE_ARGS, $CMAKE_BUILD_P
 "$python" -m pip wheel --no-deps -w "$work/wheel" "$src" >&2
 mkdir -p "$dest.tmp"
 cp "$work"/wheel/llama_cpp_python-*.whl "$dest.tmp/"
+# What native/build-test-backend-ops.sh needs to build llama.cpp's op tests against this wheel.
+mkdir -p "$dest.tmp/test-backend-ops"
+cp -r "$src/vendor/llama.cpp/ggml/include" "$dest.tmp/test-backend-ops/include"
+cp "$src/vendor/llama.cpp/tests/test-backend-ops.cpp" "$dest.tmp/test-backend-ops/"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
 ls "$dest"/llama_cpp_python-*.whl | head -n1

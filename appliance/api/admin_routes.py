@@ -7,7 +7,8 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from ..config import Config
+from ..config import Config, KvType
+from ..engine import native
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
 from ..policy import PluginError
 from ..resources import memory
@@ -22,6 +23,15 @@ class ModelAction(msgspec.Struct, frozen=True):
 
 
 _action = msgspec.json.Decoder(ModelAction)
+
+
+class KvConvert(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str
+    mode: KvType  # the V type (and K's, unless `k` is given)
+    k: KvType | None = None
+
+
+_kv_convert = msgspec.json.Decoder(KvConvert)
 
 
 class AdminRoutes:
@@ -69,8 +79,8 @@ class AdminRoutes:
                 "total_bytes": self.manager.measured(r),
                 "estimate": {"weights_bytes": est.weights, "kv_cache_bytes": est.kv, "compute_bytes": est.compute,
                              "total_bytes": est.total} if est else None,
-                "kv_type_k": r.cfg.kv_cache.type_k,
-                "kv_type_v": r.cfg.kv_cache.type_v,
+                "kv_type_k": r.kv_types[0],
+                "kv_type_v": r.kv_types[1],
                 **self.manager.kv_status(name),
                 "n_ctx": r.cfg.n_ctx,
                 "n_parallel": r.cfg.n_parallel,
@@ -130,6 +140,30 @@ class AdminRoutes:
         except (PolicyRefused, ModelBusy) as e:
             raise manager_error(e) from None
         await request.json(200, {"model": name, "state": self.manager.runners[name].state})
+
+    async def kv_convert(self, request: Request) -> None:
+        """Move a loaded model's KV cache to other types now (live migration, no reload)."""
+        try:
+            req = _kv_convert.decode(await request.body(self.config.server.limits.max_body_bytes))
+        except msgspec.MsgspecError as e:
+            raise from_validation(e) from None
+        runner = self.manager.runners.get(req.model)
+        if runner is None:
+            raise ApiError(404, f"model '{req.model}' is not configured", param="model", code="model_not_found")
+        if runner.state != "ready":
+            raise ApiError(409, f"model '{req.model}' is {runner.state}, not loaded", param="model",
+                           code="model_not_loaded")
+        fut = self.manager.change_kv(req.model, req.k or req.mode, req.mode, "requested through the admin API")
+        try:
+            record = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=120)
+        except native.LoadError as e:
+            raise ApiError(400, str(e), param="mode", code="kv_type_unavailable") from None
+        except TimeoutError:
+            raise ApiError(504, "the KV migration did not finish in 120 s", code="timeout") from None
+        except Exception as e:  # the old context stays in place
+            raise ApiError(500, f"KV migration failed, the model keeps its types: {e}", type="server_error",
+                           code="kv_migration_failed") from None
+        await request.json(200, {"model": req.model, **record})
 
     async def discover(self, request: Request) -> None:
         """GGUF files in model_dir (only inside it), with what loading each would take."""

@@ -47,6 +47,7 @@ class App:
             "/v1/admin/models/load": {"POST": (self.admin.load, True)},
             "/v1/admin/models/unload": {"POST": (self.admin.unload, True)},
             "/v1/admin/models/discover": {"GET": (self.admin.discover, True)},
+            "/v1/admin/kv/convert": {"POST": (self.admin.kv_convert, True)},
             "/v1/admin/config/reload": {"POST": (self.reload, True)},
         }
 

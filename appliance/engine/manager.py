@@ -17,7 +17,9 @@ from ..policy import Candidate, make_policy
 from ..resources import memory
 from ..resources.cores import CoreBudget
 from ..resources.estimate import Estimate, GgufShape, estimate, shape_from_header
-from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label
+from ..kv.adaptive import Change, Controller, ModelKv, Pressure
+from ..resources.estimate import KV_BYTES_PER_VALUE
+from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label, ladder
 from . import native
 from .runner import ModelRunner, NotReady
 
@@ -76,6 +78,14 @@ class ModelManager:
                 self._group_of.setdefault(m, g)
         self.kv_choices: dict[str, KvChoice] = self._choose_kv()
         self.runners: dict[str, ModelRunner] = {m.name: self._new_runner(m) for m in config.models}
+        self.kv_controller = self._kv_controller(config)
+        self._kv_changing: set[str] = set()  # models with a KV migration in flight
+        self._rungs: dict[tuple, list[tuple[str, str]]] = {}
+
+    @staticmethod
+    def _kv_controller(config: Config) -> Controller:
+        a = config.inference.kv_adaptive
+        return Controller(cooldown_s=a.cooldown_s, upgrade_after_s=a.upgrade_after_s, margin=a.margin_percent / 100)
 
     def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
         return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores)
@@ -131,12 +141,92 @@ class ModelManager:
         choice = self.kv_choices.get(name)
         reason = choice.reason if choice else None
         kv = runner.cfg.kv_cache
-        if choice and runner.state == "ready" and (kv.type_k, kv.type_v) != (choice.type_k, choice.type_v):
-            reason += f" (applies at the next load; loaded with {kv_label(kv.type_k, kv.type_v)})"
+        loaded_with = (kv.type_k, kv.type_v)
+        if choice and runner.state == "ready" and loaded_with != (choice.type_k, choice.type_v):
+            reason += f" (applies at the next load; loaded with {kv_label(*loaded_with)})"
         return {"kv_mode_configured": configured.kv_cache.mode if configured else kv.mode,
                 "kv_k_configured": configured.kv_cache.k if configured else kv.k,
                 "kv_adaptive": kv.adaptive,
-                "kv_choice_reason": reason}
+                "kv_choice_reason": reason,
+                "kv_loaded_with": kv_label(*loaded_with),
+                "kv_changes": list(runner.kv_changes),
+                "decode_ms": runner.decode_ms()}
+
+    # ---- adaptive KV -------------------------------------------------------------------------
+
+    def kv_rungs(self, runner: ModelRunner) -> list[tuple[str, str]]:
+        """The model's KV types from the one it was loaded with down to the most compressed."""
+        key = (runner.path, runner.cfg)
+        if key not in self._rungs:
+            self._rungs[key] = self._kv_rungs(runner)
+        return self._rungs[key]
+
+    def _kv_rungs(self, runner: ModelRunner) -> list[tuple[str, str]]:
+        start = (runner.cfg.kv_cache.type_k, runner.cfg.kv_cache.type_v)
+        try:
+            shape = shape_of(runner.path)
+        except (OSError, ValueError):
+            shape = None
+        turbo_ok = native.gpu_backend() is None and native.build_has_turboquant()
+        full = ladder(runner.cfg, shape, turbo_ok)
+        if start in full:
+            return full[full.index(start):]
+        size = lambda r: KV_BYTES_PER_VALUE[r[0]] + KV_BYTES_PER_VALUE[r[1]]  # noqa: E731
+        return [start, *[r for r in full if size(r) < size(start)]]
+
+    def change_kv(self, name: str, type_k: str, type_v: str, reason: str, direction: str = "forced"):
+        """Migrate a loaded model's KV to other types (a concurrent.futures.Future of the record)."""
+        runner = self.runners[name]
+        with self._lock:
+            self._kv_changing.add(name)
+        fut = runner.change_kv_types(type_k, type_v, reason)
+
+        def done(f) -> None:
+            with self._lock:
+                self._kv_changing.discard(name)
+            if f.exception() is None and f.result().get("changed"):
+                rec = f.result()
+                self.counters[f"kv_{direction}grades" if direction in ("up", "down") else "kv_forced_changes"] += 1
+                self._event("kv_change", name, f"{kv_label(*rec['from'])} -> {kv_label(*rec['to'])}: {reason}")
+            elif f.exception() is not None:
+                self.counters["kv_change_failures"] += 1
+                self._event("kv_change_failed", name, str(f.exception()))
+
+        fut.add_done_callback(done)
+        return fut
+
+    def _adapt_kv(self) -> set[str]:
+        """One adaptive-KV decision per budget; returns the scopes where a change is under way."""
+        started: set[str] = set()
+        if not any(r.cfg.kv_cache.adaptive for r in self.runners.values()):
+            return started
+        now = time.monotonic()
+        for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():
+            models = []
+            for name in self._scope_models(budget):
+                r = self.runners[name]
+                if name in self._kv_changing:
+                    started.add(budget.scope)  # wait for it before anything else here
+                    continue
+                if r.state != "ready" or not r.cfg.kv_cache.adaptive:
+                    continue
+                rungs = self.kv_rungs(r)
+                try:
+                    shape = shape_of(r.path)
+                    sizes = [estimate(shape, r.cfg, k, v).kv for k, v in rungs]
+                except (OSError, ValueError):
+                    continue
+                models.append(ModelKv(name, rungs, r.kv_types, sizes, r.decode_ms(), r.cfg.kv_cache.max_decode_ms))
+            if not models:
+                continue
+            pressure = Pressure(self.used(budget), budget.capacity, budget.low, budget.scope)
+            change: Change | None = self.kv_controller.decide(models, pressure, now)
+            if change:
+                log.info("model %s adaptive KV %s to %s: %s", change.model, change.direction,
+                         kv_label(*change.to), change.reason)
+                self.change_kv(change.model, *change.to, change.reason, change.direction)
+                started.add(budget.scope)
+        return started
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -150,10 +240,9 @@ class ModelManager:
         boot = threading.Thread(target=self._boot, name="model-boot", daemon=True)
         self._threads.append(boot)
         boot.start()
-        if self.policy.loads_on_demand:
-            janitor = threading.Thread(target=self._janitor, name="model-janitor", daemon=True)
-            self._threads.append(janitor)
-            janitor.start()
+        janitor = threading.Thread(target=self._janitor, name="model-janitor", daemon=True)
+        self._threads.append(janitor)
+        janitor.start()
 
     def _boot(self) -> None:
         for name in self.boot_models():
@@ -330,10 +419,14 @@ class ModelManager:
         return runner
 
     def _janitor(self) -> None:
-        """Unloads idle models past their keep-alive, and idle unpinned ones above the low watermark."""
+        """Adaptive KV changes; and, where models load on demand, unloads idle models past their
+        keep-alive and idle unpinned ones above the low watermark."""
         while not self._stop.wait(0.25):
             try:
                 with self._lock:
+                    adapting = self._adapt_kv()
+                    if not self.policy.loads_on_demand:
+                        continue
                     now = time.monotonic()
                     for name, r in list(self.runners.items()):
                         ka = self.policy.keep_alive_s(name)
@@ -342,8 +435,8 @@ class ModelManager:
                                 and now - idle_since > ka):
                             self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")
                     for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():
-                        if self.used(budget) <= budget.low:
-                            continue
+                        if self.used(budget) <= budget.low or budget.scope in adapting:
+                            continue  # a KV downgrade under way may be enough: see after it
                         limit = self.policy.on_memory_pressure("low", self._candidates(budget, ""))
                         evicted = 0
                         while self.used(budget) > budget.low and (limit is None or evicted < limit):
@@ -360,6 +453,7 @@ class ModelManager:
         with self._lock:
             self.config = config
             self.policy.reconfigure(config)
+            self.kv_controller = self._kv_controller(config)
             self._group_of = {}
             for g in config.groups:
                 for m in g.models:

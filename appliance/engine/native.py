@@ -126,6 +126,15 @@ class LoadError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class ContextArgs:
+    n_ctx_total: int
+    n_seq_max: int
+    n_batch: int
+    n_threads: int
+    flash_attn: str
+
+
 @dataclass
 class LoadedModel:
     """A llama_model with one llama_context; freed with `free()`."""
@@ -137,6 +146,14 @@ class LoadedModel:
     n_vocab: int
     buffers: BufferSizes
     metadata: dict[str, str]
+    args: ContextArgs
+    type_k: str
+    type_v: str
+
+    def swap_context(self, ctx: lc.llama_context_p, buffers: BufferSizes, type_k: str, type_v: str) -> None:
+        """Install a context from `new_context`, freeing the current one."""
+        lc.llama_free(self.ctx)
+        self.ctx, self.buffers, self.type_k, self.type_v = ctx, buffers, type_k, type_v
 
     def free(self) -> None:
         if self.ctx:
@@ -264,22 +281,8 @@ def load(
         model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
             raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx_total
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq_max
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.type_k = GGML_TYPES[type_k]
-        cparams.type_v = GGML_TYPES[type_v]
-        cparams.flash_attn_type = FLASH_ATTN[flash_attn]
-        # One KV stream per sequence: attention for a sequence then runs over its own cells
-        # only, so its output does not depend on what the other sequences hold, and greedy
-        # results match a solo run (a unified cache interleaves cells and changes the sums).
-        cparams.kv_unified = False
-        cparams.no_perf = True
-        ctx = lc.llama_init_from_model(model, cparams)
+        args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn)
+        ctx = _create_context(model, args, type_k, type_v)
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
         vocab = lc.llama_model_get_vocab(model)
@@ -291,6 +294,9 @@ def load(
             n_vocab=lc.llama_vocab_n_tokens(vocab),
             buffers=parse_buffer_sizes(lines),
             metadata=_read_metadata(model),
+            args=args,
+            type_k=type_k,
+            type_v=type_v,
         )
         model = None
         return loaded
@@ -298,6 +304,47 @@ def load(
         if model:
             lc.llama_model_free(model)
         _router.stop_capture()
+
+
+def _create_context(model: lc.llama_model_p, args: ContextArgs, type_k: str, type_v: str) -> lc.llama_context_p:
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = args.n_ctx_total
+    cparams.n_batch = args.n_batch
+    cparams.n_ubatch = args.n_batch
+    cparams.n_seq_max = args.n_seq_max
+    cparams.n_threads = args.n_threads
+    cparams.n_threads_batch = args.n_threads
+    cparams.type_k = GGML_TYPES[type_k]
+    cparams.type_v = GGML_TYPES[type_v]
+    cparams.flash_attn_type = FLASH_ATTN[args.flash_attn]
+    # One KV stream per sequence: attention for a sequence then runs over its own cells
+    # only, so its output does not depend on what the other sequences hold, and greedy
+    # results match a solo run (a unified cache interleaves cells and changes the sums).
+    cparams.kv_unified = False
+    cparams.no_perf = True
+    return lc.llama_init_from_model(model, cparams)
+
+
+def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama_context_p, BufferSizes]:
+    """A second context on the same weights with other KV types (for migrating sequences).
+
+    The caller frees it, or installs it with `LoadedModel.swap_context`.
+    """
+    if {type_k, type_v} & TURBO_TYPES and not build_has_turboquant():
+        raise LoadError("this llama.cpp build has no TurboQuant KV types; rebuild it with `make setup`")
+    problem = turbo_offload_problem(type_k, type_v, gpu_backend())
+    if problem:
+        raise LoadError(problem)
+    assert _router is not None
+    lines = _router.start_capture()
+    try:
+        ctx = _create_context(loaded.model, loaded.args, type_k, type_v)
+        if not ctx:
+            raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
+        fresh = parse_buffer_sizes(lines)
+    finally:
+        _router.stop_capture()
+    return ctx, BufferSizes(weights=loaded.buffers.weights, kv=fresh.kv, compute=fresh.compute, output=fresh.output)
 
 
 def _last_error(lines: list[str]) -> str | None:

@@ -9,6 +9,7 @@ from the process budget → sample each sequence that produced logits → emit t
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import heapq
 import logging
 import threading
@@ -21,6 +22,7 @@ import llama_cpp as lc
 import numpy as np
 
 from ..config import ModelConfig
+from ..kv import migrate
 from ..resources.cores import CoreBudget
 from . import native
 from .chat_template import ChatTemplate, default_template
@@ -155,7 +157,10 @@ class ModelRunner:
         self._threads_set = self.threads
         self.load_seconds = 0.0
         # Counters since load (read without locking: plain ints, written by the runner thread).
-        self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0}
+        self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0}
+        self._commands: collections.deque[Callable[[], None]] = collections.deque()
+        self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
+        self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
         self.last_finished = 0.0  # time.monotonic() when a sequence last finished
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -247,6 +252,78 @@ class ModelRunner:
     def running(self) -> int:
         return len(self._active)
 
+    def decode_ms(self) -> float | None:
+        """Median time of the recent decode steps (None until there are enough of them)."""
+        times = list(self._decode_times)
+        return float(np.median(times)) * 1000 if len(times) >= 8 else None
+
+    @property
+    def kv_types(self) -> tuple[str, str]:
+        """The K and V types of the live context (they change when the KV is migrated)."""
+        if self.loaded:
+            return self.loaded.type_k, self.loaded.type_v
+        return self.cfg.kv_cache.type_k, self.cfg.kv_cache.type_v
+
+    def change_kv_types(self, type_k: str, type_v: str, reason: str) -> "concurrent.futures.Future[dict]":
+        """Move the KV cache to other types without reloading the weights or re-prefilling.
+
+        Runs on the runner thread between two steps: a new context on the same model, the
+        live sequences' states converted into it (appliance.kv.migrate), the old one freed;
+        generation continues where it was. The future gets a record of the change, or the
+        error that left the old context in place.
+        """
+        fut: concurrent.futures.Future[dict] = concurrent.futures.Future()
+        if self.state != "ready":
+            fut.set_exception(NotReady(self.error or self.state))
+            return fut
+
+        def run() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(self._migrate(type_k, type_v, reason))
+            except Exception as e:  # the old context stays in place
+                log.error("model %s: KV change to %s/%s failed: %s", self.name, type_k, type_v, e)
+                fut.set_exception(e)
+
+        with self._cond:
+            self._commands.append(run)
+            self._cond.notify_all()
+        return fut
+
+    def _migrate(self, type_k: str, type_v: str, reason: str) -> dict:
+        old_k, old_v = self.kv_types
+        if (old_k, old_v) == (type_k, type_v):
+            return {"from": [old_k, old_v], "to": [type_k, type_v], "sequences": 0, "seconds": 0.0,
+                    "reason": reason, "changed": False}
+        t0 = time.monotonic()
+        live = [s.seq_id for s in self._by_id if s.n_prefilled > 0]
+        ctx, buffers = native.new_context(self.loaded, type_k, type_v)
+        moved = [0, 0]
+
+        def count(_seq: int, before: int, after: int) -> None:
+            moved[0] += before
+            moved[1] += after
+
+        try:
+            migrate.migrate(self.loaded.ctx, ctx, live, type_k=type_k, type_v=type_v,
+                            rot=migrate.rotation_sizes(self.loaded.metadata), on_sequence=count)
+        except BaseException:
+            lc.llama_free(ctx)
+            raise
+        self.loaded.swap_context(ctx, buffers, type_k, type_v)
+        self._mem = lc.llama_get_memory(ctx)
+        self._threads_set = self.threads  # the new context starts with the configured threads
+        self.stats["kv_migrations"] += 1
+        self._decode_times.clear()  # latency of the old types says nothing about the new ones
+        record = {"time": time.time(), "from": [old_k, old_v], "to": [type_k, type_v], "sequences": len(live),
+                  "state_bytes_before": moved[0], "state_bytes_after": moved[1],
+                  "seconds": round(time.monotonic() - t0, 4), "reason": reason, "changed": True}
+        self.kv_changes.append(record)
+        log.info("model %s: KV %s/%s -> %s/%s (%d live sequences, %.3fs): %s", self.name, old_k, old_v,
+                 type_k, type_v, len(live), record["seconds"], reason)
+        return record
+
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -256,11 +333,15 @@ class ModelRunner:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._waiting and not self._active:
+                while not self._stopping and not self._waiting and not self._active and not self._commands:
                     self._cond.wait()
                 if self._stopping:
                     break
+                commands = list(self._commands)
+                self._commands.clear()
                 self._admit_locked()
+            for command in commands:
+                command()
             try:
                 self._step()
             except Exception as e:  # keep serving: fail what was in flight, clear its KV
@@ -332,7 +413,9 @@ class ModelRunner:
                 seq_ptrs[n][0] = seq.seq_id
                 logits[n] = 1
                 seq.out_index = n
+            t0 = time.perf_counter()
             self._decode(len(decoding))
+            self._decode_times.append(time.perf_counter() - t0)
             self.stats["decode_tokens"] += len(decoding)
             self._sample(decoding)
         budget = self.batch_cap

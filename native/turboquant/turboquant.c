@@ -5,16 +5,63 @@
 
 #include "turboquant_codebooks.h"
 
-static const float *centroids(int bits) {
-    return bits == 4 ? tq_centroids_4 : bits == 3 ? tq_centroids_3 : bits == 2 ? tq_centroids_2 : NULL;
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TQ_X86 1
+#endif
+
+#define TQ_GAINS 16
+
+typedef struct {
+    int bits;
+    int levels;
+    int sub;    /* values per sub-block */
+    int nsub;   /* sub-blocks per block */
+    int ncode;  /* bytes of gain codes */
+    int bytes;  /* bytes per block */
+    const float *c;
+    const float *t;
+} tq_mode;
+
+static int mode_of(int bits, tq_mode *m) {
+    switch (bits) {
+    case 4: m->sub = TQ_SUB_BLOCK_4; m->c = tq_centroids_4; m->t = tq_thresholds_4; break;
+    case 3: m->sub = TQ_SUB_BLOCK_3; m->c = tq_centroids_3; m->t = tq_thresholds_3; break;
+    case 2: m->sub = TQ_SUB_BLOCK_2; m->c = tq_centroids_2; m->t = tq_thresholds_2; break;
+    default: return 0;
+    }
+    m->bits = bits;
+    m->levels = 1 << bits;
+    m->nsub = TQ_BLOCK / m->sub;
+    m->ncode = (m->nsub + 1) / 2;
+    m->bytes = 2 + m->ncode + TQ_BLOCK * bits / 8;
+    return 1;
 }
 
-static const float *thresholds(int bits) {
-    return bits == 4 ? tq_thresholds_4 : bits == 3 ? tq_thresholds_3 : bits == 2 ? tq_thresholds_2 : NULL;
+static int tq_simd = -1; /* -1: detect on first use */
+
+static int simd_enabled(void) {
+    if (tq_simd < 0) {
+#if TQ_X86
+        __builtin_cpu_init();
+        tq_simd = __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+        tq_simd = 0;
+#endif
+    }
+    return tq_simd;
+}
+
+int tq_set_simd(int enabled) {
+    const int previous = simd_enabled();
+    tq_simd = enabled ? -1 : 0;
+    simd_enabled();
+    return previous;
 }
 
 size_t tq_block_bytes(int bits) {
-    return (bits >= 2 && bits <= 4) ? 2 + (size_t)TQ_BLOCK * (size_t)bits / 8 : 0;
+    tq_mode m;
+    return mode_of(bits, &m) ? (size_t)m.bytes : 0;
 }
 
 size_t tq_row_bytes(int bits, int64_t n) {
@@ -84,17 +131,104 @@ float tq_fp16_to_fp32(uint16_t h) {
     return f;
 }
 
+/* ---- index layout (see turboquant.h) ---- */
+
+static void put_index(uint8_t *q, int bits, int i, unsigned idx) {
+    if (bits == 4) {
+        q[i & 31] |= (uint8_t)(idx << ((i >> 5) * 4));
+        return;
+    }
+    q[i & 15] |= (uint8_t)((idx & 3u) << ((i >> 4) * 2));
+    if (bits == 3) {
+        q[16 + (i & 7)] |= (uint8_t)(((idx >> 2) & 1u) << (i >> 3));
+    }
+}
+
+static unsigned get_index(const uint8_t *q, int bits, int i) {
+    if (bits == 4) {
+        return (q[i & 31] >> ((i >> 5) * 4)) & 15u;
+    }
+    unsigned v = (q[i & 15] >> ((i >> 4) * 2)) & 3u;
+    if (bits == 3) {
+        v |= ((q[16 + (i & 7)] >> (i >> 3)) & 1u) << 2;
+    }
+    return v;
+}
+
+static unsigned index_of(const tq_mode *m, float y) {
+    unsigned idx = 0;
+    while ((int)idx < m->levels - 1 && m->t[idx] < y) {
+        idx++;
+    }
+    return idx;
+}
+
+/* ---- encoder: squared error of a sub-block under each of the 16 gains ---- */
+
+static void sub_errors_scalar(const tq_mode *m, const float *x, const float *scale, const float *inv, double *err) {
+    for (int k = 0; k < TQ_GAINS; k++) {
+        err[k] = 0.0;
+    }
+    for (int i = 0; i < m->sub; i++) {
+        for (int k = 0; k < TQ_GAINS; k++) {
+            const float r = m->c[index_of(m, x[i] * inv[k])] * scale[k];
+            const double d = (double)x[i] - (double)r;
+            const double sq = d * d;
+            err[k] += sq;
+        }
+    }
+}
+
+#if TQ_X86
+/* Same arithmetic as sub_errors_scalar, the 16 gains in lanes: each lane sums its own error in
+ * value order, so the results are identical. */
+__attribute__((target("avx2"))) static void sub_errors_avx2(const tq_mode *m, const float *x, const float *scale,
+                                                             const float *inv, double *err) {
+    const __m256 inv0 = _mm256_loadu_ps(inv), inv1 = _mm256_loadu_ps(inv + 8);
+    const __m256 sc0 = _mm256_loadu_ps(scale), sc1 = _mm256_loadu_ps(scale + 8);
+    const __m256 clo = _mm256_loadu_ps(m->c);
+    const __m256 chi = m->levels == 16 ? _mm256_loadu_ps(m->c + 8) : clo;
+    const __m256i seven = _mm256_set1_epi32(7);
+    __m256d e[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (int i = 0; i < m->sub; i++) {
+        const __m256 xv = _mm256_set1_ps(x[i]);
+        const __m256d xd = _mm256_set1_pd((double)x[i]);
+        const __m256 y[2] = {_mm256_mul_ps(xv, inv0), _mm256_mul_ps(xv, inv1)};
+        const __m256 sc[2] = {sc0, sc1};
+        for (int h = 0; h < 2; h++) {
+            __m256i cnt = _mm256_setzero_si256();
+            for (int j = 0; j < m->levels - 1; j++) {
+                const __m256 lt = _mm256_cmp_ps(_mm256_set1_ps(m->t[j]), y[h], _CMP_LT_OQ);
+                cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(lt));
+            }
+            __m256 cv = _mm256_permutevar8x32_ps(clo, cnt);
+            if (m->levels == 16) {
+                const __m256 hi = _mm256_permutevar8x32_ps(chi, cnt);
+                cv = _mm256_blendv_ps(cv, hi, _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt, seven)));
+            }
+            const __m256 r = _mm256_mul_ps(cv, sc[h]);
+            const __m256d d0 = _mm256_sub_pd(xd, _mm256_cvtps_pd(_mm256_castps256_ps128(r)));
+            const __m256d d1 = _mm256_sub_pd(xd, _mm256_cvtps_pd(_mm256_extractf128_ps(r, 1)));
+            e[2 * h] = _mm256_add_pd(e[2 * h], _mm256_mul_pd(d0, d0));
+            e[2 * h + 1] = _mm256_add_pd(e[2 * h + 1], _mm256_mul_pd(d1, d1));
+        }
+    }
+    for (int q = 0; q < 4; q++) {
+        _mm256_storeu_pd(err + 4 * q, e[q]);
+    }
+}
+#endif
+
 int tq_quantize_row(int bits, const float *x, void *dst, int64_t n) {
-    const float *th = thresholds(bits);
-    const size_t bb = tq_block_bytes(bits);
-    if (!th || n < 0 || n % TQ_BLOCK != 0) {
+    tq_mode m;
+    if (!mode_of(bits, &m) || n < 0 || n % TQ_BLOCK != 0) {
         return -1;
     }
-    const int levels = 1 << bits;
+    const int simd = simd_enabled();
     uint8_t *out = (uint8_t *)dst;
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
         const float *v = x + b * TQ_BLOCK;
-        uint8_t *blk = out + (size_t)b * bb;
+        uint8_t *blk = out + (size_t)b * (size_t)m.bytes;
         double ss = 0.0;
         for (int i = 0; i < TQ_BLOCK; i++) {
             const double d = (double)v[i];
@@ -106,48 +240,224 @@ int tq_quantize_row(int bits, const float *x, void *dst, int64_t n) {
             norm = 65504.0f;
         }
         const uint16_t h = tq_fp32_to_fp16(norm);
+        memset(blk, 0, (size_t)m.bytes);
         blk[0] = (uint8_t)(h & 0xffu);
         blk[1] = (uint8_t)(h >> 8);
-        const float n32 = tq_fp16_to_fp32(h);
-        const float inv = n32 > 0.0f ? 8.0f / n32 : 0.0f;
-        uint8_t *q = blk + 2;
-        memset(q, 0, bb - 2);
-        for (int i = 0; i < TQ_BLOCK; i++) {
-            const float y = v[i] * inv;
-            int idx = 0;
-            while (idx < levels - 1 && th[idx] < y) {
-                idx++;
+        const float base = tq_fp16_to_fp32(h) * 0.125f;
+        float scale[TQ_GAINS], inv[TQ_GAINS];
+        for (int k = 0; k < TQ_GAINS; k++) {
+            scale[k] = base * tq_gains[k];
+            inv[k] = scale[k] > 0.0f ? 1.0f / scale[k] : 0.0f;
+        }
+        uint8_t *codes = blk + 2;
+        uint8_t *q = blk + 2 + m.ncode;
+        for (int s = 0; s < m.nsub; s++) {
+            const float *xs = v + s * m.sub;
+            double err[TQ_GAINS];
+#if TQ_X86
+            if (simd) {
+                sub_errors_avx2(&m, xs, scale, inv, err);
+            } else
+#endif
+            {
+                (void)simd;
+                sub_errors_scalar(&m, xs, scale, inv, err);
             }
-            const int bit = i * bits;
-            q[bit >> 3] |= (uint8_t)(idx << (bit & 7));
-            if ((bit & 7) + bits > 8) {
-                q[(bit >> 3) + 1] |= (uint8_t)(idx >> (8 - (bit & 7)));
+            int best = 0;
+            for (int k = 1; k < TQ_GAINS; k++) {
+                if (err[k] < err[best]) {
+                    best = k;
+                }
+            }
+            codes[s >> 1] |= (uint8_t)(best << ((s & 1) * 4));
+            for (int i = 0; i < m.sub; i++) {
+                put_index(q, bits, s * m.sub + i, index_of(&m, xs[i] * inv[best]));
             }
         }
     }
     return 0;
 }
 
-int tq_dequantize_row(int bits, const void *src, float *y, int64_t n) {
-    const float *c = centroids(bits);
-    const size_t bb = tq_block_bytes(bits);
-    if (!c || n < 0 || n % TQ_BLOCK != 0) {
-        return -1;
+/* ---- decoder ---- */
+
+static void block_scales(const tq_mode *m, const uint8_t *blk, float *scale) {
+    const float base = tq_fp16_to_fp32((uint16_t)(blk[0] | (blk[1] << 8))) * 0.125f;
+    for (int s = 0; s < m->nsub; s++) {
+        scale[s] = base * tq_gains[(blk[2 + (s >> 1)] >> ((s & 1) * 4)) & 15u];
     }
+}
+
+/* The 64 indices of a block, in value order. */
+static void block_indices(const tq_mode *m, const uint8_t *q, uint8_t *idx) {
+    for (int i = 0; i < TQ_BLOCK; i++) {
+        idx[i] = (uint8_t)get_index(q, m->bits, i);
+    }
+}
+
+static void dequantize_scalar(const tq_mode *m_, const uint8_t *src, float *y, int64_t n) {
+    const tq_mode m = *m_;
     const uint8_t *in = (const uint8_t *)src;
-    const unsigned mask = (1u << bits) - 1u;
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
-        const uint8_t *blk = in + (size_t)b * bb;
-        const float scale = tq_fp16_to_fp32((uint16_t)(blk[0] | (blk[1] << 8))) * 0.125f;
-        const uint8_t *q = blk + 2;
+        const uint8_t *blk = in + (size_t)b * (size_t)m.bytes;
+        float scale[4];
+        uint8_t idx[TQ_BLOCK];
+        block_scales(&m, blk, scale);
+        block_indices(&m, blk + 2 + m.ncode, idx);
+        float *out = y + b * TQ_BLOCK;
         for (int i = 0; i < TQ_BLOCK; i++) {
-            const int bit = i * bits;
-            unsigned v = q[bit >> 3] >> (bit & 7);
-            if ((bit & 7) + bits > 8) {
-                v |= (unsigned)q[(bit >> 3) + 1] << (8 - (bit & 7));
-            }
-            y[b * TQ_BLOCK + i] = c[v & mask] * scale;
+            out[i] = m.c[idx[i]] * scale[i / m.sub];
         }
     }
+}
+
+/* ---- dot product of a TurboQuant row with float32 values (flash-attention K·Q) ---- */
+
+static float vec_dot_scalar(const tq_mode *m, const uint8_t *in, const float *y, int64_t n) {
+    double total = 0.0;
+    for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
+        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
+        float scale[4];
+        uint8_t idx[TQ_BLOCK];
+        block_scales(m, blk, scale);
+        block_indices(m, blk + 2 + m->ncode, idx);
+        const float *yb = y + b * TQ_BLOCK;
+        for (int s = 0; s < m->nsub; s++) {
+            float acc = 0.0f;
+            for (int i = s * m->sub; i < (s + 1) * m->sub; i++) {
+                acc += m->c[idx[i]] * yb[i];
+            }
+            total += (double)(acc * scale[s]);
+        }
+    }
+    return (float)total;
+}
+
+#if TQ_X86
+/* 8 centroids for 8 indices held in the low bytes of `bytes` (one index per byte). */
+__attribute__((target("avx2"))) static inline __m256 lookup8(const tq_mode *m, __m128i bytes, __m256 clo, __m256 chi) {
+    const __m256i idx = _mm256_cvtepu8_epi32(bytes);
+    __m256 v = _mm256_permutevar8x32_ps(clo, idx);
+    if (m->levels == 16) {
+        const __m256 hi = _mm256_permutevar8x32_ps(chi, idx);
+        v = _mm256_blendv_ps(v, hi, _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(7))));
+    }
+    return v;
+}
+
+/* The 64 indices of a block as bytes in value order, with SIMD shifts of the packed layout. */
+__attribute__((target("avx2"))) static inline void unpack_avx2(const tq_mode *m, const uint8_t *q, uint8_t *idx) {
+    if (m->bits == 4) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)q);
+        const __m256i lo = _mm256_and_si256(p, _mm256_set1_epi8(15));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(15));
+        _mm256_storeu_si256((__m256i *)idx, lo);
+        _mm256_storeu_si256((__m256i *)(idx + 32), hi);
+        return;
+    }
+    const __m128i p = _mm_loadu_si128((const __m128i *)q);
+    const __m128i three = _mm_set1_epi8(3);
+    __m128i part[4] = {
+        _mm_and_si128(p, three),
+        _mm_and_si128(_mm_srli_epi16(p, 2), three),
+        _mm_and_si128(_mm_srli_epi16(p, 4), three),
+        _mm_and_si128(_mm_srli_epi16(p, 6), three),
+    };
+    if (m->bits == 3) {
+        /* bit k of high byte j belongs to value j + 8k: spread the 8 high bytes over 64 values */
+        const __m128i hb = _mm_loadl_epi64((const __m128i *)(q + 16));
+        const __m128i rep = _mm_unpacklo_epi64(hb, hb); /* bytes j (0..7) twice */
+        for (int t = 0; t < 4; t++) {
+            /* values 16t..16t+15: lanes 0..7 take bit 2t, lanes 8..15 bit 2t+1 */
+            const __m128i sel = _mm_setr_epi8((char)(1 << (2 * t)), (char)(1 << (2 * t)), (char)(1 << (2 * t)),
+                                              (char)(1 << (2 * t)), (char)(1 << (2 * t)), (char)(1 << (2 * t)),
+                                              (char)(1 << (2 * t)), (char)(1 << (2 * t)), (char)(1 << (2 * t + 1)),
+                                              (char)(1 << (2 * t + 1)), (char)(1 << (2 * t + 1)),
+                                              (char)(1 << (2 * t + 1)), (char)(1 << (2 * t + 1)),
+                                              (char)(1 << (2 * t + 1)), (char)(1 << (2 * t + 1)),
+                                              (char)(1 << (2 * t + 1)));
+            const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(rep, sel), sel);
+            part[t] = _mm_or_si128(part[t], _mm_and_si128(set, _mm_set1_epi8(4)));
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        _mm_storeu_si128((__m128i *)(idx + 16 * t), part[t]);
+    }
+}
+
+__attribute__((target("avx2"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) static float vec_dot_avx2(const tq_mode *m, const uint8_t *in, const float *y,
+                                                               int64_t n) {
+    const __m256 clo = _mm256_loadu_ps(m->c);
+    const __m256 chi = m->levels == 16 ? _mm256_loadu_ps(m->c + 8) : clo;
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
+        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
+        float scale[4];
+        uint8_t idx[TQ_BLOCK];
+        block_scales(m, blk, scale);
+        unpack_avx2(m, blk + 2 + m->ncode, idx);
+        const float *yb = y + b * TQ_BLOCK;
+        for (int s = 0; s < m->nsub; s++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = s * m->sub; i < (s + 1) * m->sub; i += 8) {
+                const __m256 c = lookup8(m, _mm_loadl_epi64((const __m128i *)(idx + i)), clo, chi);
+                acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(yb + i), acc);
+            }
+            total = _mm256_fmadd_ps(acc, _mm256_set1_ps(scale[s]), total);
+        }
+    }
+    return hsum8(total);
+}
+
+/* Bit-exact with the scalar decoder: each value is one float32 product. */
+__attribute__((target("avx2"))) static void dequantize_avx2(const tq_mode *m, const uint8_t *in, float *y, int64_t n) {
+    const __m256 clo = _mm256_loadu_ps(m->c);
+    const __m256 chi = m->levels == 16 ? _mm256_loadu_ps(m->c + 8) : clo;
+    for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
+        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
+        float scale[4];
+        uint8_t idx[TQ_BLOCK];
+        block_scales(m, blk, scale);
+        unpack_avx2(m, blk + 2 + m->ncode, idx);
+        float *out = y + b * TQ_BLOCK;
+        for (int i = 0; i < TQ_BLOCK; i += 8) {
+            const __m256 c = lookup8(m, _mm_loadl_epi64((const __m128i *)(idx + i)), clo, chi);
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(c, _mm256_set1_ps(scale[i / m->sub])));
+        }
+    }
+}
+#endif
+
+int tq_dequantize_row(int bits, const void *src, float *y, int64_t n) {
+    tq_mode m;
+    if (!mode_of(bits, &m) || n < 0 || n % TQ_BLOCK != 0) {
+        return -1;
+    }
+#if TQ_X86
+    if (simd_enabled()) {
+        dequantize_avx2(&m, (const uint8_t *)src, y, n);
+        return 0;
+    }
+#endif
+    dequantize_scalar(&m, (const uint8_t *)src, y, n);
     return 0;
+}
+
+float tq_vec_dot_f32(int bits, const void *x, const float *y, int64_t n) {
+    tq_mode m;
+    if (!mode_of(bits, &m) || n < 0 || n % TQ_BLOCK != 0) {
+        return 0.0f;
+    }
+#if TQ_X86
+    if (simd_enabled()) {
+        return vec_dot_avx2(&m, (const uint8_t *)x, y, n);
+    }
+#endif
+    return vec_dot_scalar(&m, (const uint8_t *)x, y, n);
 }
