@@ -7,6 +7,8 @@ then runs the cross-field checks, and only then converts.
 
 from __future__ import annotations
 
+import os
+
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -29,6 +31,34 @@ PositiveInt = Annotated[int, Meta(ge=1)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
 
 
+class PrefixCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """Reuse of prompt prefixes: live sequences, saved states in RAM, and the disk tier."""
+
+    enabled: bool = True
+    # Prefixes are matched in whole blocks of this many tokens.
+    block_tokens: Annotated[int, Meta(ge=4, le=4096)] = 16
+    # RAM tier size per model.
+    ram_mb: Annotated[int, Meta(ge=0, le=1_048_576)] = 256
+    # Keep a finished request's whole context (prompt and answer) for the conversation's next turn.
+    save_on_finish: bool = True
+    # Prompts whose prefix is prefilled and saved when the model loads (e.g. system prompts).
+    warm: list[str] = []
+
+
+KvCompress = Literal["turbo4", "turbo3", "turbo2"]
+
+
+class KvDiskConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """The prefix cache's disk tier (meant for NVMe); it survives restarts."""
+
+    enabled: bool = True
+    # Directory; default <server.state_dir>/kv.
+    path: str | None = None
+    max_mb: Annotated[int, Meta(ge=1, le=16_777_216)] = 4096
+    # Store f16/q8_0 states TurboQuant-compressed (null: as llama.cpp wrote them).
+    compress: KvCompress | None = None
+
+
 class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
     """A model's KV cache: `inference.kv_cache` overlaid key by key with the model's own `kv_cache`.
 
@@ -42,6 +72,8 @@ class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
     adaptive: bool = False
     # With adaptive: also step down when the median decode step takes longer than this.
     max_decode_ms: Annotated[float, Meta(gt=0, le=60_000)] | None = None
+    prefix: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
+    disk: KvDiskConfig = field(default_factory=KvDiskConfig)
 
     @property
     def type_k(self) -> str:
@@ -135,6 +167,9 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Keys for /v1/admin/*; when empty, the API keys grant admin access too.
     admin_keys: list[Annotated[str, Meta(min_length=8)]] = []
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # Where the appliance keeps state (the KV disk tier); default $STATE_DIRECTORY (systemd's
+    # StateDirectory) or ~/.local/state/eie.
+    state_dir: str | None = None
 
 
 class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -177,6 +212,24 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         if not base.is_absolute():
             base = Path(self.source_dir) / base
         return base.resolve()
+
+    def state_dir(self) -> Path:
+        """server.state_dir (relative to the config file), $STATE_DIRECTORY, or ~/.local/state/eie."""
+        raw = self.server.state_dir or os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+        if not raw:
+            return Path.home() / ".local" / "state" / "eie"
+        path = Path(raw)
+        return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
+
+    def kv_disk_dir(self, model: ModelConfig) -> Path | None:
+        """The model's prefix-cache disk tier directory, or None when it is off."""
+        disk = model.kv_cache.disk
+        if not disk.enabled:
+            return None
+        if disk.path:
+            path = Path(disk.path)
+            return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
+        return self.state_dir() / "kv"
 
     def model_path(self, model: ModelConfig) -> Path:
         path = Path(model.path)

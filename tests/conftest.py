@@ -36,7 +36,9 @@ class Server:
         self.env = {**os.environ, **(env or {})}
         self.port = free_port()
         self.config_path = workdir / f"{name}.yaml"
-        config = {**config, "server": {**config.get("server", {}), "host": "127.0.0.1", "port": self.port}}
+        server = {"state_dir": str(workdir / f"{name}-state"), **config.get("server", {}),
+                  "host": "127.0.0.1", "port": self.port}
+        config = {**config, "server": server}
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / f"{name}.log"
         self.base = f"http://127.0.0.1:{self.port}"

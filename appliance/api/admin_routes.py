@@ -9,6 +9,8 @@ import msgspec
 
 from ..config import Config, KvType
 from ..engine import native
+from ..engine.client import PromptError, render_chat
+from ..engine.runner import QueueFull
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
 from ..policy import PluginError
 from ..resources import memory
@@ -32,6 +34,25 @@ class KvConvert(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _kv_convert = msgspec.json.Decoder(KvConvert)
+
+
+class WarmMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    role: str
+    content: str
+
+
+class KvWarm(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str
+    prompt: str | None = None  # raw text, as /v1/completions takes it
+    messages: list[WarmMessage] | None = None  # or chat messages, rendered with the model's template
+
+
+class KvFlush(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str | None = None  # None: every model
+
+
+_kv_warm = msgspec.json.Decoder(KvWarm)
+_kv_flush = msgspec.json.Decoder(KvFlush)
 
 
 class AdminRoutes:
@@ -164,6 +185,72 @@ class AdminRoutes:
             raise ApiError(500, f"KV migration failed, the model keeps its types: {e}", type="server_error",
                            code="kv_migration_failed") from None
         await request.json(200, {"model": req.model, **record})
+
+    def _prefix_runner(self, name: str):
+        runner = self.manager.runners.get(name)
+        if runner is None:
+            raise ApiError(404, f"model '{name}' is not configured", param="model", code="model_not_found")
+        if runner.state != "ready":
+            raise ApiError(409, f"model '{name}' is {runner.state}, not loaded", param="model", code="model_not_loaded")
+        if runner.prefix is None:
+            raise ApiError(409, f"the prefix cache is off for model '{name}'", param="model", code="prefix_cache_off")
+        return runner
+
+    async def kv_warm(self, request: Request) -> None:
+        """Prefill a prefix (e.g. a system prompt) and save it in the prefix cache."""
+        try:
+            req = _kv_warm.decode(await request.body(self.config.server.limits.max_body_bytes))
+        except msgspec.MsgspecError as e:
+            raise from_validation(e) from None
+        if (req.prompt is None) == (req.messages is None):
+            raise ApiError(400, "give exactly one of prompt and messages", param="prompt")
+        runner = self._prefix_runner(req.model)
+        try:
+            if req.messages is not None:
+                msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+                tokens = await asyncio.to_thread(render_chat, runner, msgs)
+            else:
+                tokens = await asyncio.to_thread(runner.vocab.tokenize, req.prompt, add_special=True,
+                                                 parse_special=False)
+        except PromptError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+        if not 1 < len(tokens) < runner.n_ctx:
+            raise ApiError(400, f"the prefix has {len(tokens)} tokens; it must have 2 to {runner.n_ctx - 1}",
+                           param="prompt" if req.prompt is not None else "messages")
+        try:
+            fut = runner.warm(tokens)
+        except QueueFull:
+            raise ApiError(429, f"model '{req.model}' is busy", code="queue_full") from None
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.config.policy.load_timeout_s)
+        except TimeoutError:
+            raise ApiError(504, "warming the prefix did not finish in time", code="timeout") from None
+        except Exception as e:
+            raise ApiError(500, f"warming failed: {e}", type="server_error", code="warm_failed") from None
+        runner.prefix.store.drain(30)
+        await request.json(200, {"model": req.model, **result, "block_tokens": runner.prefix.block})
+
+    async def kv_status(self, request: Request) -> None:
+        models = {}
+        for name, r in self.manager.runners.items():
+            entry = {"state": r.state, "enabled": r.prefix is not None}
+            if r.prefix is not None:
+                entry.update(r.prefix.store.status())
+                entry["live_hits"] = r.stats["prefix_live_hits"]
+                entry["tokens_restored"] = r.stats["prefix_tokens_restored"]
+            models[name] = entry
+        await request.json(200, {"models": models})
+
+    async def kv_flush(self, request: Request) -> None:
+        try:
+            req = _kv_flush.decode(await request.body(self.config.server.limits.max_body_bytes) or b"{}")
+        except msgspec.MsgspecError as e:
+            raise from_validation(e) from None
+        names = [req.model] if req.model else [n for n, r in self.manager.runners.items() if r.prefix is not None]
+        for name in names:
+            runner = self._prefix_runner(name)
+            await asyncio.to_thread(runner.prefix.store.flush)
+        await request.json(200, {"flushed": names})
 
     async def discover(self, request: Request) -> None:
         """GGUF files in model_dir (only inside it), with what loading each would take."""

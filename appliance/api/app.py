@@ -48,6 +48,9 @@ class App:
             "/v1/admin/models/unload": {"POST": (self.admin.unload, True)},
             "/v1/admin/models/discover": {"GET": (self.admin.discover, True)},
             "/v1/admin/kv/convert": {"POST": (self.admin.kv_convert, True)},
+            "/v1/admin/kv/warm": {"POST": (self.admin.kv_warm, True)},
+            "/v1/admin/kv/status": {"GET": (self.admin.kv_status, True)},
+            "/v1/admin/kv/flush": {"POST": (self.admin.kv_flush, True)},
             "/v1/admin/config/reload": {"POST": (self.reload, True)},
         }
 

@@ -20,7 +20,11 @@ from ..resources.estimate import Estimate, GgufShape, estimate, shape_from_heade
 from ..kv.adaptive import Change, Controller, ModelKv, Pressure
 from ..resources.estimate import KV_BYTES_PER_VALUE
 from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label, ladder
+from ..kv import migrate
+from ..kv.prefix_store import PrefixStore
 from . import native
+from .client import render_chat
+from .prefix import PrefixCache, model_identity
 from .runner import ModelRunner, NotReady
 
 log = logging.getLogger("eie.manager")
@@ -88,7 +92,31 @@ class ModelManager:
         return Controller(cooldown_s=a.cooldown_s, upgrade_after_s=a.upgrade_after_s, margin=a.margin_percent / 100)
 
     def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
-        return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores)
+        return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores,
+                           prefix_factory=self._prefix_cache)
+
+    def _prefix_cache(self, runner: ModelRunner) -> PrefixCache | None:
+        """The prefix cache of a runner whose context was just created (None when off)."""
+        settings = runner.cfg.kv_cache.prefix
+        if not settings.enabled:
+            return None
+        loaded = runner.loaded
+        disk = runner.cfg.kv_cache.disk
+        rot = migrate.rotation_sizes(loaded.metadata)
+        encode, codec = None, "raw"
+        if disk.compress:
+            mode = disk.compress
+            encode, codec = (lambda state: migrate.compress(state, mode, rot)), mode
+        store = PrefixStore(
+            model_identity(runner.path, loaded.type_k, loaded.type_v),
+            block=settings.block_tokens,
+            ram_bytes=settings.ram_mb * MIB,
+            disk_dir=self.config.kv_disk_dir(runner.cfg),
+            disk_bytes=disk.max_mb * MIB,
+            encode=encode,
+            codec=codec,
+        )
+        return PrefixCache(store, rot, loaded.args.n_seq_max)
 
     def _with_kv_choice(self, cfg: ModelConfig) -> ModelConfig:
         """The model's config with `kv_cache.mode: auto` replaced by the current choice."""
@@ -156,7 +184,8 @@ class ModelManager:
 
     def kv_rungs(self, runner: ModelRunner) -> list[tuple[str, str]]:
         """The model's KV types from the one it was loaded with down to the most compressed."""
-        key = (runner.path, runner.cfg)
+        kv = runner.cfg.kv_cache
+        key = (runner.path, kv.type_k, kv.type_v, kv.k)
         if key not in self._rungs:
             self._rungs[key] = self._kv_rungs(runner)
         return self._rungs[key]
@@ -194,6 +223,21 @@ class ModelManager:
 
         fut.add_done_callback(done)
         return fut
+
+    def _spill_prefixes(self) -> None:
+        """Above the low watermark, saved prefixes (idle conversations among them) leave RAM for
+        the disk tier, where the next request of the conversation finds them."""
+        for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():
+            if self.used(budget) <= budget.low:
+                continue
+            for name in self._scope_models(budget):
+                r = self.runners[name]
+                if r.state == "ready" and r.prefix is not None and r.prefix.store.ram_used:
+                    freed = r.prefix.store.shrink_ram(0)
+                    self._event("prefix_spill", name, f"{freed} bytes of saved prefixes moved out of RAM")
+                    self.counters["prefix_spills"] += 1
+                    if self.used(budget) <= budget.low:
+                        break
 
     def _adapt_kv(self) -> set[str]:
         """One adaptive-KV decision per budget; returns the scopes where a change is under way."""
@@ -286,7 +330,7 @@ class ModelManager:
         """Memory a model holds now: measured when loaded, estimated while loading."""
         r = self.runners[name]
         if r.state == "ready":
-            return self.measured(r)
+            return self.measured(r) + (r.prefix.store.ram_used if r.prefix is not None else 0)
         if r.state == "loading":
             est = self.estimates.get(name)
             return est.total if est else 0
@@ -368,10 +412,31 @@ class ModelManager:
             if runner.state == "ready":
                 self.counters["loads"] += 1
                 self._event("load", name, f"loaded in {runner.load_seconds:.2f}s")
+                self._warm_prefixes(runner)
             else:
                 self.counters["load_failures"] += 1
                 self._event("load_failed", name, runner.error or "")
             return runner
+
+    def _warm_prefixes(self, runner: ModelRunner) -> None:
+        """Prefill and save the configured system prompts (kv_cache.prefix.warm), in the background."""
+        if runner.prefix is None:
+            return
+        for text in runner.cfg.kv_cache.prefix.warm:
+            try:
+                tokens = render_chat(runner, [{"role": "system", "content": text}, {"role": "user", "content": "…"}])
+                fut = runner.warm(tokens)
+            except Exception as e:
+                log.warning("model %s: a warm prefix was not prefilled: %s", runner.name, e)
+                continue
+
+            def done(f, name=runner.name) -> None:
+                if f.exception() is None:
+                    log.info("model %s: warmed a prefix of %d tokens", name, f.result()["cached_tokens"])
+                else:
+                    log.warning("model %s: a warm prefix failed: %s", name, f.exception())
+
+            fut.add_done_callback(done)
 
     def unload(self, name: str) -> None:
         """Unload on request (admin). Raises PolicyRefused or ModelBusy."""
@@ -424,6 +489,7 @@ class ModelManager:
         while not self._stop.wait(0.25):
             try:
                 with self._lock:
+                    self._spill_prefixes()
                     adapting = self._adapt_kv()
                     if not self.policy.loads_on_demand:
                         continue

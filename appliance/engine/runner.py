@@ -23,6 +23,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..kv import migrate
+from ..kv.prefix_store import block_keys
+from .prefix import PrefixCache
 from ..resources.cores import CoreBudget
 from . import native
 from .chat_template import ChatTemplate, default_template
@@ -42,6 +44,8 @@ class GenerationRequest:
     logprobs: bool = False  # report the mean log-probability of the sampled tokens
     # Per-token log-probabilities with this many alternatives each (None: none).
     top_logprobs: int | None = None
+    # Prefix cache: keep the finished request's context for a next turn (off for warm-ups).
+    save_conversation: bool = True
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class _Sequence:
         "leader",
         "logprob_sum",
         "pending_logprobs",
+        "prefix_keys",
+        "save_at",
+        "restored",
+        "decoded",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -118,6 +126,12 @@ class _Sequence:
         self.leader: _Sequence | None = None
         self.logprob_sum = 0.0
         self.pending_logprobs: list[TokenLogprob] = []
+        # Prefix cache: block keys of the cacheable prefix (None until looked up), the prompt
+        # position where the prefill is cut and the prefix saved, and what was restored.
+        self.prefix_keys: list[bytes] | None = None
+        self.save_at = 0
+        self.restored = 0
+        self.decoded: list[int] = []  # generated tokens fed back into the KV, in order
 
 
 class Handle:
@@ -135,8 +149,11 @@ class Handle:
 
 
 class ModelRunner:
-    def __init__(self, cfg: ModelConfig, path: Path, cores: CoreBudget):
+    def __init__(self, cfg: ModelConfig, path: Path, cores: CoreBudget,
+                 prefix_factory: Callable[["ModelRunner"], PrefixCache | None] | None = None):
         self.cfg = cfg
+        self._prefix_factory = prefix_factory
+        self.prefix: PrefixCache | None = None
         self.name = cfg.name
         self.path = path
         self.cores = cores
@@ -157,7 +174,9 @@ class ModelRunner:
         self._threads_set = self.threads
         self.load_seconds = 0.0
         # Counters since load (read without locking: plain ints, written by the runner thread).
-        self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0}
+        self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0,
+                      "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
+                      "prefix_tokens_restored": 0}
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
@@ -191,6 +210,11 @@ class ModelRunner:
             log.error("model %s failed to load: %s", self.name, e)
             return
         self._mem = lc.llama_get_memory(self.loaded.ctx)
+        if self._prefix_factory is not None:
+            try:
+                self.prefix = self._prefix_factory(self)
+            except Exception as e:  # the cache is an optimisation: serve without it
+                log.warning("model %s: prefix cache off: %s", self.name, e)
         self._batch = lc.llama_batch_init(self.batch_cap, 0, 1)
         cap = self.batch_cap
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(cap,))
@@ -215,6 +239,8 @@ class ModelRunner:
             lc.llama_batch_free(self._batch)
             self.loaded.free()
             self.loaded = None
+        if self.prefix is not None:
+            self.prefix.store.close()  # finishes the queued disk writes
         self.state = "stopped"
 
     # ---- requests --------------------------------------------------------------------------
@@ -244,6 +270,24 @@ class ModelRunner:
             self._waiting.extend(seqs)
             self._cond.notify_all()
         return [Handle(seq, self) for seq in seqs]
+
+    def warm(self, prompt: list[int]) -> "concurrent.futures.Future[dict]":
+        """Prefill `prompt` and save its prefix in the prefix cache (one token is generated and
+        dropped). The future gets {prompt_tokens, cached_tokens}; raises QueueFull/NotReady."""
+        fut: concurrent.futures.Future[dict] = concurrent.futures.Future()
+        if self.prefix is None:
+            fut.set_exception(NotReady("the prefix cache is off for this model"))
+            return fut
+        cached = len(self.prefix.keys(prompt)) * self.prefix.block
+
+        def sink(event: Event) -> None:
+            if isinstance(event, Finished):
+                fut.set_result({"prompt_tokens": len(prompt), "cached_tokens": cached})
+            elif isinstance(event, Failed):
+                fut.set_exception(RuntimeError(event.message))
+
+        self.submit(GenerationRequest(prompt=list(prompt), max_tokens=1, save_conversation=False), sink)
+        return fut
 
     def queue_depth(self) -> int:
         with self._cond:
@@ -379,6 +423,12 @@ class ModelRunner:
         self._by_id = sorted(self._active, key=lambda s: s.seq_id)
 
     def _finish(self, seq: _Sequence, event: Event) -> None:
+        if (self.prefix is not None and isinstance(event, Finished) and seq.req.save_conversation
+                and self.cfg.kv_cache.prefix.save_on_finish):
+            try:
+                self._save_conversation(seq)
+            except Exception:  # never lose the answer over the cache
+                log.exception("model %s: saving a finished conversation failed", self.name)
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         free_chain(seq.chain)
         seq.chain = None
@@ -408,6 +458,7 @@ class ModelRunner:
             tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
             for n, seq in enumerate(decoding):  # ascending ids: consecutive ids share one ubatch
                 tok[n] = seq.last_token
+                seq.decoded.append(seq.last_token)
                 pos[n] = seq.pos
                 seq.pos += 1
                 seq_ptrs[n][0] = seq.seq_id
@@ -427,13 +478,70 @@ class ModelRunner:
                 if self._follow(seq):
                     continue  # the leader is still prefilling: wait for its KV
                 remaining = len(seq.req.prompt) - seq.n_prefilled
+            elif self.prefix is not None and seq.prefix_keys is None:
+                self._prefix_start(seq)
+                remaining = len(seq.req.prompt) - seq.n_prefilled
             take = min(self.batch_cap, remaining)
+            if seq.save_at > seq.n_prefilled:
+                take = min(take, seq.save_at - seq.n_prefilled)  # cut where the prefix is saved
             if take > budget and budget < self.batch_cap:
                 break  # the step's token budget is spent; the next step continues
             self._prefill_chunk(seq, take)
             budget -= take
+            if self.prefix is not None and seq.n_prefilled == seq.save_at > seq.restored:
+                self.prefix.save(self.loaded.ctx, seq.seq_id, seq.prefix_keys)
             if seq.n_prefilled == len(seq.req.prompt):
                 self._sample([seq])
+
+    def _prefix_start(self, seq: _Sequence) -> None:
+        """Find the prompt's cached prefix: in a live sequence, or saved (RAM, then disk)."""
+        prefix = self.prefix
+        keys = prefix.keys(seq.req.prompt)
+        seq.prefix_keys = keys
+        seq.save_at = len(keys) * prefix.block
+        if not keys:
+            return
+        best, donor = 0, None
+        for other in self._active:
+            if other is seq or not other.prefix_keys or other.seq_id < 0:
+                continue
+            n = 0
+            for a, b in zip(keys, other.prefix_keys):
+                if a != b:
+                    break
+                n += 1
+            n = min(n, other.n_prefilled // prefix.block)
+            if n > best:
+                best, donor = n, other
+        if donor is not None:
+            n_tokens = best * prefix.block
+            # across KV streams llama.cpp copies whole sequences only: copy, then cut
+            lc.llama_memory_seq_cp(self._mem, donor.seq_id, seq.seq_id, -1, -1)
+            lc.llama_memory_seq_rm(self._mem, seq.seq_id, n_tokens, -1)
+            seq.n_prefilled = seq.pos = seq.restored = n_tokens
+            self.stats["prefix_live_hits"] += 1
+            self.stats["prefix_tokens_restored"] += n_tokens
+            if n_tokens == seq.save_at or prefix.store.contains(keys):
+                return
+        n_tokens, tier = prefix.restore(self.loaded.ctx, self._mem, seq.seq_id, keys, self.kv_types)
+        if tier is None:
+            if donor is None:
+                self.stats["prefix_misses"] += 1
+            return
+        if n_tokens > seq.n_prefilled:
+            seq.n_prefilled = seq.pos = seq.restored = n_tokens
+            self.stats[f"prefix_{tier}_hits"] += 1
+            self.stats["prefix_tokens_restored"] += n_tokens
+
+    def _save_conversation(self, seq: _Sequence) -> None:
+        """After a request: keep its whole context (prompt and answer) for the next turn."""
+        prefix = self.prefix
+        tokens = seq.req.prompt + seq.decoded
+        n_tokens = len(tokens) // prefix.block * prefix.block
+        if n_tokens <= seq.save_at or n_tokens > len(seq.req.prompt) + len(seq.decoded):
+            return
+        lc.llama_memory_seq_rm(self._mem, seq.seq_id, n_tokens, -1)
+        prefix.save(self.loaded.ctx, seq.seq_id, block_keys(prefix.store.identity, tokens[:n_tokens], prefix.block))
 
     def _follow(self, seq: _Sequence) -> bool:
         """Take the leader's prompt KV once it exists; True while the follower must wait."""

@@ -177,3 +177,27 @@ def _convert_layer(layer: LayerRows, cells: int, target: int, rot: int) -> Layer
         values = ggml_rows.hadamard(values, rot)
     data = ggml_rows.encode(target, values)
     return LayerRows(target, ggml_rows.row_bytes(target, values.shape[1]), data)
+
+
+def with_streams(state: SeqState, n_stream: int) -> SeqState:
+    """The same sequence laid out for a context with `n_stream` KV streams.
+
+    A sequence lives in one stream; llama.cpp only checks that the stream count matches and
+    restores the cells into the destination sequence's own stream. Stored states keep one
+    stream (so they restore into any n_parallel) and are padded on the way back.
+    """
+    caches = []
+    for cache in state.caches:
+        full = [s for s in cache.streams if s.cell_count]
+        if len(full) > 1:
+            raise StateFormatError("a sequence state with cells in more than one stream")
+        streams = full + [StreamState(0) for _ in range(n_stream - len(full))]
+        if len(streams) != n_stream:
+            raise StateFormatError(f"cannot lay out {len(full)} streams as {n_stream}")
+        caches.append(CacheState(streams))
+    return SeqState(state.magic, state.seq_id, caches)
+
+
+def cell_count(state: SeqState) -> int:
+    """Cells of the sequence in its first (full-attention) cache."""
+    return sum(s.cell_count for s in state.caches[0].streams) if state.caches else 0

@@ -44,7 +44,7 @@ static int simd_enabled(void) {
     if (tq_simd < 0) {
 #if TQ_X86
         __builtin_cpu_init();
-        tq_simd = __builtin_cpu_supports("avx2") ? 1 : 0;
+        tq_simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
         tq_simd = 0;
 #endif
@@ -334,7 +334,7 @@ static float vec_dot_scalar(const tq_mode *m, const uint8_t *in, const float *y,
 
 #if TQ_X86
 /* 8 centroids for 8 indices held in the low bytes of `bytes` (one index per byte). */
-__attribute__((target("avx2"))) static inline __m256 lookup8(const tq_mode *m, __m128i bytes, __m256 clo, __m256 chi) {
+__attribute__((target("avx2"), always_inline)) static inline __m256 lookup8(const tq_mode *m, __m128i bytes, __m256 clo, __m256 chi) {
     const __m256i idx = _mm256_cvtepu8_epi32(bytes);
     __m256 v = _mm256_permutevar8x32_ps(clo, idx);
     if (m->levels == 16) {
@@ -344,43 +344,39 @@ __attribute__((target("avx2"))) static inline __m256 lookup8(const tq_mode *m, _
     return v;
 }
 
-/* The 64 indices of a block as bytes in value order, with SIMD shifts of the packed layout. */
-__attribute__((target("avx2"))) static inline void unpack_avx2(const tq_mode *m, const uint8_t *q, uint8_t *idx) {
+/* The 64 indices of a block as bytes in value order (two registers of 32), without going
+ * through memory: variable shifts pick each value's bits out of the packed layout. */
+__attribute__((target("avx2"), always_inline)) static inline void unpack_avx2(const tq_mode *m, const uint8_t *q, __m256i *lo32,
+                                                               __m256i *hi32) {
     if (m->bits == 4) {
         const __m256i p = _mm256_loadu_si256((const __m256i *)q);
-        const __m256i lo = _mm256_and_si256(p, _mm256_set1_epi8(15));
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(15));
-        _mm256_storeu_si256((__m256i *)idx, lo);
-        _mm256_storeu_si256((__m256i *)(idx + 32), hi);
+        *lo32 = _mm256_and_si256(p, _mm256_set1_epi8(15));
+        *hi32 = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(15));
         return;
     }
-    const __m128i p = _mm_loadu_si128((const __m128i *)q);
-    const __m128i three = _mm_set1_epi8(3);
-    __m128i part[4] = {
-        _mm_and_si128(p, three),
-        _mm_and_si128(_mm_srli_epi16(p, 2), three),
-        _mm_and_si128(_mm_srli_epi16(p, 4), three),
-        _mm_and_si128(_mm_srli_epi16(p, 6), three),
-    };
+    /* 2-bit plane: byte j holds values j, j+16, j+32, j+48 at bits 0, 2, 4, 6 */
+    const __m256i plane = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q));
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256i a = _mm256_and_si256(_mm256_srlv_epi32(plane, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), three);
+    __m256i b = _mm256_and_si256(_mm256_srlv_epi32(plane, _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)), three);
     if (m->bits == 3) {
-        /* bit k of high byte j belongs to value j + 8k: spread the 8 high bytes over 64 values */
-        const __m128i hb = _mm_loadl_epi64((const __m128i *)(q + 16));
-        const __m128i rep = _mm_unpacklo_epi64(hb, hb); /* bytes j (0..7) twice */
-        for (int t = 0; t < 4; t++) {
-            /* values 16t..16t+15: lanes 0..7 take bit 2t, lanes 8..15 bit 2t+1 */
-            const __m128i sel = _mm_setr_epi8((char)(1 << (2 * t)), (char)(1 << (2 * t)), (char)(1 << (2 * t)),
-                                              (char)(1 << (2 * t)), (char)(1 << (2 * t)), (char)(1 << (2 * t)),
-                                              (char)(1 << (2 * t)), (char)(1 << (2 * t)), (char)(1 << (2 * t + 1)),
-                                              (char)(1 << (2 * t + 1)), (char)(1 << (2 * t + 1)),
-                                              (char)(1 << (2 * t + 1)), (char)(1 << (2 * t + 1)),
-                                              (char)(1 << (2 * t + 1)), (char)(1 << (2 * t + 1)),
-                                              (char)(1 << (2 * t + 1)));
-            const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(rep, sel), sel);
-            part[t] = _mm_or_si128(part[t], _mm_and_si128(set, _mm_set1_epi8(4)));
-        }
+        /* high plane: bit k of byte j is the high bit of value j + 8k */
+        const __m256i hb = _mm256_set1_epi64x((long long)(*(const uint64_t *)(q + 16)));
+        const __m256i one = _mm256_set1_epi8(1);
+        const __m256i ha = _mm256_and_si256(_mm256_srlv_epi64(hb, _mm256_setr_epi64x(0, 1, 2, 3)), one);
+        const __m256i hbv = _mm256_and_si256(_mm256_srlv_epi64(hb, _mm256_setr_epi64x(4, 5, 6, 7)), one);
+        a = _mm256_or_si256(a, _mm256_slli_epi16(ha, 2));
+        b = _mm256_or_si256(b, _mm256_slli_epi16(hbv, 2));
     }
-    for (int t = 0; t < 4; t++) {
-        _mm_storeu_si128((__m128i *)(idx + 16 * t), part[t]);
+    *lo32 = a;
+    *hi32 = b;
+}
+
+__attribute__((target("avx2,f16c"), always_inline)) static inline void block_scales_f16c(const tq_mode *m, const uint8_t *blk,
+                                                                          float *scale) {
+    const float base = _cvtsh_ss((unsigned short)(blk[0] | (blk[1] << 8))) * 0.125f;
+    for (int s = 0; s < m->nsub; s++) {
+        scale[s] = base * tq_gains[(blk[2 + (s >> 1)] >> ((s & 1) * 4)) & 15u];
     }
 }
 
@@ -391,23 +387,35 @@ __attribute__((target("avx2"))) static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) static float vec_dot_avx2(const tq_mode *m, const uint8_t *in, const float *y,
-                                                               int64_t n) {
+/* The 8 chunks of 8 indices of a block, in value order. */
+#define TQ_CHUNKS(lo, hi, ch)                                                                        \
+    do {                                                                                              \
+        const __m128i l0_ = _mm256_castsi256_si128(lo), l1_ = _mm256_extracti128_si256(lo, 1);       \
+        const __m128i h0_ = _mm256_castsi256_si128(hi), h1_ = _mm256_extracti128_si256(hi, 1);       \
+        ch[0] = l0_; ch[1] = _mm_srli_si128(l0_, 8); ch[2] = l1_; ch[3] = _mm_srli_si128(l1_, 8);    \
+        ch[4] = h0_; ch[5] = _mm_srli_si128(h0_, 8); ch[6] = h1_; ch[7] = _mm_srli_si128(h1_, 8);    \
+    } while (0)
+
+/* Specialised per mode (bits a constant after inlining) so the loops unroll fully. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline float vec_dot_avx2_bits(
+    const tq_mode *m, const int bits, const uint8_t *in, const float *y, int64_t n) {
     const __m256 clo = _mm256_loadu_ps(m->c);
-    const __m256 chi = m->levels == 16 ? _mm256_loadu_ps(m->c + 8) : clo;
+    const __m256 chi = bits == 4 ? _mm256_loadu_ps(m->c + 8) : clo;
+    const int per_sub = (bits == 4 ? TQ_SUB_BLOCK_4 : bits == 3 ? TQ_SUB_BLOCK_3 : TQ_SUB_BLOCK_2) / 8;
     __m256 total = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
         const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
         float scale[4];
-        uint8_t idx[TQ_BLOCK];
-        block_scales(m, blk, scale);
-        unpack_avx2(m, blk + 2 + m->ncode, idx);
+        __m256i lo, hi;
+        __m128i ch[8];
+        block_scales_f16c(m, blk, scale);
+        unpack_avx2(m, blk + 2 + m->ncode, &lo, &hi);
+        TQ_CHUNKS(lo, hi, ch);
         const float *yb = y + b * TQ_BLOCK;
-        for (int s = 0; s < m->nsub; s++) {
+        for (int s = 0; s < 8 / per_sub; s++) {
             __m256 acc = _mm256_setzero_ps();
-            for (int i = s * m->sub; i < (s + 1) * m->sub; i += 8) {
-                const __m256 c = lookup8(m, _mm_loadl_epi64((const __m128i *)(idx + i)), clo, chi);
-                acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(yb + i), acc);
+            for (int c = s * per_sub; c < (s + 1) * per_sub; c++) {
+                acc = _mm256_fmadd_ps(lookup8(m, ch[c], clo, chi), _mm256_loadu_ps(yb + 8 * c), acc);
             }
             total = _mm256_fmadd_ps(acc, _mm256_set1_ps(scale[s]), total);
         }
@@ -415,21 +423,42 @@ __attribute__((target("avx2,fma"))) static float vec_dot_avx2(const tq_mode *m, 
     return hsum8(total);
 }
 
+__attribute__((target("avx2,fma,f16c"))) static float vec_dot_avx2(const tq_mode *m, const uint8_t *in,
+                                                                    const float *y, int64_t n) {
+    switch (m->bits) {
+    case 4: return vec_dot_avx2_bits(m, 4, in, y, n);
+    case 3: return vec_dot_avx2_bits(m, 3, in, y, n);
+    default: return vec_dot_avx2_bits(m, 2, in, y, n);
+    }
+}
+
 /* Bit-exact with the scalar decoder: each value is one float32 product. */
-__attribute__((target("avx2"))) static void dequantize_avx2(const tq_mode *m, const uint8_t *in, float *y, int64_t n) {
+__attribute__((target("avx2,f16c"), always_inline)) static inline void dequantize_avx2_bits(
+    const tq_mode *m, const int bits, const uint8_t *in, float *y, int64_t n) {
     const __m256 clo = _mm256_loadu_ps(m->c);
-    const __m256 chi = m->levels == 16 ? _mm256_loadu_ps(m->c + 8) : clo;
+    const __m256 chi = bits == 4 ? _mm256_loadu_ps(m->c + 8) : clo;
+    const int per_sub = (bits == 4 ? TQ_SUB_BLOCK_4 : bits == 3 ? TQ_SUB_BLOCK_3 : TQ_SUB_BLOCK_2) / 8;
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
         const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
         float scale[4];
-        uint8_t idx[TQ_BLOCK];
-        block_scales(m, blk, scale);
-        unpack_avx2(m, blk + 2 + m->ncode, idx);
+        __m256i lo, hi;
+        __m128i ch[8];
+        block_scales_f16c(m, blk, scale);
+        unpack_avx2(m, blk + 2 + m->ncode, &lo, &hi);
+        TQ_CHUNKS(lo, hi, ch);
         float *out = y + b * TQ_BLOCK;
-        for (int i = 0; i < TQ_BLOCK; i += 8) {
-            const __m256 c = lookup8(m, _mm_loadl_epi64((const __m128i *)(idx + i)), clo, chi);
-            _mm256_storeu_ps(out + i, _mm256_mul_ps(c, _mm256_set1_ps(scale[i / m->sub])));
+        for (int c = 0; c < 8; c++) {
+            _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(lookup8(m, ch[c], clo, chi), _mm256_set1_ps(scale[c / per_sub])));
         }
+    }
+}
+
+__attribute__((target("avx2,f16c"))) static void dequantize_avx2(const tq_mode *m, const uint8_t *in, float *y,
+                                                                   int64_t n) {
+    switch (m->bits) {
+    case 4: dequantize_avx2_bits(m, 4, in, y, n); break;
+    case 3: dequantize_avx2_bits(m, 3, in, y, n); break;
+    default: dequantize_avx2_bits(m, 2, in, y, n); break;
     }
 }
 #endif

@@ -105,7 +105,7 @@ def test_zero_and_huge_blocks():
 @pytest.fixture(scope="module")
 def libtq(tmp_path_factory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("tq") / "libtq.so"
-    subprocess.run(["cc", "-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-Wall", "-Wextra",
+    subprocess.run(["cc", "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-Wall", "-Wextra",
                     "-Werror", "-o", str(out), str(NATIVE / "turboquant.c"), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
     lib.tq_quantize_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]

@@ -1,0 +1,112 @@
+"""The runner's side of the prefix cache: which prefix of a prompt to save and restore, and
+moving sequence states between a llama.cpp context and a PrefixStore (appliance/kv).
+
+A prompt's cacheable prefix is its longest run of whole blocks that leaves at least one token
+to prefill (the logits of the last prompt token are needed to sample). The runner cuts its
+prefill at that point whether the cache hits or not, so a run with a restored prefix computes
+exactly what a cold run computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import llama_cpp as lc
+
+from ..kv import migrate
+from ..kv import state as kv_state
+from ..kv.prefix_store import PrefixStore, block_keys
+
+log = logging.getLogger("eie.prefix")
+
+_file_hashes: dict[tuple[str, int, int], str] = {}
+_hash_lock = threading.Lock()
+
+
+def file_sha256(path: Path) -> str:
+    """Content hash of a file, computed once per (path, size, modification time)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    with _hash_lock:
+        if key in _file_hashes:
+            return _file_hashes[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    with _hash_lock:
+        _file_hashes[key] = h.hexdigest()
+    return _file_hashes[key]
+
+
+@lru_cache(maxsize=1)
+def build_id() -> str:
+    """The llama.cpp build in use: a hash of its libraries' bytes."""
+    lib = Path(lc.__file__).parent / "lib"
+    h = hashlib.sha256()
+    for name in sorted(p.name for p in lib.glob("lib*.so*") if not p.is_symlink()):
+        h.update(name.encode())
+        h.update((lib / name).read_bytes())
+    return h.hexdigest()
+
+
+def model_identity(path: Path, type_k: str, type_v: str) -> bytes:
+    material = f"{file_sha256(path)}|{type_k}|{type_v}|{build_id()}".encode()
+    return hashlib.blake2b(material, digest_size=16).digest()
+
+
+class PrefixCache:
+    """Saves and restores prompt prefixes of one runner's context."""
+
+    def __init__(self, store: PrefixStore, rot: tuple[int, int], n_stream: int):
+        self.store = store
+        self.block = store.block
+        self.rot = rot
+        self.n_stream = n_stream
+
+    def keys(self, prompt: list[int]) -> list[bytes]:
+        """Block keys of the cacheable prefix (all but at least the last prompt token)."""
+        return block_keys(self.store.identity, prompt[: len(prompt) - 1], self.block)
+
+    def restore(self, ctx: lc.llama_context_p, mem, seq_id: int, keys: list[bytes],
+                types: tuple[str, str]) -> tuple[int, str | None]:
+        """Restore the longest saved prefix into `seq_id`; (tokens restored, tier) — (0, None) on a miss."""
+        hit = self.store.lookup(keys)
+        if hit is None:
+            return 0, None
+        n_tokens = hit.n_blocks * self.block
+        try:
+            parsed = kv_state.parse(hit.state)
+            if kv_state.cell_count(parsed) < n_tokens:
+                raise kv_state.StateFormatError("the state holds fewer cells than its key says")
+            names = {v: k for k, v in migrate.GGML_TYPE_IDS.items()}
+            target = (migrate.GGML_TYPE_IDS[types[0]], migrate.GGML_TYPE_IDS[types[1]])
+            stored = {layer.type_id for c in parsed.caches for s in c.streams for layer in s.k}, \
+                {layer.type_id for c in parsed.caches for s in c.streams for layer in s.v}
+            if stored != ({target[0]}, {target[1]}):
+                log.debug("prefix state in %s converted to %s", [names.get(t) for t in stored[0]], types)
+                parsed = kv_state.convert(parsed, target[0], target[1], rot_k=self.rot[0], rot_v=self.rot[1])
+            migrate.write_sequence(ctx, seq_id, kv_state.with_streams(parsed, self.n_stream).to_bytes())
+        except (kv_state.StateFormatError, migrate.MigrationError, ValueError) as e:
+            log.warning("prefix cache: a saved state did not restore (%s); prefilling instead", e)
+            lc.llama_memory_seq_rm(mem, seq_id, -1, -1)
+            self.store.stats["restore_failures"] += 1
+            return 0, None
+        lc.llama_memory_seq_rm(mem, seq_id, n_tokens, -1)  # a longer entry: keep the matched blocks
+        return n_tokens, hit.tier
+
+    def save(self, ctx: lc.llama_context_p, seq_id: int, keys: list[bytes]) -> None:
+        """Save the sequence's state, which must hold exactly len(keys) blocks of cells."""
+        if not keys or self.store.contains(keys):
+            return
+        try:
+            raw = migrate.read_sequence(ctx, seq_id)
+            one = kv_state.with_streams(kv_state.parse(raw), 1).to_bytes()
+        except (kv_state.StateFormatError, migrate.MigrationError) as e:
+            log.warning("prefix cache: could not save a state: %s", e)
+            return
+        self.store.put(keys, one)

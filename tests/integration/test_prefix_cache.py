@@ -1,0 +1,155 @@
+"""The prefix cache through the real server: RAM hits, the disk tier across a restart, damaged
+entries, a full disk, conversations, warm-up, and answers identical to cold runs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import SMOLLM2, model_entry
+
+GPL = Path("/usr/share/common-licenses/GPL-3").read_text()
+SYSTEM = "You answer questions about this license.\n\n" + GPL[2000:3600]
+
+
+def chat(server, question: str, system: str = SYSTEM, max_tokens: int = 12, history: list | None = None) -> dict:
+    messages = [{"role": "system", "content": system}, *(history or []), {"role": "user", "content": question}]
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=120,
+                   json={"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def kv(server) -> dict:
+    return httpx.get(server.base + "/v1/admin/kv/status").json()["models"]["m"]
+
+
+def sched(server) -> dict:
+    return httpx.get(server.base + "/v1/admin/scheduling/status").json()["models"]["m"]
+
+
+def config(disk: Path, **kv_cache) -> dict:
+    return {"models": [model_entry("m", SMOLLM2, n_ctx=2048, kv_cache={"disk": {"path": str(disk)}, **kv_cache})]}
+
+
+@pytest.fixture(scope="module")
+def disk(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kvdisk")
+
+
+@pytest.fixture(scope="module")
+def first(server_factory, disk):
+    return server_factory(config(disk), "prefix-a")
+
+
+def test_a_repeated_prefix_is_restored_from_ram_with_the_same_answer(first):
+    cold = chat(first, "What does this say about copying?")
+    assert kv(first)["misses"] == 1
+    prefill_before = sched(first)["prefill_tokens"]
+    warm = chat(first, "What does this say about copying?")
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+    status = kv(first)
+    assert status["ram"]["hits"] >= 1
+    prompt = warm["usage"]["prompt_tokens"]
+    prefilled = sched(first)["prefill_tokens"] - prefill_before
+    assert prefilled < 20 < prompt  # only the tail after the last saved block was prefilled
+
+
+def test_another_question_on_the_same_system_prompt_reuses_it(first):
+    before = sched(first)["prefix_tokens_restored"]
+    chat(first, "Who may distribute it?")
+    assert sched(first)["prefix_tokens_restored"] - before > 300
+
+
+def test_the_next_turn_of_a_conversation_restores_the_whole_previous_turn(first):
+    q1 = "Summarise the first sentence."
+    a1 = chat(first, q1, max_tokens=24)["choices"][0]["message"]["content"]
+    before = sched(first)["prefix_tokens_restored"]
+    second = chat(first, "And the second?", history=[{"role": "user", "content": q1},
+                                                     {"role": "assistant", "content": a1}])
+    restored = sched(first)["prefix_tokens_restored"] - before
+    # more than the system prompt: the first turn's question and (most of) its answer too
+    system_only = chat(first, "x", max_tokens=1)["usage"]["prompt_tokens"]
+    assert restored > system_only, (restored, system_only, second["usage"])
+
+
+def test_concurrent_requests_share_a_live_prefix(first):
+    system = "Reply briefly.\n\n" + GPL[9000:10400]
+
+    def one(i: int) -> dict:
+        return chat(first, f"Question {i}: what is this part about?", system=system, max_tokens=4)
+
+    before = sched(first)["prefix_live_hits"] + kv(first)["ram"]["hits"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(4)))
+    assert all(r["choices"][0]["message"]["content"] for r in results)
+    assert sched(first)["prefix_live_hits"] + kv(first)["ram"]["hits"] - before >= 2
+
+
+def test_warm_then_hit(first):
+    system = "A different system prompt.\n\n" + GPL[20000:21200]
+    r = httpx.post(first.base + "/v1/admin/kv/warm", timeout=120,
+                   json={"model": "m", "messages": [{"role": "system", "content": system}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["cached_tokens"] > 200
+    before = kv(first)["ram"]["hits"]
+    chat(first, "Anything?", system=system, max_tokens=2)
+    assert kv(first)["ram"]["hits"] == before + 1
+    bad = httpx.post(first.base + "/v1/admin/kv/warm", json={"model": "m"})
+    assert bad.status_code == 400
+    assert httpx.post(first.base + "/v1/admin/kv/warm", json={"model": "nope", "prompt": "x y"}).status_code == 404
+
+
+def test_a_restarted_server_restores_from_disk_with_the_same_answer(first, server_factory, disk):
+    cold = chat(first, "What does this say about copying?")["choices"][0]["message"]["content"]
+    first.stop()  # SIGTERM: queued disk writes are finished first
+    assert list(disk.glob("*/*.kv"))
+    second = server_factory(config(disk), "prefix-b")
+    again = chat(second, "What does this say about copying?")["choices"][0]["message"]["content"]
+    assert again == cold
+    status = kv(second)
+    assert status["disk"]["hits"] >= 1 and status["disk"]["entries"] >= 1
+    second.stop()
+
+
+def test_damaged_disk_entries_are_deleted_and_requests_still_succeed(server_factory, disk):
+    files = sorted(disk.glob("*/*.kv"))
+    assert files
+    for i, f in enumerate(files):  # flip bytes in some, truncate the others
+        data = bytearray(f.read_bytes())
+        if i % 2:
+            data[len(data) // 2] ^= 0xFF
+        else:
+            data = data[: len(data) // 3]
+        f.write_bytes(bytes(data))
+    srv = server_factory(config(disk), "prefix-c")
+    answer = chat(srv, "What does this say about copying?")
+    assert answer["choices"][0]["message"]["content"]
+    status = kv(srv)
+    assert status["counters"].get("corrupt_deleted", 0) >= 1
+    assert status["disk"]["hits"] == 0
+    srv.stop()
+
+
+def test_a_full_disk_turns_the_tier_off_and_requests_still_succeed(server_factory, tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        srv = server_factory(config(mnt), "prefix-full")
+        a = chat(srv, "What does this say about copying?")
+        b = chat(srv, "What does this say about copying?")
+        assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+        srv_status = kv(srv)
+        assert srv_status["disk"]["enabled"] is False and srv_status["disk"]["error"].startswith("disk full")
+        assert srv_status["ram"]["hits"] >= 1
+        assert "disk tier" in srv.log() and "turned off" in srv.log()
+        srv.stop()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -1,0 +1,211 @@
+"""The prefix store on its own (no model): chained keys, tiers, restart, corruption, disk faults,
+concurrency. States are opaque bytes here; tests/integration/test_prefix_cache.py runs it with
+real llama.cpp states."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from appliance.kv.prefix_store import PrefixStore, block_keys
+
+ID = b"\x01" * 16
+OTHER_ID = b"\x02" * 16
+MB = 1 << 20
+
+
+def store(tmp: Path | None, identity: bytes = ID, ram: int = 8 * MB, disk: int = 64 * MB, **kw) -> PrefixStore:
+    return PrefixStore(identity, block=4, ram_bytes=ram, disk_dir=tmp, disk_bytes=disk, **kw)
+
+
+def test_keys_are_chained_and_scoped_by_identity():
+    a = block_keys(ID, list(range(12)), 4)
+    assert len(a) == 3 and len(set(a)) == 3
+    assert block_keys(ID, list(range(8)) + [99, 9, 10, 11], 4)[:2] == a[:2]  # shared prefix, shared keys
+    assert block_keys(ID, list(range(8)) + [99, 9, 10, 11], 4)[2] != a[2]
+    assert block_keys(OTHER_ID, list(range(12)), 4)[0] != a[0]
+    assert block_keys(ID, [5, 0, 1, 2], 4)[0] != block_keys(ID, [0, 1, 2, 5], 4)[0]
+    assert block_keys(ID, list(range(7)), 4) == a[:1]  # partial blocks have no key
+
+
+def test_longest_prefix_wins_and_shorter_matches_reuse_a_longer_entry(tmp_path):
+    s = store(tmp_path)
+    keys = block_keys(ID, list(range(16)), 4)
+    s.put(keys[:2], b"two blocks")
+    s.put(keys, b"four blocks")
+    hit = s.lookup(keys)
+    assert (hit.n_blocks, hit.state, hit.tier) == (4, b"four blocks", "ram")
+    other = block_keys(ID, list(range(12)) + [7, 7, 7, 7], 4)
+    hit = s.lookup(other)  # diverges in block 4: the 4-block entry answers for 3 blocks
+    assert (hit.n_blocks, hit.state) == (3, b"four blocks")
+    assert s.lookup(block_keys(ID, [9] * 8, 4)) is None
+    assert s.status()["misses"] == 1 and s.status()["ram"]["hits"] == 2
+    s.close()
+
+
+def test_a_second_store_restores_what_the_first_wrote(tmp_path):
+    keys = block_keys(ID, list(range(8)), 4)
+    first = store(tmp_path)
+    first.put(keys, b"state" * 1000)
+    first.drain(10)
+    first.close()
+    files = list((tmp_path / ID.hex()).glob("*.kv"))
+    assert len(files) == 1
+    second = store(tmp_path)
+    assert second.status()["disk"]["entries"] == 1 and second.status()["ram"]["entries"] == 0
+    hit = second.lookup(keys)
+    assert (hit.tier, hit.state, hit.n_blocks) == ("disk", b"state" * 1000, 2)
+    assert second.lookup(keys).tier == "ram"  # promoted
+    second.close()
+
+
+def _written(tmp_path, payload=b"payload" * 100):
+    keys = block_keys(ID, list(range(8)), 4)
+    s = store(tmp_path)
+    s.put(keys, payload)
+    s.drain(10)
+    s.close()
+    return keys, next((tmp_path / ID.hex()).glob("*.kv"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
+def test_damaged_entries_are_deleted_and_missed(tmp_path, damage):
+    keys, path = _written(tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-10] ^= 0xFF
+    elif damage == "truncate":
+        data = data[: len(data) - 50]
+    elif damage == "garbage":
+        data = bytearray(os.urandom(len(data)))
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    s = store(tmp_path)
+    assert s.lookup(keys) is None
+    assert not path.exists()
+    assert s.status()["counters"]["corrupt_deleted"] == 1
+    s.close()
+
+
+def test_entries_of_another_model_identity_are_never_restored(tmp_path):
+    keys, path = _written(tmp_path)
+    # the same file placed where another identity looks for its entries
+    foreign_dir = tmp_path / OTHER_ID.hex()
+    foreign_dir.mkdir()
+    moved = foreign_dir / path.name
+    path.rename(moved)
+    s = store(tmp_path, identity=OTHER_ID)
+    assert s.lookup(block_keys(OTHER_ID, list(range(8)), 4)) is None
+    assert not moved.exists()  # foreign: deleted at the scan
+    s.close()
+
+
+def test_a_renamed_entry_is_rejected(tmp_path):
+    keys, path = _written(tmp_path)
+    path.rename(path.with_name("00" * 16 + ".kv"))
+    s = store(tmp_path)
+    assert s.status()["disk"]["entries"] == 0 and s.status()["counters"]["corrupt_deleted"] == 1
+    s.close()
+
+
+def test_read_only_directory_turns_the_disk_tier_off_and_requests_go_on(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root ignores directory permissions; the tmpfs-full test covers write errors")
+    d = tmp_path / ID.hex()
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        s = store(tmp_path)
+        keys = block_keys(ID, list(range(8)), 4)
+        s.put(keys, b"x" * 100)
+        s.drain(10)
+        assert s.status()["disk"]["enabled"] is False and "permission" in s.status()["disk"]["error"]
+        assert s.lookup(keys).tier == "ram"
+        s.close()
+    finally:
+        d.chmod(0o700)
+
+
+def test_disk_full_turns_the_disk_tier_off(tmp_path):
+    """A write that fails with ENOSPC (produced for real: /dev/full refuses every write)."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    # the writer thread's next temp file is a symlink to /dev/full
+    s2 = store(tmp_path / "full")
+    keys2 = block_keys(ID, list(range(4, 12)), 4)
+    writer_tmp = s2.dir / f"{keys2[-1].hex()}.{s2._writer.ident}.tmp"
+    writer_tmp.symlink_to("/dev/full")
+    s2.put(keys2, b"z" * 100_000)
+    s2.drain(10)
+    status = s2.status()["disk"]
+    assert status["enabled"] is False and status["error"].startswith("disk full"), status
+    assert s2.lookup(keys2).tier == "ram"  # still served from RAM
+    s2.put(block_keys(ID, [1, 2, 3, 4], 4), b"more")  # later saves skip the disk quietly
+    s2.close()
+
+
+def test_caps_evict_least_recently_used(tmp_path):
+    s = store(tmp_path, ram=3000, disk=5000)
+    entries = [block_keys(ID, [i] * 4, 4) for i in range(6)]
+    for keys in entries:
+        s.put(keys, bytes(1000))
+    s.drain(10)
+    st = s.status()
+    assert st["ram"]["bytes"] <= 3000 and st["disk"]["bytes"] <= 5000
+    assert s.lookup(entries[0]) is None  # oldest: gone from both tiers
+    assert s.lookup(entries[-1]) is not None
+    s.close()
+
+
+def test_shrink_ram_keeps_entries_reachable_on_disk(tmp_path):
+    s = store(tmp_path)
+    keys = block_keys(ID, list(range(8)), 4)
+    s.put(keys, b"spill me" * 100)
+    s.drain(10)
+    assert s.shrink_ram(0) == 800
+    assert s.status()["ram"]["entries"] == 0
+    assert s.lookup(keys).tier == "disk"
+    s.close()
+
+
+def test_concurrent_writers_and_readers(tmp_path):
+    s = store(tmp_path, ram=200_000)
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            for i in range(40):
+                keys = block_keys(ID, [w, i, 0, 0, w, i, 1, 1], 4)
+                s.put(keys, bytes([w, i]) * 500)
+                hit = s.lookup(keys)
+                assert hit is not None and hit.state == bytes([w, i]) * 500
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s.drain(30)
+    assert not errors
+    s.close()
+    again = store(tmp_path)
+    assert again.status()["disk"]["entries"] == 240
+    for w in range(6):
+        assert again.lookup(block_keys(ID, [w, 39, 0, 0, w, 39, 1, 1], 4)).state == bytes([w, 39]) * 500
+    again.close()
+
+
+def test_flush_forgets_everything(tmp_path):
+    s = store(tmp_path)
+    keys = block_keys(ID, list(range(8)), 4)
+    s.put(keys, b"x" * 10)
+    s.drain(10)
+    s.flush()
+    assert s.lookup(keys) is None and not list((tmp_path / ID.hex()).glob("*.kv"))
+    s.close()
