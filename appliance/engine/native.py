@@ -267,11 +267,7 @@ def load(
     init_backend()
     if not path.is_file():
         raise LoadError(f"model file not found: {path}")
-    if {type_k, type_v} & TURBO_TYPES and not build_has_turboquant():
-        raise LoadError("this llama.cpp build has no TurboQuant KV types; rebuild it with `make setup`")
-    problem = turbo_offload_problem(type_k, type_v, gpu_backend())
-    if problem:
-        raise LoadError(problem)
+    _check_kv_types(type_k, type_v)
     assert _router is not None
     lines = _router.start_capture()
     model = None
@@ -306,6 +302,15 @@ def load(
         _router.stop_capture()
 
 
+def _check_kv_types(type_k: str, type_v: str) -> None:
+    """Raise LoadError when this build cannot hold these KV types (TurboQuant missing or on a GPU)."""
+    if {type_k, type_v} & TURBO_TYPES and not build_has_turboquant():
+        raise LoadError("this llama.cpp build has no TurboQuant KV types; rebuild it with `make setup`")
+    problem = turbo_offload_problem(type_k, type_v, gpu_backend())
+    if problem:
+        raise LoadError(problem)
+
+
 def _create_context(model: lc.llama_model_p, args: ContextArgs, type_k: str, type_v: str) -> lc.llama_context_p:
     cparams = lc.llama_context_default_params()
     cparams.n_ctx = args.n_ctx_total
@@ -330,11 +335,7 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
 
     The caller frees it, or installs it with `LoadedModel.swap_context`.
     """
-    if {type_k, type_v} & TURBO_TYPES and not build_has_turboquant():
-        raise LoadError("this llama.cpp build has no TurboQuant KV types; rebuild it with `make setup`")
-    problem = turbo_offload_problem(type_k, type_v, gpu_backend())
-    if problem:
-        raise LoadError(problem)
+    _check_kv_types(type_k, type_v)
     assert _router is not None
     lines = _router.start_capture()
     try:

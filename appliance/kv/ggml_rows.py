@@ -86,7 +86,7 @@ def decode(type_id: int, data: bytes, n_rows: int, n: int) -> np.ndarray:
     out = np.empty((n_rows, n), dtype=np.float32)
     traits = _lib().ggml_get_type_traits(type_id).contents
     to_float = _TO_FLOAT(traits.to_float)
-    buf = ctypes.create_string_buffer(data, len(data))
+    buf = ctypes.create_string_buffer(bytes(data), len(data))
     to_float(ctypes.addressof(buf), out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_rows * n)
     return out
 

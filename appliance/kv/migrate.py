@@ -66,7 +66,7 @@ def read_sequence(ctx: lc.llama_context_p, seq_id: int) -> bytes:
 
 
 def write_sequence(ctx: lc.llama_context_p, seq_id: int, data: bytes) -> None:
-    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))  # no copy
     if lc.llama_state_seq_set_data(ctx, buf, len(data), seq_id) != len(data):
         raise MigrationError(f"llama.cpp refused the state of sequence {seq_id}")
 

@@ -297,6 +297,10 @@ class PrefixStore:
         return _Entry(key, len(keys), keys, path.stat().st_size)
 
     def _write_loop(self) -> None:
+        try:  # the disk tier is background work: let decoding threads have the cores first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         while True:
             item = self._queue.get()
             try:

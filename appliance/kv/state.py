@@ -30,7 +30,7 @@ class StateFormatError(ValueError):
 class LayerRows:
     type_id: int
     row_bytes: int
-    data: bytes  # n_cells rows of row_bytes
+    data: bytes | memoryview  # n_cells rows of row_bytes (a view into the parsed buffer)
 
 
 @dataclass
@@ -57,18 +57,19 @@ class SeqState:
         return {layer.type_id for c in self.caches for s in c.streams for layer in s.k + s.v}
 
     def to_bytes(self) -> bytes:
-        out = bytearray(struct.pack("<Ii", self.magic, self.seq_id))
+        parts: list[bytes | memoryview] = [struct.pack("<Ii", self.magic, self.seq_id)]
         for cache in self.caches:
-            out += struct.pack("<I", len(cache.streams))
+            parts.append(struct.pack("<I", len(cache.streams)))
             for s in cache.streams:
-                out += struct.pack("<I", s.cell_count)
+                parts.append(struct.pack("<I", s.cell_count))
                 if not s.cell_count:
                     continue
-                out += s.meta
-                out += struct.pack("<II", s.v_trans, len(s.k))
+                parts.append(s.meta)
+                parts.append(struct.pack("<II", s.v_trans, len(s.k)))
                 for layer in s.k + s.v:
-                    out += struct.pack("<iQ", layer.type_id, layer.row_bytes) + layer.data
-        return bytes(out)
+                    parts.append(struct.pack("<iQ", layer.type_id, layer.row_bytes))
+                    parts.append(layer.data)
+        return b"".join(parts)
 
 
 class _Reader:
@@ -76,10 +77,11 @@ class _Reader:
         self.data = memoryview(data)
         self.pos = 0
 
-    def take(self, n: int) -> bytes:
+    def take(self, n: int) -> memoryview:
+        """The next n bytes, as a view (no copy)."""
         if self.pos + n > len(self.data):
             raise StateFormatError("sequence state is truncated")
-        b = bytes(self.data[self.pos : self.pos + n])
+        b = self.data[self.pos : self.pos + n]
         self.pos += n
         return b
 

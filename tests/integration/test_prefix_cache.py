@@ -153,3 +153,57 @@ def test_a_full_disk_turns_the_tier_off_and_requests_still_succeed(server_factor
         srv.stop()
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_above_the_low_watermark_saved_conversations_spill_to_disk_and_come_back(server_factory, tmp_path):
+    import time
+
+    import yaml
+
+    srv = server_factory(config(tmp_path / "spill"), "prefix-spill")
+    q1 = "Summarise the first sentence."
+    a1 = chat(srv, q1, max_tokens=16)["choices"][0]["message"]["content"]
+    status = kv(srv)
+    assert status["ram"]["entries"] >= 1
+    httpx.post(srv.base + "/v1/admin/kv/warm", timeout=60, json={"model": "m", "prompt": "x y z"})  # drains writes
+    vram = httpx.get(srv.base + "/v1/admin/vram/status").json()
+    model_bytes = vram["models"][0]["total_bytes"]
+    # a budget whose low watermark holds the model but not the model and its saved prefixes
+    low_target = model_bytes + status["ram"]["bytes"] // 2
+    cfg = yaml.safe_load(srv.config_path.read_text())
+    cfg["vram"] = {"budget_mb": -(-low_target * 100 // 85 // (1 << 20)), "low_watermark": 85}
+    srv.config_path.write_text(yaml.safe_dump(cfg))
+    assert httpx.post(srv.base + "/v1/admin/config/reload", timeout=60).status_code == 200
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and kv(srv)["ram"]["entries"]:
+        time.sleep(0.2)
+    status = kv(srv)
+    assert status["ram"]["entries"] == 0 and status["disk"]["entries"] >= 1, status
+    events = httpx.get(srv.base + "/v1/admin/scheduling/status").json()["events"]
+    assert any(e["event"] == "prefix_spill" for e in events)
+    before = sched(srv)["prefix_tokens_restored"]
+    chat(srv, "And the second?", max_tokens=4,
+         history=[{"role": "user", "content": q1}, {"role": "assistant", "content": a1}])
+    assert kv(srv)["disk"]["hits"] >= 1
+    assert sched(srv)["prefix_tokens_restored"] - before > 300
+    srv.stop()
+
+
+def test_compressed_disk_entries_restore_after_a_restart(server_factory, tmp_path):
+    raw_dir, packed_dir = tmp_path / "raw", tmp_path / "packed"
+    sizes = {}
+    for name, d, disk in (("raw", raw_dir, {}), ("packed", packed_dir, {"compress": "turbo3"})):
+        cfg = config(d)
+        cfg["models"][0]["kv_cache"]["disk"].update(disk)
+        srv = server_factory(cfg, f"prefix-{name}")
+        chat(srv, "What does this say about copying?", max_tokens=1)
+        srv.stop()
+        sizes[name] = sum(f.stat().st_size for f in d.glob("*/*.kv"))
+    assert sizes["packed"] < 0.3 * sizes["raw"], sizes
+    cfg = config(packed_dir)
+    cfg["models"][0]["kv_cache"]["disk"]["compress"] = "turbo3"
+    srv = server_factory(cfg, "prefix-packed-again")
+    answer = chat(srv, "What does this say about copying?")
+    assert answer["choices"][0]["message"]["content"]
+    assert kv(srv)["disk"]["hits"] >= 1 and kv(srv)["disk"]["codec"] == "turbo3"
+    srv.stop()

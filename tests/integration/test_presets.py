@@ -17,6 +17,17 @@ def test_preset_boots_and_serves(server_factory, preset):
     config["model_dir"] = str((preset.parent / config.get("model_dir", ".")).resolve())
     srv = server_factory(config, preset.stem)
     assert httpx.get(srv.base + "/health").status_code == 200
+    if config.get("inference", {}).get("kv_cache", {}).get("prefix", {}).get("warm"):
+        # warm prefixes are prefilled in the background after each load
+        import time
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            kv = httpx.get(srv.base + "/v1/admin/kv/status").json()["models"]
+            if all(m["ram"]["entries"] >= 1 for m in kv.values()):
+                break
+            time.sleep(0.2)
+        assert all(m["ram"]["entries"] >= 1 for m in kv.values()), kv
     for m in config["models"]:
         r = httpx.post(srv.base + "/v1/completions", timeout=120,
                        json={"model": m["name"], "prompt": "Hello", "max_tokens": 2})
