@@ -15,23 +15,10 @@ from pathlib import Path
 
 import llama_cpp as lc
 
+from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from here)
+
 log = logging.getLogger("eie.llama")
 
-GGML_TYPES: dict[str, int] = {
-    "f32": 0,
-    "f16": 1,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "q8_0": 8,
-    "iq4_nl": 20,
-    "bf16": 30,
-    # TurboQuant, added by native/patches/0001-turboquant-kv-types.patch
-    "turbo4": 43,
-    "turbo3": 44,
-    "turbo2": 45,
-}
 
 FLASH_ATTN = {
     "auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO,

@@ -18,6 +18,7 @@ from pathlib import Path
 import llama_cpp as lc
 
 from ..kv import migrate
+from ..kv.ggml_rows import GGML_TYPES
 from ..kv import state as kv_state
 from ..kv.prefix_store import PrefixStore, block_keys
 
@@ -83,13 +84,10 @@ class PrefixCache:
             parsed = kv_state.parse(hit.state)
             if kv_state.cell_count(parsed) < n_tokens:
                 raise kv_state.StateFormatError("the state holds fewer cells than its key says")
-            names = {v: k for k, v in migrate.GGML_TYPE_IDS.items()}
-            target = (migrate.GGML_TYPE_IDS[types[0]], migrate.GGML_TYPE_IDS[types[1]])
-            stored = {layer.type_id for c in parsed.caches for s in c.streams for layer in s.k}, \
-                {layer.type_id for c in parsed.caches for s in c.streams for layer in s.v}
-            if stored != ({target[0]}, {target[1]}):
-                log.debug("prefix state in %s converted to %s", [names.get(t) for t in stored[0]], types)
-                parsed = kv_state.convert(parsed, target[0], target[1], rot_k=self.rot[0], rot_v=self.rot[1])
+            # a state saved before an adaptive KV change has the old types: convert it
+            # (convert leaves rows that already have the target type as they are)
+            parsed = kv_state.convert(parsed, GGML_TYPES[types[0]], GGML_TYPES[types[1]],
+                                      rot_k=self.rot[0], rot_v=self.rot[1])
             migrate.write_sequence(ctx, seq_id, kv_state.with_streams(parsed, self.n_stream).to_bytes())
         except (kv_state.StateFormatError, migrate.MigrationError, ValueError) as e:
             log.warning("prefix cache: a saved state did not restore (%s); prefilling instead", e)

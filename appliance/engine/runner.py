@@ -538,7 +538,7 @@ class ModelRunner:
         prefix = self.prefix
         tokens = seq.req.prompt + seq.decoded
         n_tokens = len(tokens) // prefix.block * prefix.block
-        if n_tokens <= seq.save_at or n_tokens > len(seq.req.prompt) + len(seq.decoded):
+        if n_tokens <= seq.save_at:
             return
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, n_tokens, -1)
         prefix.save(self.loaded.ctx, seq.seq_id, block_keys(prefix.store.identity, tokens[:n_tokens], prefix.block))

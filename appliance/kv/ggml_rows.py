@@ -13,8 +13,23 @@ from pathlib import Path
 
 import numpy as np
 
-# The ggml types a KV cache can hold: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, bf16, turbo4/3/2.
-_KV_TYPES = {0, 1, 2, 3, 6, 7, 8, 20, 30, 43, 44, 45}
+# The ggml types a KV cache can hold, by name.
+GGML_TYPES: dict[str, int] = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "q8_0": 8,
+    "iq4_nl": 20,
+    "bf16": 30,
+    # TurboQuant, added by native/patches/0001-turboquant-kv-types.patch
+    "turbo4": 43,
+    "turbo3": 44,
+    "turbo2": 45,
+}
+TYPE_NAMES = {v: k for k, v in GGML_TYPES.items()}
 _UNROTATED = {0, 1, 30}  # llama.cpp rotates K/V (attn_rot) only for quantized types
 
 
@@ -49,7 +64,7 @@ def _lib() -> ctypes.CDLL:
 
 
 def known(type_id: int) -> bool:
-    return type_id in _KV_TYPES
+    return type_id in TYPE_NAMES
 
 
 @lru_cache(maxsize=None)

@@ -15,11 +15,8 @@ from collections.abc import Callable, Iterable
 import llama_cpp as lc
 
 from . import state as kv_state
+from .ggml_rows import GGML_TYPES, TYPE_NAMES
 
-GGML_TYPE_IDS = {
-    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30,
-    "turbo4": 43, "turbo3": 44, "turbo2": 45,
-}
 COMPRESSIBLE = {"f16", "q8_0"}  # at rest, only these are re-encoded (a turbo state is kept as is)
 
 
@@ -73,7 +70,7 @@ def write_sequence(ctx: lc.llama_context_p, seq_id: int, data: bytes) -> None:
 
 def convert_bytes(data: bytes, type_k: str, type_v: str, rot: tuple[int, int]) -> bytes:
     parsed = kv_state.parse(data)
-    out = kv_state.convert(parsed, GGML_TYPE_IDS[type_k], GGML_TYPE_IDS[type_v], rot_k=rot[0], rot_v=rot[1])
+    out = kv_state.convert(parsed, GGML_TYPES[type_k], GGML_TYPES[type_v], rot_k=rot[0], rot_v=rot[1])
     return out.to_bytes()
 
 
@@ -99,10 +96,9 @@ def migrate(
 def compress(data: bytes, mode: str, rot: tuple[int, int]) -> bytes:
     """A saved sequence state with its f16/q8_0 K/V rows re-encoded in a TurboQuant mode."""
     parsed = kv_state.parse(data)
-    names = {v: k for k, v in GGML_TYPE_IDS.items()}
-    if not {names.get(t) for t in parsed.kv_types()} <= COMPRESSIBLE:
+    if not {TYPE_NAMES.get(t) for t in parsed.kv_types()} <= COMPRESSIBLE:
         return data
-    target = GGML_TYPE_IDS[mode]
+    target = GGML_TYPES[mode]
     return kv_state.convert(parsed, target, target, rot_k=rot[0], rot_v=rot[1]).to_bytes()
 
 

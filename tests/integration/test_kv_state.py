@@ -94,7 +94,7 @@ def test_c_codec_equals_the_reference_on_real_kv_rows(smollm_f16, mode):
     for layer, rot in ((stream.k[3], rot_k), (stream.v[17], rot_v)):
         rows = ggml_rows.hadamard(kv_state.layer_values(layer, stream.cell_count), rot)
         ref = turboquant.quantize(rows, mode)
-        type_id = migrate.GGML_TYPE_IDS[mode]
+        type_id = ggml_rows.GGML_TYPES[mode]
         assert ggml_rows.encode(type_id, rows) == ref  # llama.cpp's SET_ROWS path (libggml-base)
         decoded = ggml_rows.decode(type_id, ref, rows.shape[0], rows.shape[1]).reshape(-1)
         np.testing.assert_array_equal(decoded, turboquant.dequantize(ref, mode))
