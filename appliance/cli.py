@@ -24,6 +24,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .engine.manager import ModelManager
 
     from .policy import PluginError
+    from .systemd import Supervisor
 
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
@@ -33,8 +34,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"eie: cannot start with this policy: {e}", file=sys.stderr)
         return 2
     app = App(config, manager, args.config)
+    supervisor = Supervisor(manager, lambda: server.started)  # systemd notify + watchdog, if asked for
     uv = uvicorn.Config(
-        app,
+        supervisor.wrap(app),
         host=host,
         port=port,
         loop="uvloop",
@@ -44,7 +46,22 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=10,
     )
-    uvicorn.Server(uv).run()
+    server = uvicorn.Server(uv)
+    supervisor.start()
+    try:
+        server.run()
+    finally:
+        supervisor.close()
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from .doctor import collect, render
+
+    report = collect()
+    print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
 
@@ -59,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     check = sub.add_parser("check-config", help="validate a config file and print its problems")
     check.add_argument("config")
+    doctor = sub.add_parser("doctor", help="backends, devices, memory, CPU features and KV types of this build")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, getattr(args, "log_level", "info").upper()),
@@ -66,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         return _serve(args)
+    if args.command == "doctor":
+        return _doctor(args)
     if args.command == "check-config":
         try:
             load_config(args.config)

@@ -9,7 +9,26 @@ version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 python="${PYTHON:-python3.11}"
 here="$(cd "$(dirname "$0")" && pwd)"
 cache_root="${EIE_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eie/wheels}"
-cmake_args="${EIE_CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF}"
+# Every build loads its ggml backends as modules (GGML_BACKEND_DL, see appliance/engine/backends.py).
+# On x86 ggml refuses GGML_NATIVE with it: the setup build names this CPU's features instead,
+# which gives the one CPU module -march=native would (the release build: native/release-cmake-args.sh).
+host_cpu_args() {
+  [ "$(uname -m)" = x86_64 ] || return 0
+  local flags out pair v
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  out="-DGGML_NATIVE=OFF"
+  for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C avx_vnni:AVX_VNNI \
+              avx512f+avx512cd+avx512vl+avx512dq+avx512bw:AVX512 avx512vbmi:AVX512_VBMI \
+              avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    v=ON
+    for f in $(echo "${pair%%:*}" | tr + ' '); do
+      case "$flags" in *" $f "*) ;; *) v=OFF ;; esac
+    done
+    out="$out -DGGML_${pair#*:}=$v"
+  done
+  echo "$out"
+}
+cmake_args="${EIE_CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_BACKEND_DL=ON $(host_cpu_args)}"
 
 key_material="$version|$cmake_args|$(uname -m)|$("$python" -c 'import sys; print(sys.version_info[:2])')"
 key_material="$key_material|$(cat "$here"/prepare-llama-source.sh "$here"/patches/*.patch "$here"/turboquant/*.[ch] 2>/dev/null | sha256sum | cut -c1-16)"

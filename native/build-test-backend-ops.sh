@@ -16,3 +16,10 @@ echo "building test-backend-ops against $lib" >&2
 g++ -std=c++17 -O1 -pthread -I"$src/include" "$src/test-backend-ops.cpp" -o "$out.tmp" \
   -L"$lib" -lggml -lggml-base -Wl,-rpath,"$lib"
 mv "$out.tmp" "$out"
+# ggml backends are loadable modules (GGML_BACKEND_DL): test-backend-ops loads them from its own
+# directory, so link the build's modules there.
+for module in "$lib"/libggml-*.so "$lib"/../../bin/libggml-*.so; do
+  case "$(basename "$module")" in libggml-base.so) continue ;; esac
+  [ -f "$module" ] && ln -sf "$(cd "$(dirname "$module")" && pwd)/$(basename "$module")" "$(dirname "$out")/"
+done
+true

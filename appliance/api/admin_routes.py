@@ -77,7 +77,7 @@ class AdminRoutes:
         devices = [
             {"device": d.device, "kind": d.kind, "total_bytes": d.total_bytes, "used_bytes": d.used_bytes,
              "free_bytes": d.free_bytes, "source": d.source}
-            for d in memory.devices()
+            for d in await asyncio.to_thread(memory.devices)  # NVML/CUDA probes stay off the loop
         ]
         models = []
         budgets = {}

@@ -349,7 +349,7 @@ class ModelManager:
         elif vram.budget_mb:
             capacity, scope = vram.budget_mb * MIB, "device"
         else:
-            total = memory.devices()[0].total_bytes
+            total = memory.compute_device().total_bytes
             capacity, scope = max(0, total - vram.reserve_mb * MIB), "device"
         return Budget(capacity, int(capacity * vram.low_watermark / 100), int(capacity * vram.critical_watermark / 100),
                       scope)

@@ -16,6 +16,7 @@ from pathlib import Path
 import llama_cpp as lc
 
 from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from here)
+from . import backends
 
 log = logging.getLogger("eie.llama")
 
@@ -84,8 +85,9 @@ def init_backend() -> None:
     global _router
     with _init_lock:
         if _router is None:
-            lc.llama_backend_init()
             _router = _LogRouter()
+            backends.registry.load()  # before llama_backend_init, which would search the cwd
+            lc.llama_backend_init()
 
 
 @dataclass(frozen=True)
@@ -222,8 +224,12 @@ def gpu_backend() -> str | None:
     which `load` leaves at llama.cpp's default (all layers), is not 0. The backend is named after
     its libggml-<name> library next to llama_cpp's; a statically linked one is just "GPU".
     """
+    init_backend()
     if not lc.llama_supports_gpu_offload() or lc.llama_model_default_params().n_gpu_layers == 0:
         return None
+    registered = backends.registry.gpu_backend()  # the loaded module's name (CUDA, ROCm, ...)
+    if registered:
+        return registered
     libdir = Path(lc.__file__).parent / "lib"
     for key, name in _GPU_LIBS:
         if any(libdir.glob(f"libggml-{key}*")):

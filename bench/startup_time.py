@@ -1,0 +1,81 @@
+"""Start-up time of the appliance: exec to /health 200 with the default preset, the frozen
+executable (dist/eie/eie, `make binary`) and `eie serve` from the virtualenv side by side.
+
+Runs alternate between the two; each figure is the median of --runs. Writes
+bench/results/startup_time.json. Usage: .venv/bin/python bench/startup_time.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def time_to_health(cmd: list[str], config: dict, env: dict[str, str] | None) -> float:
+    port = free_port()
+    cfg = {**config, "server": {**config.get("server", {}), "host": "127.0.0.1", "port": port}}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(cfg, f)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([*cmd, "serve", "--config", f.name], cwd="/", env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.TransportError:
+                pass
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        os.unlink(f.name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--binary", default=str(ROOT / "dist" / "eie" / "eie"))
+    args = ap.parse_args()
+    preset = ROOT / "presets" / "fixed-appliance.yaml"
+    config = yaml.safe_load(preset.read_text())
+    config["model_dir"] = str((preset.parent / config["model_dir"]).resolve())
+    runs: dict[str, list[float]] = {"frozen": [], "eie serve": []}
+    cmds = {"frozen": ([args.binary], {}), "eie serve": ([str(Path(sys.executable).parent / "eie")], None)}
+    for _ in range(args.runs):
+        for name, (cmd, env) in cmds.items():
+            runs[name].append(time_to_health(cmd, config, env))
+    result = {name: {"median_s": round(statistics.median(v), 2), "runs_s": [round(x, 2) for x in v]}
+              for name, v in runs.items()}
+    result["preset"] = "presets/fixed-appliance.yaml"
+    out = ROOT / "bench" / "results" / "startup_time.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
