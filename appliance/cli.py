@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from . import __version__
@@ -47,6 +48,10 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=10,
     )
     server = uvicorn.Server(uv)
+    # uvicorn shuts down on SIGTERM/SIGINT, then raises the signal again with the handler found
+    # at start: a no-op one makes a clean stop exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     supervisor.start()
     try:
         server.run()
