@@ -52,7 +52,7 @@ class KvDiskConfig(Struct, frozen=True, forbid_unknown_fields=True):
     """The prefix cache's disk tier (meant for NVMe); it survives restarts."""
 
     enabled: bool = True
-    # Directory; default <server.state_dir>/kv.
+    # Directory; default <server.cache_dir>/kv.
     path: str | None = None
     max_mb: Annotated[int, Meta(ge=1, le=16_777_216)] = 4096
     # Store f16/q8_0 states TurboQuant-compressed (null: as llama.cpp wrote them).
@@ -167,9 +167,12 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Keys for /v1/admin/*; when empty, the API keys grant admin access too.
     admin_keys: list[Annotated[str, Meta(min_length=8)]] = []
     limits: LimitsConfig = field(default_factory=LimitsConfig)
-    # Where the appliance keeps state (the KV disk tier); default $STATE_DIRECTORY (systemd's
-    # StateDirectory) or ~/.local/state/eie.
+    # Where the appliance keeps state that must survive (audit trail); default $EIE_STATE_DIR,
+    # $STATE_DIRECTORY (systemd's StateDirectory) or ~/.local/state/eie.
     state_dir: str | None = None
+    # Where it keeps what can be rebuilt (the KV disk tier); default $EIE_CACHE_DIR,
+    # $CACHE_DIRECTORY (systemd's CacheDirectory) or ~/.cache/eie.
+    cache_dir: str | None = None
 
 
 class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -214,10 +217,22 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         return base.resolve()
 
     def state_dir(self) -> Path:
-        """server.state_dir (relative to the config file), $STATE_DIRECTORY, or ~/.local/state/eie."""
-        raw = self.server.state_dir or os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+        """server.state_dir (relative to the config file), $EIE_STATE_DIR, $STATE_DIRECTORY, or
+        ~/.local/state/eie."""
+        return self._dir(self.server.state_dir, "EIE_STATE_DIR", "STATE_DIRECTORY",
+                         Path.home() / ".local" / "state" / "eie")
+
+    def cache_dir(self) -> Path:
+        """server.cache_dir (relative to the config file), $EIE_CACHE_DIR, $CACHE_DIRECTORY, or
+        ~/.cache/eie."""
+        return self._dir(self.server.cache_dir, "EIE_CACHE_DIR", "CACHE_DIRECTORY",
+                         Path.home() / ".cache" / "eie")
+
+    def _dir(self, configured: str | None, own_env: str, systemd_env: str, default: Path) -> Path:
+        # systemd joins several directories with ':'; EIE uses the first.
+        raw = configured or os.environ.get(own_env) or os.environ.get(systemd_env, "").split(":")[0]
         if not raw:
-            return Path.home() / ".local" / "state" / "eie"
+            return default
         path = Path(raw)
         return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
 
@@ -229,7 +244,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         if disk.path:
             path = Path(disk.path)
             return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
-        return self.state_dir() / "kv"
+        return self.cache_dir() / "kv"
 
     def model_path(self, model: ModelConfig) -> Path:
         path = Path(model.path)

@@ -43,7 +43,7 @@ def free_port() -> int:
 class Server:
     def __init__(self, model: str, state: Path, prefix: bool, threads: int):
         self.port = free_port()
-        cfg = {"server": {"host": "127.0.0.1", "port": self.port, "state_dir": str(state)},
+        cfg = {"server": {"host": "127.0.0.1", "port": self.port, "state_dir": str(state), "cache_dir": str(state)},
                "models": [{"name": "m", "path": str(ROOT / "models" / MODELS[model]), "n_ctx": 4096,
                            "n_parallel": 4, "threads": threads,
                            "kv_cache": {"prefix": {"enabled": prefix}}}]}

@@ -36,7 +36,8 @@ class Server:
         self.env = {**os.environ, **(env or {})}
         self.port = free_port()
         self.config_path = workdir / f"{name}.yaml"
-        server = {"state_dir": str(workdir / f"{name}-state"), **config.get("server", {}),
+        server = {"state_dir": str(workdir / f"{name}-state"), "cache_dir": str(workdir / f"{name}-cache"),
+                  **config.get("server", {}),
                   "host": "127.0.0.1", "port": self.port}
         config = {**config, "server": server}
         self.config_path.write_text(yaml.safe_dump(config))

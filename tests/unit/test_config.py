@@ -129,3 +129,21 @@ def test_presets_are_valid_and_point_at_installed_models(preset):
     cfg = load_config(preset)
     for m in cfg.models:
         assert cfg.model_path(m).is_file(), f"{preset.name}: {m.name} -> {cfg.model_path(m)}"
+
+
+def test_state_and_cache_dirs_come_from_config_then_eie_env_then_systemd_env(tmp_path, monkeypatch):
+    for var in ("EIE_STATE_DIR", "EIE_CACHE_DIR", "STATE_DIRECTORY", "CACHE_DIRECTORY"):
+        monkeypatch.delenv(var, raising=False)
+    raw = {"models": [{"name": "a", "path": "a.gguf"}]}
+    cfg = parse_config(raw, source_dir=str(tmp_path))
+    assert cfg.state_dir() == Path.home() / ".local" / "state" / "eie"
+    assert cfg.kv_disk_dir(cfg.models[0]) == Path.home() / ".cache" / "eie" / "kv"
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/eie:/var/lib/other")  # systemd's list
+    monkeypatch.setenv("CACHE_DIRECTORY", "/var/cache/eie")
+    assert cfg.state_dir() == Path("/var/lib/eie")
+    assert cfg.kv_disk_dir(cfg.models[0]) == Path("/var/cache/eie/kv")
+    monkeypatch.setenv("EIE_STATE_DIR", "/srv/state")
+    monkeypatch.setenv("EIE_CACHE_DIR", "/srv/cache")
+    assert cfg.state_dir() == Path("/srv/state") and cfg.cache_dir() == Path("/srv/cache")
+    cfg = parse_config({**raw, "server": {"state_dir": "st", "cache_dir": "ca"}}, source_dir=str(tmp_path))
+    assert cfg.state_dir() == tmp_path / "st" and cfg.kv_disk_dir(cfg.models[0]) == tmp_path / "ca" / "kv"
