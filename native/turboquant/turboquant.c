@@ -387,37 +387,46 @@ __attribute__((target("avx2"))) static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* The 8 chunks of 8 indices of a block, in value order. */
-#define TQ_CHUNKS(lo, hi, ch)                                                                        \
-    do {                                                                                              \
-        const __m128i l0_ = _mm256_castsi256_si128(lo), l1_ = _mm256_extracti128_si256(lo, 1);       \
-        const __m128i h0_ = _mm256_castsi256_si128(hi), h1_ = _mm256_extracti128_si256(hi, 1);       \
-        ch[0] = l0_; ch[1] = _mm_srli_si128(l0_, 8); ch[2] = l1_; ch[3] = _mm_srli_si128(l1_, 8);    \
-        ch[4] = h0_; ch[5] = _mm_srli_si128(h0_, 8); ch[6] = h1_; ch[7] = _mm_srli_si128(h1_, 8);    \
-    } while (0)
+/* What both the K·Q product and the decoder need of a block: its sub-block scales and its 64
+ * indices as 8 chunks of 8 bytes in value order. */
+typedef struct {
+    float scale[4];
+    __m128i ch[8];
+} tq_block_avx2;
+
+__attribute__((target("avx2,f16c"), always_inline)) static inline void load_block_avx2(const tq_mode *m, const uint8_t *blk,
+                                                                        tq_block_avx2 *out) {
+    __m256i lo, hi;
+    block_scales_f16c(m, blk, out->scale);
+    unpack_avx2(m, blk + 2 + m->ncode, &lo, &hi);
+    const __m128i l0 = _mm256_castsi256_si128(lo), l1 = _mm256_extracti128_si256(lo, 1);
+    const __m128i h0 = _mm256_castsi256_si128(hi), h1 = _mm256_extracti128_si256(hi, 1);
+    out->ch[0] = l0; out->ch[1] = _mm_srli_si128(l0, 8); out->ch[2] = l1; out->ch[3] = _mm_srli_si128(l1, 8);
+    out->ch[4] = h0; out->ch[5] = _mm_srli_si128(h0, 8); out->ch[6] = h1; out->ch[7] = _mm_srli_si128(h1, 8);
+}
+
+/* Chunks of 8 values per sub-block scale. */
+static inline int chunks_per_sub(int bits) {
+    return (bits == 4 ? TQ_SUB_BLOCK_4 : bits == 3 ? TQ_SUB_BLOCK_3 : TQ_SUB_BLOCK_2) / 8;
+}
 
 /* Specialised per mode (bits a constant after inlining) so the loops unroll fully. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float vec_dot_avx2_bits(
     const tq_mode *m, const int bits, const uint8_t *in, const float *y, int64_t n) {
     const __m256 clo = _mm256_loadu_ps(m->c);
     const __m256 chi = bits == 4 ? _mm256_loadu_ps(m->c + 8) : clo;
-    const int per_sub = (bits == 4 ? TQ_SUB_BLOCK_4 : bits == 3 ? TQ_SUB_BLOCK_3 : TQ_SUB_BLOCK_2) / 8;
+    const int per_sub = chunks_per_sub(bits);
     __m256 total = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
-        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
-        float scale[4];
-        __m256i lo, hi;
-        __m128i ch[8];
-        block_scales_f16c(m, blk, scale);
-        unpack_avx2(m, blk + 2 + m->ncode, &lo, &hi);
-        TQ_CHUNKS(lo, hi, ch);
+        tq_block_avx2 blk;
+        load_block_avx2(m, in + (size_t)b * (size_t)m->bytes, &blk);
         const float *yb = y + b * TQ_BLOCK;
         for (int s = 0; s < 8 / per_sub; s++) {
             __m256 acc = _mm256_setzero_ps();
             for (int c = s * per_sub; c < (s + 1) * per_sub; c++) {
-                acc = _mm256_fmadd_ps(lookup8(m, ch[c], clo, chi), _mm256_loadu_ps(yb + 8 * c), acc);
+                acc = _mm256_fmadd_ps(lookup8(m, blk.ch[c], clo, chi), _mm256_loadu_ps(yb + 8 * c), acc);
             }
-            total = _mm256_fmadd_ps(acc, _mm256_set1_ps(scale[s]), total);
+            total = _mm256_fmadd_ps(acc, _mm256_set1_ps(blk.scale[s]), total);
         }
     }
     return hsum8(total);
@@ -437,18 +446,13 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline void dequantiz
     const tq_mode *m, const int bits, const uint8_t *in, float *y, int64_t n) {
     const __m256 clo = _mm256_loadu_ps(m->c);
     const __m256 chi = bits == 4 ? _mm256_loadu_ps(m->c + 8) : clo;
-    const int per_sub = (bits == 4 ? TQ_SUB_BLOCK_4 : bits == 3 ? TQ_SUB_BLOCK_3 : TQ_SUB_BLOCK_2) / 8;
+    const int per_sub = chunks_per_sub(bits);
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
-        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
-        float scale[4];
-        __m256i lo, hi;
-        __m128i ch[8];
-        block_scales_f16c(m, blk, scale);
-        unpack_avx2(m, blk + 2 + m->ncode, &lo, &hi);
-        TQ_CHUNKS(lo, hi, ch);
+        tq_block_avx2 blk;
+        load_block_avx2(m, in + (size_t)b * (size_t)m->bytes, &blk);
         float *out = y + b * TQ_BLOCK;
         for (int c = 0; c < 8; c++) {
-            _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(lookup8(m, ch[c], clo, chi), _mm256_set1_ps(scale[c / per_sub])));
+            _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(lookup8(m, blk.ch[c], clo, chi), _mm256_set1_ps(blk.scale[c / per_sub])));
         }
     }
 }
