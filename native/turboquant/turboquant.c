@@ -8,6 +8,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TQ_X86 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define TQ_NEON 1
 #endif
 
 #define TQ_GAINS 16
@@ -45,6 +48,8 @@ static int simd_enabled(void) {
 #if TQ_X86
         __builtin_cpu_init();
         tq_simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#elif TQ_NEON
+        tq_simd = 1; /* every AArch64 CPU has NEON */
 #else
         tq_simd = 0;
 #endif
@@ -219,6 +224,56 @@ __attribute__((target("avx2"))) static void sub_errors_avx2(const tq_mode *m, co
 }
 #endif
 
+#if TQ_NEON
+/* The codebook as 64 bytes, so that vqtbl4q_u8 gathers 4 centroids by index (a float gather). */
+static inline uint8x16x4_t centroid_table_neon(const tq_mode *m) {
+    float c[16] = {0};
+    memcpy(c, m->c, (size_t)m->levels * sizeof(float));
+    uint8x16x4_t t;
+    for (int k = 0; k < 4; k++) {
+        t.val[k] = vld1q_u8((const uint8_t *)(c + 4 * k));
+    }
+    return t;
+}
+
+static inline float32x4_t gather4_neon(uint8x16x4_t table, uint32x4_t idx) {
+    /* byte b of lane i reads table byte 4*idx[i] + b (little-endian float) */
+    const uint32x4_t bytes = vmlaq_n_u32(vdupq_n_u32(0x03020100u), idx, 0x04040404u);
+    return vreinterpretq_f32_u8(vqtbl4q_u8(table, vreinterpretq_u8_u32(bytes)));
+}
+
+/* Same arithmetic as sub_errors_scalar, the 16 gains in 4 registers; identical results. */
+static void sub_errors_neon(const tq_mode *m, const float *x, const float *scale, const float *inv, double *err) {
+    const uint8x16x4_t table = centroid_table_neon(m);
+    float32x4_t iv[4], sc[4];
+    float64x2_t e[8];
+    for (int h = 0; h < 4; h++) {
+        iv[h] = vld1q_f32(inv + 4 * h);
+        sc[h] = vld1q_f32(scale + 4 * h);
+        e[2 * h] = e[2 * h + 1] = vdupq_n_f64(0.0);
+    }
+    for (int i = 0; i < m->sub; i++) {
+        const float32x4_t xv = vdupq_n_f32(x[i]);
+        const float64x2_t xd = vdupq_n_f64((double)x[i]);
+        for (int h = 0; h < 4; h++) {
+            const float32x4_t y = vmulq_f32(xv, iv[h]);
+            uint32x4_t cnt = vdupq_n_u32(0);
+            for (int j = 0; j < m->levels - 1; j++) {
+                cnt = vsubq_u32(cnt, vcltq_f32(vdupq_n_f32(m->t[j]), y)); /* true is all ones: -1 */
+            }
+            const float32x4_t r = vmulq_f32(gather4_neon(table, cnt), sc[h]);
+            const float64x2_t d0 = vsubq_f64(xd, vcvt_f64_f32(vget_low_f32(r)));
+            const float64x2_t d1 = vsubq_f64(xd, vcvt_high_f64_f32(r));
+            e[2 * h] = vaddq_f64(e[2 * h], vmulq_f64(d0, d0));
+            e[2 * h + 1] = vaddq_f64(e[2 * h + 1], vmulq_f64(d1, d1));
+        }
+    }
+    for (int q = 0; q < 8; q++) {
+        vst1q_f64(err + 2 * q, e[q]);
+    }
+}
+#endif
+
 int tq_quantize_row(int bits, const float *x, void *dst, int64_t n) {
     tq_mode m;
     if (!mode_of(bits, &m) || n < 0 || n % TQ_BLOCK != 0) {
@@ -257,6 +312,10 @@ int tq_quantize_row(int bits, const float *x, void *dst, int64_t n) {
 #if TQ_X86
             if (simd) {
                 sub_errors_avx2(&m, xs, scale, inv, err);
+            } else
+#elif TQ_NEON
+            if (simd) {
+                sub_errors_neon(&m, xs, scale, inv, err);
             } else
 #endif
             {
@@ -467,6 +526,83 @@ __attribute__((target("avx2,f16c"))) static void dequantize_avx2(const tq_mode *
 }
 #endif
 
+#if TQ_NEON
+/* The 64 indices of a block as 4 registers of 16 bytes, in value order. */
+static inline void unpack_neon(int bits, const uint8_t *q, uint8x16_t g[4]) {
+    if (bits == 4) {
+        const uint8x16_t p0 = vld1q_u8(q), p1 = vld1q_u8(q + 16), low = vdupq_n_u8(15);
+        g[0] = vandq_u8(p0, low);
+        g[1] = vandq_u8(p1, low);
+        g[2] = vshrq_n_u8(p0, 4);
+        g[3] = vshrq_n_u8(p1, 4);
+        return;
+    }
+    /* 2-bit plane: byte j holds values j, j+16, j+32, j+48 at bits 0, 2, 4, 6 */
+    const uint8x16_t plane = vld1q_u8(q), three = vdupq_n_u8(3);
+    g[0] = vandq_u8(plane, three);
+    g[1] = vandq_u8(vshrq_n_u8(plane, 2), three);
+    g[2] = vandq_u8(vshrq_n_u8(plane, 4), three);
+    g[3] = vshrq_n_u8(plane, 6);
+    if (bits == 3) {
+        /* high plane: bit k of byte j is the high bit of value j + 8k; value 16*G + j is in
+         * byte j & 7 at bit 2G + (j >> 3) */
+        const uint8x8_t hb = vld1_u8(q + 16);
+        const uint8x16_t both = vcombine_u8(hb, hb), one = vdupq_n_u8(1);
+        for (int G = 0; G < 4; G++) {
+            const int8x16_t shift = vcombine_s8(vdup_n_s8((int8_t)(-2 * G)), vdup_n_s8((int8_t)(-2 * G - 1)));
+            const uint8x16_t high = vandq_u8(vshlq_u8(both, shift), one);
+            g[G] = vorrq_u8(g[G], vshlq_n_u8(high, 2));
+        }
+    }
+}
+
+/* Indices 4q .. 4q+3 of a 16-index register as 32-bit lanes. */
+static inline uint32x4_t widen4_neon(uint8x16_t g, int q) {
+    const uint16x8_t h = q < 2 ? vmovl_u8(vget_low_u8(g)) : vmovl_high_u8(g);
+    return (q & 1) ? vmovl_high_u16(h) : vmovl_u16(vget_low_u16(h));
+}
+
+/* Bit-exact with the scalar decoder: each value is one float32 product. */
+static void dequantize_neon(const tq_mode *m, const uint8_t *in, float *y, int64_t n) {
+    const uint8x16x4_t table = centroid_table_neon(m);
+    for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
+        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
+        float scale[4];
+        uint8x16_t g[4];
+        block_scales(m, blk, scale);
+        unpack_neon(m->bits, blk + 2 + m->ncode, g);
+        float *out = y + b * TQ_BLOCK;
+        for (int G = 0; G < 4; G++) {
+            const float32x4_t s = vdupq_n_f32(scale[G * 16 / m->sub]);
+            for (int q = 0; q < 4; q++) {
+                vst1q_f32(out + 16 * G + 4 * q, vmulq_f32(gather4_neon(table, widen4_neon(g[G], q)), s));
+            }
+        }
+    }
+}
+
+static float vec_dot_neon(const tq_mode *m, const uint8_t *in, const float *y, int64_t n) {
+    const uint8x16x4_t table = centroid_table_neon(m);
+    float32x4_t total = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
+        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
+        float scale[4];
+        uint8x16_t g[4];
+        block_scales(m, blk, scale);
+        unpack_neon(m->bits, blk + 2 + m->ncode, g);
+        const float *yb = y + b * TQ_BLOCK;
+        for (int G = 0; G < 4; G++) {
+            float32x4_t acc = vdupq_n_f32(0.0f);
+            for (int q = 0; q < 4; q++) {
+                acc = vfmaq_f32(acc, gather4_neon(table, widen4_neon(g[G], q)), vld1q_f32(yb + 16 * G + 4 * q));
+            }
+            total = vfmaq_f32(total, acc, vdupq_n_f32(scale[G * 16 / m->sub]));
+        }
+    }
+    return vaddvq_f32(total);
+}
+#endif
+
 int tq_dequantize_row(int bits, const void *src, float *y, int64_t n) {
     tq_mode m;
     if (!mode_of(bits, &m) || n < 0 || n % TQ_BLOCK != 0) {
@@ -475,6 +611,11 @@ int tq_dequantize_row(int bits, const void *src, float *y, int64_t n) {
 #if TQ_X86
     if (simd_enabled()) {
         dequantize_avx2(&m, (const uint8_t *)src, y, n);
+        return 0;
+    }
+#elif TQ_NEON
+    if (simd_enabled()) {
+        dequantize_neon(&m, (const uint8_t *)src, y, n);
         return 0;
     }
 #endif
@@ -490,6 +631,10 @@ float tq_vec_dot_f32(int bits, const void *x, const float *y, int64_t n) {
 #if TQ_X86
     if (simd_enabled()) {
         return vec_dot_avx2(&m, (const uint8_t *)x, y, n);
+    }
+#elif TQ_NEON
+    if (simd_enabled()) {
+        return vec_dot_neon(&m, (const uint8_t *)x, y, n);
     }
 #endif
     return vec_dot_scalar(&m, (const uint8_t *)x, y, n);

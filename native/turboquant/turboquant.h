@@ -6,7 +6,7 @@
  * and 64 codebook indices. Bytes per block and bits per value: turbo4 35 (4.375),
  * turbo3 28 (3.5), turbo2 20 (2.5).
  * Quantize and dequantize give the same bytes and floats with or without SIMD (AVX2 where the
- * CPU has it); tq_vec_dot_f32 is a plain float dot product (FMA, different summation order).
+ * CPU has it, NEON on AArch64); tq_vec_dot_f32 is a plain float dot product (FMA, different summation order).
  * Build with -ffp-contract=off: fused multiply-adds would change the codec's results.
  */
 #ifndef TURBOQUANT_H
