@@ -72,6 +72,9 @@ class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
     adaptive: bool = False
     # With adaptive: also step down when the median decode step takes longer than this.
     max_decode_ms: Annotated[float, Meta(gt=0, le=60_000)] | None = None
+    # Store keys minus the model's mean key (exact for attention; halves the quantization error
+    # of K). Off by itself where it does not apply (soft-capped attention, sinks, GPU offload).
+    center_k: bool = True
     prefix: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     disk: KvDiskConfig = field(default_factory=KvDiskConfig)
 

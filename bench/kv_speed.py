@@ -10,6 +10,7 @@ same 4 sequences are prefilled again into a fresh context of the target type; bo
 Right after, the next tokens of each sequence are read in the migrated context, the re-prefilled
 one and an f16 one, and the KL divergence of the next-token distributions is reported:
 migrated vs re-prefilled, next to the target type's own KLD against f16.
+Every context runs as the server runs it by default, with K centring (engine/k_centering.py).
 
     .venv/bin/python bench/kv_speed.py [--model all] [--types f16,q8_0,q4_0,turbo4,turbo3,turbo2]
 Prints tables and writes bench/results/kv_speed.json.
@@ -38,6 +39,7 @@ from appliance.kv import migrate  # noqa: E402
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
 CHUNK = 256
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eie"  # measured K means
 
 
 def kv_pair(kv: str) -> tuple[str, str]:
@@ -51,7 +53,8 @@ class Context:
     def __init__(self, path: Path, kv: str, n_ctx: int, n_seq: int, threads: int):
         k, v = kv_pair(kv)
         self.m = native.load(path, n_ctx_total=n_ctx * n_seq, n_seq_max=n_seq, n_batch=CHUNK,
-                             n_threads=threads, type_k=k, type_v=v, flash_attn="on")
+                             n_threads=threads, type_k=k, type_v=v, flash_attn="on", center_k=True,
+                             cache_dir=CACHE)
         self.batch = lc.llama_batch_init(CHUNK, 0, 1)
         self.pos = [0] * n_seq
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -14,7 +16,7 @@ from msgspec import structs
 
 from ..config import Config, ModelConfig
 from ..policy import Candidate, make_policy
-from ..resources import memory
+from ..resources import file_facts, memory
 from ..resources.cores import CoreBudget
 from ..resources.estimate import Estimate, GgufShape, estimate, shape_from_header
 from ..kv.adaptive import Change, Controller, ModelKv, Pressure
@@ -22,7 +24,7 @@ from ..resources.estimate import KV_BYTES_PER_VALUE
 from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label, ladder
 from ..kv import migrate
 from ..kv.prefix_store import PrefixStore
-from . import native
+from . import k_centering, native
 from .client import render_chat
 from .prefix import PrefixCache, model_identity
 from .runner import ModelRunner, NotReady
@@ -54,12 +56,17 @@ class Budget:
 _shapes: dict[tuple[str, int, int], GgufShape] = {}
 
 
-def shape_of(path: Path) -> GgufShape:
-    """A GGUF file's dimensions, cached by path, size and modification time; raises ValueError."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
+    """A GGUF file's dimensions, cached per version of the file (in memory, and on disk under
+    `cache_dir`: reading a header costs a vocab-only load); raises ValueError."""
+    key = file_facts.stat_key(path)
     if key not in _shapes:
-        _shapes[key] = shape_from_header(native.read_header(path), st.st_size)
+        stored = file_facts.load(cache_dir, "gguf-shape", key)
+        try:
+            _shapes[key] = GgufShape(**stored)
+        except TypeError:  # missing, unreadable or from another version of this code
+            _shapes[key] = shape_from_header(native.read_header(path), path.stat().st_size)
+            file_facts.save(cache_dir, "gguf-shape", key, dataclasses.asdict(_shapes[key]))
     return _shapes[key]
 
 
@@ -76,6 +83,7 @@ class ModelManager:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._loading: dict[str, threading.Event] = {}  # loads in flight, set when done
         self._group_of = {}
         for g in config.groups:
             for m in g.models:
@@ -93,7 +101,7 @@ class ModelManager:
 
     def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
         return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores,
-                           prefix_factory=self._prefix_cache)
+                           prefix_factory=self._prefix_cache, cache_dir=self.config.cache_dir())
 
     def _prefix_cache(self, runner: ModelRunner) -> PrefixCache | None:
         """The prefix cache of a runner whose context was just created (None when off)."""
@@ -108,7 +116,8 @@ class ModelManager:
             mode = disk.compress
             encode, codec = (lambda state: migrate.compress(state, mode, rot)), mode
         store = PrefixStore(
-            model_identity(runner.path, loaded.type_k, loaded.type_v),
+            model_identity(runner.path, loaded.type_k, loaded.type_v, k_centering.digest(loaded.k_centers),
+                           self.config.cache_dir()),
             block=settings.block_tokens,
             ram_bytes=settings.ram_mb * MIB,
             disk_dir=self.config.kv_disk_dir(runner.cfg),
@@ -158,7 +167,7 @@ class ModelManager:
 
     def _kv_input(self, cfg: ModelConfig) -> KvInput:
         try:
-            return KvInput(cfg, shape_of(self.config.model_path(cfg)))
+            return KvInput(cfg, shape_of(self.config.model_path(cfg), self.config.cache_dir()))
         except (OSError, ValueError) as e:
             return KvInput(cfg, None, str(e))
 
@@ -178,6 +187,7 @@ class ModelManager:
                 "kv_choice_reason": reason,
                 "kv_loaded_with": kv_label(*loaded_with),
                 "kv_changes": list(runner.kv_changes),
+                "k_centered": bool(runner.loaded is not None and runner.loaded.k_centers is not None),
                 "decode_ms": runner.decode_ms()}
 
     # ---- adaptive KV -------------------------------------------------------------------------
@@ -193,7 +203,7 @@ class ModelManager:
     def _kv_rungs(self, runner: ModelRunner) -> list[tuple[str, str]]:
         start = (runner.cfg.kv_cache.type_k, runner.cfg.kv_cache.type_v)
         try:
-            shape = shape_of(runner.path)
+            shape = shape_of(runner.path, self.config.cache_dir())
         except (OSError, ValueError):
             shape = None
         turbo_ok = native.gpu_backend() is None and native.build_has_turboquant()
@@ -256,7 +266,7 @@ class ModelManager:
                     continue
                 rungs = self.kv_rungs(r)
                 try:
-                    shape = shape_of(r.path)
+                    shape = shape_of(r.path, self.config.cache_dir())
                     sizes = [estimate(shape, r.cfg, k, v).kv for k, v in rungs]
                 except (OSError, ValueError):
                     continue
@@ -278,7 +288,7 @@ class ModelManager:
         return self.policy.boot_models()
 
     def start(self) -> None:
-        """Load the boot set in the background, one model at a time; /health reports progress."""
+        """Load the boot set in the background; /health reports progress."""
         for name in self.boot_models():
             self.runners[name].state = "loading"
         boot = threading.Thread(target=self._boot, name="model-boot", daemon=True)
@@ -289,8 +299,12 @@ class ModelManager:
         janitor.start()
 
     def _boot(self) -> None:
-        for name in self.boot_models():
-            self._load_quietly(name)
+        """Load the boot set two at a time: a load is partly I/O and page faults, partly single-
+        threaded work (llama.cpp's tensor setup and repacking), so two overlap well; llama.cpp's
+        own threads during a load (K centring's calibration) take cores from the budget."""
+        names = self.boot_models()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-load") as pool:
+            list(pool.map(self._load_quietly, names))
 
     def wait_booted(self, timeout: float | None = None) -> bool:
         if not self._threads:
@@ -313,7 +327,7 @@ class ModelManager:
         runner = self.runners[name]
         if self._estimated.get(name) != runner.cfg:  # a new runner may have other KV types (auto)
             try:
-                self.estimates[name] = estimate(shape_of(runner.path), runner.cfg)
+                self.estimates[name] = estimate(shape_of(runner.path, self.config.cache_dir()), runner.cfg)
             except (OSError, ValueError):
                 self.estimates[name] = None  # unreadable: the load itself reports why
             self._estimated[name] = runner.cfg
@@ -401,22 +415,32 @@ class ModelManager:
             runner = self.runners[name]
             if runner.state == "ready":
                 return runner
-            est = self.estimate_for(name)
-            if est is not None:
-                self._make_room(name, est.total)
-            if runner.state not in ("unloaded", "loading"):
-                runner = self.runners[name] = self._new_runner(runner.cfg)
-            runner.state = "loading"
-            runner.load()
-            self.last_used[name] = time.monotonic()
-            if runner.state == "ready":
-                self.counters["loads"] += 1
-                self._event("load", name, f"loaded in {runner.load_seconds:.2f}s")
-                self._warm_prefixes(runner)
-            else:
-                self.counters["load_failures"] += 1
-                self._event("load_failed", name, runner.error or "")
-            return runner
+            in_flight = self._loading.get(name)
+            if in_flight is None:
+                est = self.estimate_for(name)
+                if est is not None:
+                    self._make_room(name, est.total)  # counts other loads in flight by their estimates
+                if runner.state not in ("unloaded", "loading"):
+                    runner = self.runners[name] = self._new_runner(runner.cfg)
+                runner.state = "loading"
+                self._loading[name] = threading.Event()
+        if in_flight is not None:  # someone else is loading it: wait for that load
+            in_flight.wait()
+            return self.runners[name]
+        try:
+            runner.load()  # outside the lock: other models can load meanwhile
+        finally:
+            with self._lock:
+                self.last_used[name] = time.monotonic()
+                if runner.state == "ready":
+                    self.counters["loads"] += 1
+                    self._event("load", name, f"loaded in {runner.load_seconds:.2f}s")
+                    self._warm_prefixes(runner)
+                else:
+                    self.counters["load_failures"] += 1
+                    self._event("load_failed", name, runner.error or "")
+                self._loading.pop(name).set()
+        return runner
 
     def _warm_prefixes(self, runner: ModelRunner) -> None:
         """Prefill and save the configured system prompts (kv_cache.prefix.warm), in the background."""

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as lc
+import numpy as np
 
 from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from here)
-from . import backends
+from ..kv.migrate import rotation_sizes
+from ..resources.cores import CoreBudget
+from . import backends, k_centering
 
 log = logging.getLogger("eie.llama")
 
@@ -33,15 +36,14 @@ _BUFFER_LINE = re.compile(
 
 
 class _LogRouter:
-    """Routes llama.cpp's log lines to Python logging and to an active capture, if any.
+    """Routes llama.cpp's log lines to Python logging and to the calling thread's capture, if any.
 
-    llama.cpp has one global log callback; loads are serialised so a capture belongs to one load.
+    llama.cpp has one global log callback and logs a load's buffer sizes on the thread that
+    loads, so captures are per thread: models can load in parallel, each reading its own lines.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._capture: list[str] | None = None
-        self._partial = ""
+        self._local = threading.local()
         self._callback = lc.llama_log_callback(self._on_log)
         lc.llama_log_set(self._callback, ctypes.c_void_p(0))
 
@@ -50,13 +52,14 @@ class _LogRouter:
             msg = text.decode("utf-8", errors="replace")
         except Exception:  # never let an exception cross into C
             return
-        line = self._partial + msg
+        local = self._local
+        line = getattr(local, "partial", "") + msg
         if not line.endswith("\n"):
-            self._partial = line
+            local.partial = line
             return
-        self._partial = ""
+        local.partial = ""
         line = line.rstrip("\n")
-        capture = self._capture
+        capture = getattr(local, "capture", None)
         if capture is not None:
             capture.append(line)
         if level == 4:  # GGML_LOG_LEVEL_ERROR
@@ -67,13 +70,11 @@ class _LogRouter:
             log.debug("%s", line)
 
     def start_capture(self) -> list[str]:
-        self._lock.acquire()
-        self._capture = []
-        return self._capture
+        self._local.capture = []
+        return self._local.capture
 
     def stop_capture(self) -> None:
-        self._capture = None
-        self._lock.release()
+        self._local.capture = None
 
 
 _router: _LogRouter | None = None
@@ -138,6 +139,9 @@ class LoadedModel:
     args: ContextArgs
     type_k: str
     type_v: str
+    # K centring (engine/k_centering.py): the per-layer K means every context of this model
+    # subtracts, unrotated; None when off.
+    k_centers: np.ndarray | None = None
 
     def swap_context(self, ctx: lc.llama_context_p, buffers: BufferSizes, type_k: str, type_v: str) -> None:
         """Install a context from `new_context`, freeing the current one."""
@@ -255,8 +259,16 @@ def load(
     type_k: str,
     type_v: str,
     flash_attn: str,
+    center_k: bool = False,
+    cache_dir: Path | None = None,
+    cores: CoreBudget | None = None,
 ) -> LoadedModel:
-    """Load weights and create one context with `n_seq_max` sequences, one KV stream each."""
+    """Load weights and create one context with `n_seq_max` sequences, one KV stream each.
+
+    With `center_k`, keys are stored minus the model's mean key (engine/k_centering.py) where
+    the model allows it; the means are cached under `cache_dir`, and measuring them takes its
+    threads from `cores`.
+    """
     init_backend()
     if not path.is_file():
         raise LoadError(f"model file not found: {path}")
@@ -287,12 +299,32 @@ def load(
             type_k=type_k,
             type_v=type_v,
         )
+        if center_k:
+            _center(loaded, path, cache_dir, cores)
         model = None
         return loaded
     finally:
         if model:
             lc.llama_model_free(model)
         _router.stop_capture()
+
+
+def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: CoreBudget | None) -> None:
+    """Measure (or read) the K means and apply them to the context; off, with a log line, where
+    the model or the build does not allow it."""
+    reason = k_centering.unsupported_reason(loaded.metadata, gpu_backend())
+    if reason is None and not k_centering.available():
+        reason = "this llama.cpp build has no llama_set_k_centers"
+    if reason:
+        log.info("K centring off for %s: %s", path.name, reason)
+        return
+    try:
+        centers = k_centering.centers_for(loaded.model, path, loaded.args.n_threads, cache_dir, cores)
+        k_centering.apply(loaded.ctx, centers, loaded.type_k, rotation_sizes(loaded.metadata)[0])
+    except k_centering.CenteringError as e:  # an optimisation of the cache: serve without it
+        log.warning("K centring off for %s: %s", path.name, e)
+        return
+    loaded.k_centers = centers
 
 
 def _check_kv_types(type_k: str, type_v: str) -> None:
@@ -336,6 +368,12 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
         fresh = parse_buffer_sizes(lines)
+        if loaded.k_centers is not None:  # the same means as every context of this model
+            try:
+                k_centering.apply(ctx, loaded.k_centers, type_k, rotation_sizes(loaded.metadata)[0])
+            except k_centering.CenteringError:
+                lc.llama_free(ctx)
+                raise
     finally:
         _router.stop_capture()
     return ctx, BufferSizes(weights=loaded.buffers.weights, kv=fresh.kv, compute=fresh.compute, output=fresh.output)

@@ -21,27 +21,34 @@ from ..kv import migrate
 from ..kv.ggml_rows import GGML_TYPES
 from ..kv import state as kv_state
 from ..kv.prefix_store import PrefixStore, block_keys
+from ..resources import file_facts
 
 log = logging.getLogger("eie.prefix")
 
-_file_hashes: dict[tuple[str, int, int], str] = {}
+_file_hashes: dict[tuple, str] = {}
 _hash_lock = threading.Lock()
 
 
-def file_sha256(path: Path) -> str:
-    """Content hash of a file, computed once per (path, size, modification time)."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+def file_sha256(path: Path, cache_dir: Path | None = None) -> str:
+    """Content hash of a file, computed once per version of the file (resources/file_facts.py);
+    with `cache_dir` also kept on disk, so a restart does not read the whole GGUF again."""
+    key = file_facts.stat_key(path)
     with _hash_lock:
         if key in _file_hashes:
             return _file_hashes[key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
+    stored = file_facts.load(cache_dir, "file-sha256", key)
+    if isinstance(stored, str) and len(stored) == 64 and all(c in "0123456789abcdef" for c in stored):
+        digest = stored
+    else:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        digest = h.hexdigest()
+        file_facts.save(cache_dir, "file-sha256", key, digest)
     with _hash_lock:
-        _file_hashes[key] = h.hexdigest()
-    return _file_hashes[key]
+        _file_hashes[key] = digest
+    return digest
 
 
 @lru_cache(maxsize=1)
@@ -55,8 +62,11 @@ def build_id() -> str:
     return h.hexdigest()
 
 
-def model_identity(path: Path, type_k: str, type_v: str) -> bytes:
-    material = f"{file_sha256(path)}|{type_k}|{type_v}|{build_id()}".encode()
+def model_identity(path: Path, type_k: str, type_v: str, k_centers: str = "none",
+                   cache_dir: Path | None = None) -> bytes:
+    """What a saved state depends on: the GGUF content, the KV types, the llama.cpp build and the
+    digest of the K centring vector (engine/k_centering.py)."""
+    material = f"{file_sha256(path, cache_dir)}|{type_k}|{type_v}|{build_id()}|{k_centers}".encode()
     return hashlib.blake2b(material, digest_size=16).digest()
 
 

@@ -150,8 +150,10 @@ class Handle:
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, path: Path, cores: CoreBudget,
-                 prefix_factory: Callable[["ModelRunner"], PrefixCache | None] | None = None):
+                 prefix_factory: Callable[["ModelRunner"], PrefixCache | None] | None = None,
+                 cache_dir: Path | None = None):
         self.cfg = cfg
+        self.cache_dir = cache_dir  # where measured K means are kept (engine/k_centering.py)
         self._prefix_factory = prefix_factory
         self.prefix: PrefixCache | None = None
         self.name = cfg.name
@@ -197,6 +199,9 @@ class ModelRunner:
                 type_k=self.cfg.kv_cache.type_k,
                 type_v=self.cfg.kv_cache.type_v,
                 flash_attn=self.cfg.flash_attn,
+                center_k=self.cfg.kv_cache.center_k,
+                cache_dir=self.cache_dir,
+                cores=self.cores,
             )
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
