@@ -157,7 +157,17 @@ class GroupConfig(Struct, frozen=True, forbid_unknown_fields=True):
 class LimitsConfig(Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 4 * 1024 * 1024
     request_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] = 600.0
+    # The largest max_tokens a request may ask for (null: up to the context).
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # The longest prompt, in tokens, a request may send (null: up to the context).
+    max_prompt_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # Per API key (or per client address without keys): requests per minute, and at once.
+    rate_per_minute: Annotated[int, Meta(ge=1)] | None = None
+    concurrent_requests: Annotated[int, Meta(ge=1)] | None = None
+
+
+MetricsAuth = Literal["open", "key", "admin"]
+LogFormat = Literal["json", "text"]
 
 
 class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -166,6 +176,14 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     api_keys: list[Annotated[str, Meta(min_length=8)]] = []
     # Keys for /v1/admin/*; when empty, the API keys grant admin access too.
     admin_keys: list[Annotated[str, Meta(min_length=8)]] = []
+    # A key file: one `<id> <user|admin> sha256:<hex>` line per key (hashed at rest; `eie hash-key`).
+    api_key_file: str | None = None
+    # Who may read GET /metrics: open, key (any API key) or admin.
+    metrics_auth: MetricsAuth = "open"
+    # SIGTERM: how long in-flight requests may finish before they are cancelled.
+    drain_grace_s: Annotated[float, Meta(ge=0, le=3600)] = 20.0
+    # Log lines as JSON objects (one per line) or as plain text.
+    log_format: LogFormat = "json"
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # Where the appliance keeps state that must survive (audit trail); default $EIE_STATE_DIR,
     # $STATE_DIRECTORY (systemd's StateDirectory) or ~/.local/state/eie.
@@ -173,6 +191,19 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Where it keeps what can be rebuilt (the KV disk tier); default $EIE_CACHE_DIR,
     # $CACHE_DIRECTORY (systemd's CacheDirectory) or ~/.cache/eie.
     cache_dir: str | None = None
+
+
+class AuditConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """The hash-chained audit trail (off unless `path` is set)."""
+
+    # The trail file; relative paths resolve against server.state_dir.
+    path: str | None = None
+    # Also record prompts and answers (off: only who, what, which models, outcome, token counts).
+    include_content: bool = False
+    # Rotate to <path>.1, <path>.2, ... past this size; the chain continues in the new file.
+    max_mb: Annotated[int, Meta(ge=1, le=1_048_576)] = 64
+    # Rotated files kept (the oldest beyond this are deleted).
+    keep: Annotated[int, Meta(ge=1, le=10_000)] = 10
 
 
 class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -204,6 +235,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     vram: VramConfig = field(default_factory=VramConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     # Relative model paths resolve against model_dir, itself relative to the config file.
     model_dir: str = "."
     # Where the config was read from; set by load_config, not by users.
@@ -235,6 +267,20 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
             return default
         path = Path(raw)
         return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
+
+    def audit_path(self) -> Path | None:
+        """The audit trail file (relative to the state directory), or None when auditing is off."""
+        if not self.audit.path:
+            return None
+        path = Path(self.audit.path)
+        return path if path.is_absolute() else self.state_dir() / path
+
+    def key_file(self) -> Path | None:
+        """server.api_key_file, relative to the config file."""
+        if not self.server.api_key_file:
+            return None
+        path = Path(self.server.api_key_file)
+        return path if path.is_absolute() else (Path(self.source_dir) / path).resolve()
 
     def kv_disk_dir(self, model: ModelConfig) -> Path | None:
         """The model's prefix-cache disk tier directory, or None when it is off."""
