@@ -215,6 +215,8 @@ class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
     load_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
     # Options handed to a plugin's init as JSON.
     plugin_options: dict[str, Any] = {}
+    # When set, `plugin:<file.so>` must lie inside this directory (relative to the config file).
+    plugin_dir: str | None = None
 
 
 class VramConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -520,6 +522,24 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
             problems.append("server.api_keys: duplicate keys")
 
 
+def _plugin_check(raw: dict[str, Any], source_dir: str, problems: list[str]) -> None:
+    """A `plugin:<file>` strategy must resolve (links followed) inside policy.plugin_dir, when set."""
+    policy = raw.get("policy")
+    if not isinstance(policy, dict) or not isinstance(policy.get("plugin_dir"), str):
+        return
+    strategy = policy.get("strategy")
+    if not isinstance(strategy, str) or not strategy.startswith("plugin:"):
+        return
+    target = strategy[len("plugin:"):]
+    if ":" in target and "/" not in target:
+        return  # module:Class, a Python plugin found on the import path
+    base = Path(source_dir)
+    plugin_dir = (base / policy["plugin_dir"]).resolve()
+    lib = (base / target).resolve()
+    if not lib.is_relative_to(plugin_dir):
+        problems.append(f"policy.strategy: plugin library {target!r} is outside policy.plugin_dir ({plugin_dir})")
+
+
 def _inherited_kv(raw: dict[str, Any]) -> dict[str, Any]:
     """The raw `inference.kv_cache` mapping every model starts from ({} when absent or malformed)."""
     inference = raw.get("inference")
@@ -598,6 +618,7 @@ def parse_config(raw: Any, source: str = "config", source_dir: str = ".") -> Con
         raise ConfigError([f"(top level): expected a mapping, got {_got(raw)}"], source)
     _check(raw, _SCHEMA, "", problems)
     _cross_checks(raw, problems)
+    _plugin_check(raw, source_dir, problems)
     if problems:
         raise ConfigError(problems, source)
     try:

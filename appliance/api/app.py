@@ -171,6 +171,9 @@ class App:
                 info.status = info.status or 499  # the client is gone; nobody to answer
             else:
                 await self._safe_error(request, e)
+        except RecursionError:  # JSON nested deeper than the decoder goes (inside free-form fields)
+            info.error_code = "invalid_json"
+            await self._safe_error(request, ApiError(400, "request body is nested too deeply", code="invalid_json"))
         except OSError:
             info.status = info.status or 499  # client disconnected while we were answering
         except Exception:

@@ -32,7 +32,7 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
         if getattr(old.policy, key) != getattr(new.policy, key):
             policy = structs.replace(policy, **{key: getattr(new.policy, key)})
             plan.applied.append(f"policy.{key}")
-    for key in ("strategy", "plugin_options"):
+    for key in ("strategy", "plugin_options", "plugin_dir"):
         if getattr(old.policy, key) != getattr(new.policy, key):
             plan.restart_required.append(f"policy.{key}")
     models = list(old.models)

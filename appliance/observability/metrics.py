@@ -75,6 +75,9 @@ class EngineCollector:
                                labels=["model", "type_k", "type_v"])
         mem = GaugeMetricFamily("eie_model_memory_bytes", "Measured model buffers", labels=["model", "kind"])
         prefix_bytes = GaugeMetricFamily("eie_prefix_cache_bytes", "Saved prefixes held", labels=["model", "tier"])
+        disk = {k: CounterMetricFamily(f"eie_prefix_cache_disk_{k}", h, labels=["model"]) for k, h in
+                (("writes", "Saved prefixes written to the disk tier"),
+                 ("errors", "Disk tier failures (the tier turns off for the model; see /v1/admin/kv/status)"))}
         hits = CounterMetricFamily("eie_prefix_cache_hits", "Prompts that reused a cached prefix, per tier",
                                    labels=["model", "tier"])
         counters = {k: CounterMetricFamily(f, h, labels=["model"]) for k, (f, h) in RUNNER_COUNTERS.items()}
@@ -95,13 +98,17 @@ class EngineCollector:
             if r.prefix is not None:
                 prefix_bytes.add_metric([name, "ram"], r.prefix.store.ram_used)
                 prefix_bytes.add_metric([name, "disk"], getattr(r.prefix.store, "_disk_used", 0))
+                store_stats = getattr(r.prefix.store, "stats", {})
+                for k, fam in disk.items():
+                    fam.add_metric([name], store_stats.get(f"disk_{k}", 0))
             for tier in PREFIX_TIERS:
                 hits.add_metric([name, tier], stats.get(f"prefix_{tier}_hits", 0))
             for key, fam in counters.items():
                 fam.add_metric([name], stats.get(key, 0))
             for kind, fam in events.items():
                 fam.add_metric([name], model_counters.get((name, kind), 0))
-        yield from (queue, running, slots, state, kv, mem, prefix_bytes, hits, *counters.values(), *events.values())
+        yield from (queue, running, slots, state, kv, mem, prefix_bytes, hits, *disk.values(), *counters.values(),
+                    *events.values())
         if self.devices is not None:
             dev = GaugeMetricFamily("eie_device_memory_bytes", "Device memory", labels=["device", "kind", "state"])
             for d in self.devices():
