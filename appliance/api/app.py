@@ -220,6 +220,9 @@ class App:
         key = self.keys.match(token.strip())
         if key is None:
             raise ApiError(401, "invalid API key", code="invalid_api_key")
+        info = context.current.get()
+        if info is not None:
+            info.key_id = key.id  # recorded for refusals too
         if level == "admin" and not key.admin:
             raise ApiError(403, "this key may not use admin endpoints", type="permission_error",
                            code="admin_key_required")

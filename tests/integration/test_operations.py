@@ -118,21 +118,27 @@ def test_request_ids_are_echoed_or_made_and_logged_as_json(ops):
 
 def test_audit_trail_records_who_what_and_outcome_but_no_prompt_text(ops):
     assert chat(ops).status_code == 200
-    assert httpx.post(ops.base + "/v1/admin/models/load", headers=auth(ADMIN), json={"model": "a"}).status_code == 200
+    assert httpx.post(ops.base + "/v1/admin/kv/flush", headers=auth(ADMIN), json={"model": "a"}).status_code == 200
+    # fixed-appliance refuses loads: the refusal is recorded with its code
+    assert httpx.post(ops.base + "/v1/admin/models/load", headers=auth(ADMIN), json={"model": "b"}).status_code == 409
     assert httpx.post(ops.base + "/v1/admin/models/load", headers=auth(USER), json={"model": "a"}).status_code == 403
     path = audit_path(ops)
 
     def records():
         recs = [json.loads(x) for x in path.read_text().splitlines()]
-        return recs if sum(r["kind"] == "admin" for r in recs) >= 2 else None
+        return recs if sum(r["kind"] == "admin" for r in recs) >= 3 else None
 
     recs = wait_for(records)
     assert SECRET not in path.read_text() and USER not in path.read_text() and ADMIN not in path.read_text()
     req = [r for r in recs if r["kind"] == "request" and r.get("key_id") == "alice" and r["status"] == 200]
     assert req and req[-1]["models"] == ["a"] and req[-1]["completion_tokens"] >= 1 and req[-1]["prompt_tokens"] > 0
     admin = [r for r in recs if r["kind"] == "admin"]
-    assert admin[-2]["key_id"] == "ops" and admin[-2]["action"] == {"model": "a"} and admin[-2]["outcome"] == "ok"
+    assert admin[-3]["key_id"] == "ops" and admin[-3]["path"] == "/v1/admin/kv/flush"
+    assert admin[-3]["action"] == {"model": "a"} and admin[-3]["outcome"] == "ok"
+    assert admin[-2]["key_id"] == "ops" and admin[-2]["status"] == 409 and admin[-2]["outcome"] == "policy_refused"
+    assert admin[-2]["action"] == {"model": "b"}
     assert admin[-1]["key_id"] == "alice" and admin[-1]["status"] == 403
+    assert admin[-1]["outcome"] == "admin_key_required"
     assert recs[0]["kind"] == "lifecycle" and recs[0]["event"] == "start"
     out = subprocess.run([str(EIE), "audit", "verify", str(path)], capture_output=True, text=True)
     assert out.returncode == 0 and "chain intact" in out.stdout, out.stdout
