@@ -233,7 +233,7 @@ def test_kill_9_and_restart_keep_the_kv_disk_tier_and_the_audit_chain(server_fac
     wait_for(lambda: audit.exists() and len(audit.read_text().splitlines()) >= 4)
     srv.proc.kill()  # SIGKILL: no drain, no flush
     srv.proc.wait()
-    files_before = sorted(p.name for p in kv.glob("*.kv"))
+    files_before = sorted(p.name for p in kv.rglob("*.kv"))  # one directory per model identity
     assert files_before
     assert subprocess.run([str(EIE), "audit", "verify", str(audit)]).returncode == 0
 
@@ -248,4 +248,4 @@ def test_kill_9_and_restart_keep_the_kv_disk_tier_and_the_audit_chain(server_fac
     out = subprocess.run([str(EIE), "audit", "verify", str(audit)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
     recs = [json.loads(x) for x in audit.read_text().splitlines()]
-    assert [r["event"] for r in recs if r["kind"] == "lifecycle"] == ["start", "start", "stop"]
+    assert [r["event"] for r in recs if r["kind"] == "lifecycle"] == ["start", "start", "drain", "stop"]
