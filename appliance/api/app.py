@@ -283,7 +283,8 @@ class App:
         await request.respond(200, body, CONTENT_TYPE.encode())
 
     async def serve_openapi(self, request: Request) -> None:
-        await request.json(200, openapi.build(self.config.server.metrics_auth))
+        await request.json(200, openapi.build(self.config.server.metrics_auth, [m.name for m in self.config.models],
+                                              [g.name for g in self.config.groups]))
 
     async def reload(self, request: Request) -> None:
         """Re-read the config file: apply what can change live, report what needs a restart,

@@ -57,7 +57,25 @@ _ERRORS = {"400": "invalid request (the field is named in error.param)", "401": 
            "503": "loading, not ready, or draining"}
 
 
-def build(metrics_auth: str = "open") -> dict[str, Any]:
+def _examples(models: list[str], groups: list[str]) -> dict[Any, dict[str, Any]]:
+    """A valid body per request type, with this server's model and group names."""
+    model = models[0] if models else "model"
+    msgs = [{"role": "user", "content": "Hello"}]
+    return {
+        s.ChatRequest: {"model": model, "messages": msgs, "max_tokens": 4},
+        s.CompletionRequest: {"model": model, "prompt": "Hello", "max_tokens": 4},
+        s.GroupRequest: {"group": groups[0] if groups else "group", "messages": msgs, "max_tokens": 4},
+        admin.ModelAction: {"model": model},
+        admin.KvConvert: {"model": model, "mode": "q8_0"},
+        admin.KvWarm: {"model": model, "prompt": "You are a helpful assistant."},
+        admin.KvFlush: {"model": model},
+    }
+
+
+def build(metrics_auth: str = "open", models: list[str] | None = None, groups: list[str] | None = None
+          ) -> dict[str, Any]:
+    """The document; with `models`/`groups`, their names appear as examples (and in example bodies)."""
+    examples = _examples(models or [], groups or [])
     types = [op.request for op in OPERATIONS if op.request] + [op.response for op in OPERATIONS if op.response]
     refs, components = msgspec.json.schema_components(types + [s.ErrorEnvelope], ref_template=REF)
     by_type = dict(zip(types + [s.ErrorEnvelope], refs))
@@ -72,7 +90,10 @@ def build(metrics_auth: str = "open") -> dict[str, Any]:
             entry["parameters"] = [{"name": n, "in": "query", "required": False, "description": d,
                                     "schema": {"type": "string"}} for n, d in op.query]
         if op.request is not None:
-            entry["requestBody"] = {"required": True, "content": {"application/json": {"schema": by_type[op.request]}}}
+            media: dict[str, Any] = {"schema": by_type[op.request]}
+            if models is not None:
+                media["example"] = examples[op.request]
+            entry["requestBody"] = {"required": True, "content": {"application/json": media}}
         ok: dict[str, Any] = {"description": "success"}
         if op.path == "/metrics":
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
@@ -88,6 +109,13 @@ def build(metrics_auth: str = "open") -> dict[str, Any]:
             responses[code] = {"description": desc, "content": {"application/json": {"schema": error_ref}}}
         entry["responses"] = responses
         paths.setdefault(op.path, {})[op.method] = entry
+    for name, key, values in (("ChatRequest", "model", models), ("CompletionRequest", "model", models),
+                              ("GroupRequest", "group", groups), ("ModelAction", "model", models),
+                              ("KvConvert", "model", models), ("KvWarm", "model", models),
+                              ("KvFlush", "model", models)):
+        prop = components.get(name, {}).get("properties", {}).get(key)
+        if prop is not None and values:
+            prop["examples"] = list(values)
     return {
         "openapi": "3.1.0",
         "info": {"title": "EIE edge inference appliance", "version": __version__},

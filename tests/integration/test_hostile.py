@@ -142,10 +142,10 @@ def test_schemathesis_finds_no_server_error(hostile, tmp_path):
     cmd = [str(Path(sys.executable).parent / "schemathesis"), "run", hostile.base + "/openapi.json",
            "--checks", "not_a_server_error", "--max-examples", "12", "--seed", "1",
            "--header", f"Authorization: Bearer {ADMIN}", "--request-timeout", "60",
-           "--exclude-path", "/v1/admin/config/reload", "--exclude-path", "/v1/admin/kv/convert",
            "--phases", "examples,coverage,fuzzing", "--no-color"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=420, cwd=tmp_path)
     tail = (out.stdout + out.stderr)[-6000:]
+    print(tail)
     assert out.returncode == 0, tail
-    assert "not_a_server_error" in tail
+    assert " passed" in tail and "failed" not in tail.split("Seed:")[0].split("===")[-1]
     assert httpx.get(hostile.base + "/health").status_code == 200
