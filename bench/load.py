@@ -136,14 +136,21 @@ def scrape(base: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=30).text):
         for s in fam.samples:
+            if s.name == "eie_prefix_cache_bytes" and s.labels.get("tier") == "ram":
+                out["prefix_ram_bytes"] = out.get("prefix_ram_bytes", 0) + s.value
             if s.name in ("eie_time_to_first_token_seconds_sum", "eie_time_to_first_token_seconds_count",
                           "eie_inter_token_latency_seconds_sum", "eie_inter_token_latency_seconds_count"):
                 out[s.name] = out.get(s.name, 0) + s.value
     return out
 
 
-def run(preset: Path, clients: int, seconds: float, max_tokens: int, workdir: Path) -> dict:
+def run(preset: Path, clients: int, seconds: float, max_tokens: int, workdir: Path, prefix_ram_mb: int = 16) -> dict:
     config = yaml.safe_load(preset.read_text())
+    # The prefix cache's RAM tier fills by design up to its cap (256 MiB per model by default);
+    # a small cap is full before minute 1, so minute 1 to 2 shows the steady state.
+    inference = config.setdefault("inference", {})
+    kv = inference.setdefault("kv_cache", {})
+    kv["prefix"] = {**kv.get("prefix", {}), "ram_mb": prefix_ram_mb}
     config["model_dir"] = str((preset.parent / config.get("model_dir", ".")).resolve())
     port = free_port()
     config["server"] = {**config.get("server", {}), "host": "127.0.0.1", "port": port,
@@ -201,7 +208,8 @@ def run(preset: Path, clients: int, seconds: float, max_tokens: int, workdir: Pa
         "ttft_mean_s": round(lat["eie_time_to_first_token_seconds_sum"] / ttft_n, 3) if ttft_n else None,
         "itl_mean_ms": round(lat["eie_inter_token_latency_seconds_sum"] / itl_n * 1000, 1) if itl_n else None,
         "rss_minute_1_mib": round(rss_1 / 2**20, 1), "rss_minute_2_mib": round(rss_2 / 2**20, 1),
-        "rss_growth_percent": round(growth, 2), "exit_code": code,
+        "rss_growth_percent": round(growth, 2), "exit_code": code, "prefix_ram_mb_cap": prefix_ram_mb,
+        "prefix_cache_ram_mib_at_end": round(lat.get("prefix_ram_bytes", 0) / 2**20, 1),
         "audit_verify": verify.stdout.strip().splitlines()[-1] if verify.stdout.strip() else verify.stderr[-300:],
         "audit_ok": verify.returncode == 0, "errors": t.errors,
     }
@@ -216,10 +224,11 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--prefix-ram-mb", type=int, default=16, help="prefix cache RAM tier per model")
     ap.add_argument("--json", type=Path, help="write the result here too")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="eie-load-") as d:
-        result = run(args.preset.resolve(), args.clients, args.seconds, args.max_tokens, Path(d))
+        result = run(args.preset.resolve(), args.clients, args.seconds, args.max_tokens, Path(d), args.prefix_ram_mb)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
