@@ -251,8 +251,8 @@ class App:
             self.metrics.observe_request(info, endpoint)
         except Exception:
             log.exception("metrics failed")
-        if endpoint in _QUIET and info.status < 400:
-            return
+        if endpoint == "/health" or (endpoint in _QUIET and info.status < 400):
+            return  # probes and scrapes (a refused scrape is logged)
         ms = round(info.seconds() * 1000, 1)
         access.info("%s %s %s %.1fms", info.method, info.path, info.status, ms,
                     extra={"status": info.status, "duration_ms": ms, "key_id": info.key_id,

@@ -214,3 +214,49 @@ def test_rate_limit_answers_429_with_retry_after(server_factory):
     m = httpx.get(srv.base + "/metrics").text  # metrics_auth defaults to open
     assert metric(m, "eie_limit_refusals_total", limit="rate_per_minute") == 2
     assert metric(m, "eie_requests_total", status="429") == 2
+
+
+def test_audit_include_content_records_prompt_and_answer(server_factory):
+    srv = server_factory({"audit": {"path": "audit.log", "include_content": True},
+                          "models": [model_entry("a", SMOLLM2, n_ctx=512, threads=1)]}, "content")
+    r = chat(srv, key=None, content="Tell me about owls")
+    assert r.status_code == 200
+    answer = r.json()["choices"][0]["message"]["content"]
+    path = audit_path(srv)
+    rec = wait_for(lambda: [json.loads(x) for x in path.read_text().splitlines()
+                            if '"kind":"request"' in x])[-1]
+    assert rec["content"]["messages"] == [{"role": "user", "content": "Tell me about owls"}]
+    assert rec["content"]["output"] == {"a[0]": answer}
+    assert rec["key_id"] is None  # no keys configured: open
+
+
+def test_sighup_reloads_the_config_like_the_admin_endpoint(server_factory):
+    import signal
+
+    import yaml
+
+    srv = server_factory({"server": {"limits": {"max_tokens": 64}},
+                          "models": [model_entry("a", SMOLLM2, n_ctx=512, threads=1)]}, "sighup")
+    assert chat(srv, key=None, max_tokens=32).status_code == 200
+    config = yaml.safe_load(srv.config_path.read_text())
+    config["server"]["limits"]["max_tokens"] = 16
+    srv.config_path.write_text(yaml.safe_dump(config))
+    srv.proc.send_signal(signal.SIGHUP)
+    r = wait_for(lambda: (r := chat(srv, key=None, max_tokens=32)).status_code == 400 and r, 10)
+    assert r.json()["error"]["param"] == "max_tokens"
+    srv.config_path.write_text("models: [")  # broken: logged, nothing changes
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "SIGHUP reload failed" in srv.log_path.read_text(), 10)
+    assert chat(srv, key=None, max_tokens=16).status_code == 200
+    assert chat(srv, key=None, max_tokens=17).status_code == 400
+    assert srv.proc.poll() is None
+
+
+def test_hash_key_prints_a_key_file_line():
+    out = subprocess.run([str(EIE), "hash-key", "bob", "--admin"], input="bob-secret-key\n", capture_output=True,
+                         text=True)
+    assert out.returncode == 0
+    assert out.stdout.strip() == key_line("bob", "bob-secret-key", "admin")
+    assert "bob-secret-key" not in out.stdout
+    short = subprocess.run([str(EIE), "hash-key", "bob"], input="short\n", capture_output=True, text=True)
+    assert short.returncode == 2
