@@ -201,6 +201,9 @@ def test_sigterm_during_8_streams_drains_them_and_exits_0(server_factory):
     assert drain and drain[0]["in_flight_at_start"] == 8 and drain[0]["aborted"] == 0
     assert recs[-1].get("event") == "stop"
     assert subprocess.run([str(EIE), "audit", "verify", str(audit_path(srv))]).returncode == 0
+    # the KV disk writer was flushed: each finished conversation is on disk
+    kv_dir = srv.config_path.parent / f"{srv.config_path.stem}-cache" / "kv"
+    assert len(list(kv_dir.rglob("*.kv"))) == 8
 
 
 def test_sigterm_past_the_grace_period_ends_streams_with_an_error_and_exits_0(server_factory):
