@@ -179,21 +179,21 @@ def _start_streams(srv, n: int, max_tokens: int) -> tuple[list, list[threading.T
 
 
 def test_sigterm_during_8_streams_drains_them_and_exits_0(server_factory):
-    srv = _drain_server(server_factory, "drain", 60)
-    out, threads = _start_streams(srv, 8, 48)
+    srv = _drain_server(server_factory, "drain", 300)  # long enough on a loaded machine
+    out, threads = _start_streams(srv, 8, 32)
     srv.proc.send_signal(signal.SIGTERM)
     health = wait_for(lambda: (r := httpx.get(srv.base + "/health")).status_code == 503 and r, 10)
     assert health.json()["status"] == "draining"
     r = httpx.post(srv.base + "/v1/completions", json={"model": "a", "prompt": "late", "max_tokens": 2})
     assert r.status_code == 503 and r.json()["error"]["code"] == "draining" and r.headers["retry-after"]
     for t in threads:
-        t.join(120)
+        t.join(300)
     assert srv.proc.wait(60) == 0
     assert len(out) == 8
     for status, events in out:
         assert status == 200 and events[-1] == "[DONE]", events[-3:]
-        usage = json.loads(events[-2])["usage"]
-        assert usage["completion_tokens"] == 48  # every stream finished in full
+        usage = json.loads(events[-2]).get("usage")
+        assert usage and usage["completion_tokens"] == 32, events[-3:]  # every stream finished in full
         assert any(json.loads(e)["choices"] and json.loads(e)["choices"][0]["finish_reason"] == "length"
                    for e in events[:-1])
     recs = [json.loads(x) for x in audit_path(srv).read_text().splitlines()]
