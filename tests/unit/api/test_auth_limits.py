@@ -80,3 +80,18 @@ def test_concurrency_limit_counts_until_release():
     assert e.value.limit == "concurrent_requests"
     lim.release("k")
     lim.acquire("k")
+
+
+def test_keys_are_compared_as_digests_against_every_key(monkeypatch):
+    """What makes the timing flat: fixed-length SHA-256 digests go to compare_digest, for every
+    known key, also after a match (a plain == on the keys would stop at the first difference)."""
+    import appliance.api.auth as auth
+
+    calls = []
+    real = auth.hmac.compare_digest
+    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    ring = KeyRing(["first-key-1", "second-key-2", "third-key-33"], [])
+    assert ring.match("first-key-1") is not None
+    assert len(calls) == 3 and all(len(a) == len(b) == 32 for a, b in calls)
+    calls.clear()
+    assert ring.match("x") is None and len(calls) == 3
