@@ -284,7 +284,7 @@ class App:
 
     async def serve_openapi(self, request: Request) -> None:
         await request.json(200, openapi.build(self.config.server.metrics_auth, [m.name for m in self.config.models],
-                                              [g.name for g in self.config.groups]))
+                                              [(g.name, g.type) for g in self.config.groups]))
 
     async def reload(self, request: Request) -> None:
         """Re-read the config file: apply what can change live, report what needs a restart,

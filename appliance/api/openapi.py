@@ -57,14 +57,17 @@ _ERRORS = {"400": "invalid request (the field is named in error.param)", "401": 
            "503": "loading, not ready, or draining"}
 
 
-def _examples(models: list[str], groups: list[str]) -> dict[Any, dict[str, Any]]:
-    """A valid body per request type, with this server's model and group names."""
+def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dict[str, Any]]:
+    """A valid body per request type (and per group endpoint), with this server's names."""
     model = models[0] if models else "model"
     msgs = [{"role": "user", "content": "Hello"}]
+    chain = next((n for n, t in groups if t == "sequential"), "chain")
+    batch = next((n for n, t in groups if t != "sequential"), "group")
     return {
         s.ChatRequest: {"model": model, "messages": msgs, "max_tokens": 4},
         s.CompletionRequest: {"model": model, "prompt": "Hello", "max_tokens": 4},
-        s.GroupRequest: {"group": groups[0] if groups else "group", "messages": msgs, "max_tokens": 4},
+        "/v1/batch/execute": {"group": batch, "messages": msgs, "max_tokens": 4},
+        "/v1/chain/execute": {"group": chain, "messages": msgs, "max_tokens": 4},
         admin.ModelAction: {"model": model},
         admin.KvConvert: {"model": model, "mode": "q8_0"},
         admin.KvWarm: {"model": model, "prompt": "You are a helpful assistant."},
@@ -72,9 +75,10 @@ def _examples(models: list[str], groups: list[str]) -> dict[Any, dict[str, Any]]
     }
 
 
-def build(metrics_auth: str = "open", models: list[str] | None = None, groups: list[str] | None = None
-          ) -> dict[str, Any]:
-    """The document; with `models`/`groups`, their names appear as examples (and in example bodies)."""
+def build(metrics_auth: str = "open", models: list[str] | None = None,
+          groups: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The document; with `models` and `groups` (name, type), their names appear as examples
+    (and in example bodies)."""
     examples = _examples(models or [], groups or [])
     types = [op.request for op in OPERATIONS if op.request] + [op.response for op in OPERATIONS if op.response]
     refs, components = msgspec.json.schema_components(types + [s.ErrorEnvelope], ref_template=REF)
@@ -92,7 +96,7 @@ def build(metrics_auth: str = "open", models: list[str] | None = None, groups: l
         if op.request is not None:
             media: dict[str, Any] = {"schema": by_type[op.request]}
             if models is not None:
-                media["example"] = examples[op.request]
+                media["example"] = examples.get(op.path, examples.get(op.request))
             entry["requestBody"] = {"required": True, "content": {"application/json": media}}
         ok: dict[str, Any] = {"description": "success"}
         if op.path == "/metrics":
@@ -110,7 +114,8 @@ def build(metrics_auth: str = "open", models: list[str] | None = None, groups: l
         entry["responses"] = responses
         paths.setdefault(op.path, {})[op.method] = entry
     for name, key, values in (("ChatRequest", "model", models), ("CompletionRequest", "model", models),
-                              ("GroupRequest", "group", groups), ("ModelAction", "model", models),
+                              ("GroupRequest", "group", [n for n, _ in groups or []]),
+                              ("ModelAction", "model", models),
                               ("KvConvert", "model", models), ("KvWarm", "model", models),
                               ("KvFlush", "model", models)):
         prop = components.get(name, {}).get("properties", {}).get(key)

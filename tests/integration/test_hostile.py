@@ -27,7 +27,7 @@ def hostile(server_factory):
         "server": {"api_keys": [KEY], "admin_keys": [ADMIN],
                    "limits": {"max_tokens": 8, "max_body_bytes": 1 << 20, "request_timeout_s": 30}},
         "models": [model_entry("a", SMOLLM2.name, n_ctx=512, threads=1, n_parallel=4)],
-        "groups": [{"name": "g", "models": ["a"]}],
+        "groups": [{"name": "g", "models": ["a"]}, {"name": "c", "models": ["a", "a"], "type": "sequential"}],
     }, "hostile")
 
 
