@@ -9,7 +9,7 @@ import time
 
 from . import context
 
-_STD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+_STD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):
