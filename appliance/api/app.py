@@ -113,8 +113,7 @@ class App:
         """Point every part at a reloaded config (see admin config reload)."""
         self.keys = self._keyring(config)  # the key file is read again too
         lim = config.server.limits
-        if (lim.rate_per_minute, lim.concurrent_requests) != (self.limits.rate, self.limits.concurrent):
-            self.limits.rate, self.limits.concurrent = lim.rate_per_minute, lim.concurrent_requests
+        self.limits.rate, self.limits.concurrent = lim.rate_per_minute, lim.concurrent_requests
         self.config = config
         self.openai.config = config
         self.groups.set_config(config)
@@ -143,7 +142,8 @@ class App:
         token = context.current.set(info)
         request = Request(scope, receive, send_tagged)
         route: Route | None = None
-        counted = limited = False
+        counted = False
+        who: str | None = None  # the limits' holder, once admitted
         try:
             route = self._route(request)
             if route.accounted:
@@ -154,16 +154,8 @@ class App:
                 self._idle.clear()
                 counted = True
             key = self._authorize(request, route.auth)
-            info.key_id = key.id if key else None
             if route.limited:
-                who = key.id if key else "addr:" + str((scope.get("client") or ("?",))[0])
-                try:
-                    self.limits.acquire(who)
-                except LimitExceeded as e:
-                    self.metrics.refused.labels(e.limit).inc()
-                    raise ApiError(429, str(e), type="rate_limit_error", code=e.limit, param=None,
-                                   headers=[(b"retry-after", str(e.retry_after).encode())]) from None
-                limited = True
+                who = self._limit(key.id if key else "addr:" + str((scope.get("client") or ("?",))[0]))
             await route.handler(request)
         except ApiError as e:
             info.error_code = e.code or e.type
@@ -181,7 +173,7 @@ class App:
             info.error_code = "internal"
             await self._safe_error(request, ApiError(500, "internal server error", type="server_error"))
         finally:
-            if limited:
+            if who is not None:
                 self.limits.release(who)
             if counted:
                 self.in_flight -= 1
@@ -189,6 +181,16 @@ class App:
                     self._idle.set()
             self._account(info, request, route)
             context.current.reset(token)
+
+    def _limit(self, who: str) -> str:
+        """Count the request against its key's limits (429 when over one); returns `who`."""
+        try:
+            self.limits.acquire(who)
+        except LimitExceeded as e:
+            self.metrics.refused.labels(e.limit).inc()
+            raise ApiError(429, str(e), type="rate_limit_error", code=e.limit,
+                           headers=[(b"retry-after", str(e.retry_after).encode())]) from None
+        return who
 
     def _route(self, request: Request) -> Route:
         methods = self.routes.get(request.path.rstrip("/") or "/")
