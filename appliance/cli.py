@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 
 from . import __version__
@@ -19,13 +18,15 @@ def _serve(args: argparse.Namespace) -> int:
         for p in e.problems:
             print(f"  {p}", file=sys.stderr)
         return 2
-    import uvicorn
-
     from .api.app import App
+    from .api.auth import KeyFileError
     from .engine.manager import ModelManager
-
+    from .observability import logs
     from .policy import PluginError
+    from .server import build, install_signals
     from .systemd import Supervisor
+
+    logs.setup(args.log_level, config.server.log_format)
 
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
@@ -34,24 +35,14 @@ def _serve(args: argparse.Namespace) -> int:
     except PluginError as e:
         print(f"eie: cannot start with this policy: {e}", file=sys.stderr)
         return 2
-    app = App(config, manager, args.config)
+    try:
+        app = App(config, manager, args.config)
+    except (KeyFileError, OSError) as e:
+        print(f"eie: cannot start: {e}", file=sys.stderr)
+        return 2
     supervisor = Supervisor(manager, lambda: server.started)  # systemd notify + watchdog, if asked for
-    uv = uvicorn.Config(
-        supervisor.wrap(app),
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=10,
-    )
-    server = uvicorn.Server(uv)
-    # uvicorn shuts down on SIGTERM/SIGINT, then raises the signal again with the handler found
-    # at start: a no-op one makes a clean stop exit 0.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
+    server = build(app, host, port, args.log_level, supervisor.wrap)
+    install_signals(server)
     supervisor.start()
     try:
         server.run()
@@ -70,6 +61,39 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .observability.audit import verify
+
+    verdict = verify(Path(args.file))
+    for note in verdict.notes:
+        print(f"note: {note}")
+    for problem in verdict.problems:
+        print(f"FAIL: {problem}")
+    files = ", ".join(verdict.files) or args.file
+    if verdict.ok:
+        print(f"ok: {verdict.records} records, chain intact ({files})")
+        return 0
+    print(f"broken: {len(verdict.problems)} problem(s) in {verdict.records} records ({files})")
+    return 1
+
+
+def _hash_key(args: argparse.Namespace) -> int:
+    from .api.auth import KeyFileError, key_line
+
+    key = sys.stdin.readline().rstrip("\n")
+    if len(key) < 8:
+        print("eie: the key (read from stdin) must have at least 8 characters", file=sys.stderr)
+        return 2
+    try:
+        print(key_line(args.id, key, "admin" if args.admin else "user"))
+    except KeyFileError as e:
+        print(f"eie: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eie", description="EIE edge inference appliance")
     parser.add_argument("--version", action="version", version=f"eie {__version__}")
@@ -83,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("config")
     doctor = sub.add_parser("doctor", help="backends, devices, memory, CPU features and KV types of this build")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit = sub.add_parser("audit", help="audit trail tools")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    verify = audit_sub.add_parser("verify", help="check an audit trail's hash chain (and its rotated files)")
+    verify.add_argument("file")
+    hash_key = sub.add_parser("hash-key", help="print a key file line for the key read from stdin")
+    hash_key.add_argument("id", help="the key's id (what logs and the audit trail name)")
+    hash_key.add_argument("--admin", action="store_true", help="an admin key")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, getattr(args, "log_level", "info").upper()),
@@ -92,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "audit":
+        return _audit_verify(args)
+    if args.command == "hash-key":
+        return _hash_key(args)
     if args.command == "check-config":
         try:
             load_config(args.config)

@@ -160,7 +160,17 @@ class GroupConfig(Struct, frozen=True, forbid_unknown_fields=True):
 class LimitsConfig(Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 4 * 1024 * 1024
     request_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] = 600.0
+    # The largest max_tokens a request may ask for (null: up to the context).
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # The longest prompt, in tokens, a request may send (null: up to the context).
+    max_prompt_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # Per API key (or per client address without keys): requests per minute, and at once.
+    rate_per_minute: Annotated[int, Meta(ge=1)] | None = None
+    concurrent_requests: Annotated[int, Meta(ge=1)] | None = None
+
+
+MetricsAuth = Literal["open", "key", "admin"]
+LogFormat = Literal["json", "text"]
 
 
 class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -169,6 +179,14 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     api_keys: list[Annotated[str, Meta(min_length=8)]] = []
     # Keys for /v1/admin/*; when empty, the API keys grant admin access too.
     admin_keys: list[Annotated[str, Meta(min_length=8)]] = []
+    # A key file: one `<id> <user|admin> sha256:<hex>` line per key (hashed at rest; `eie hash-key`).
+    api_key_file: str | None = None
+    # Who may read GET /metrics: open, key (any API key) or admin.
+    metrics_auth: MetricsAuth = "open"
+    # SIGTERM: how long in-flight requests may finish before they are cancelled.
+    drain_grace_s: Annotated[float, Meta(ge=0, le=3600)] = 20.0
+    # Log lines as JSON objects (one per line) or as plain text.
+    log_format: LogFormat = "json"
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # Where the appliance keeps state that must survive (audit trail); default $EIE_STATE_DIR,
     # $STATE_DIRECTORY (systemd's StateDirectory) or ~/.local/state/eie.
@@ -176,6 +194,19 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Where it keeps what can be rebuilt (the KV disk tier); default $EIE_CACHE_DIR,
     # $CACHE_DIRECTORY (systemd's CacheDirectory) or ~/.cache/eie.
     cache_dir: str | None = None
+
+
+class AuditConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """The hash-chained audit trail (off unless `path` is set)."""
+
+    # The trail file; relative paths resolve against server.state_dir.
+    path: str | None = None
+    # Also record prompts and answers (off: only who, what, which models, outcome, token counts).
+    include_content: bool = False
+    # Rotate to <path>.1, <path>.2, ... past this size; the chain continues in the new file.
+    max_mb: Annotated[int, Meta(ge=1, le=1_048_576)] = 64
+    # Rotated files kept (the oldest beyond this are deleted).
+    keep: Annotated[int, Meta(ge=1, le=10_000)] = 10
 
 
 class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -187,6 +218,8 @@ class PolicyConfig(Struct, frozen=True, forbid_unknown_fields=True):
     load_timeout_s: Annotated[float, Meta(gt=0)] = 120.0
     # Options handed to a plugin's init as JSON.
     plugin_options: dict[str, Any] = {}
+    # When set, `plugin:<file.so>` must lie inside this directory (relative to the config file).
+    plugin_dir: str | None = None
 
 
 class VramConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -207,6 +240,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     vram: VramConfig = field(default_factory=VramConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     # Relative model paths resolve against model_dir, itself relative to the config file.
     model_dir: str = "."
     # Where the config was read from; set by load_config, not by users.
@@ -238,6 +272,20 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
             return default
         path = Path(raw)
         return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
+
+    def audit_path(self) -> Path | None:
+        """The audit trail file (relative to the state directory), or None when auditing is off."""
+        if not self.audit.path:
+            return None
+        path = Path(self.audit.path)
+        return path if path.is_absolute() else self.state_dir() / path
+
+    def key_file(self) -> Path | None:
+        """server.api_key_file, relative to the config file."""
+        if not self.server.api_key_file:
+            return None
+        path = Path(self.server.api_key_file)
+        return path if path.is_absolute() else (Path(self.source_dir) / path).resolve()
 
     def kv_disk_dir(self, model: ModelConfig) -> Path | None:
         """The model's prefix-cache disk tier directory, or None when it is off."""
@@ -477,6 +525,24 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
             problems.append("server.api_keys: duplicate keys")
 
 
+def _plugin_check(raw: dict[str, Any], source_dir: str, problems: list[str]) -> None:
+    """A `plugin:<file>` strategy must resolve (links followed) inside policy.plugin_dir, when set."""
+    policy = raw.get("policy")
+    if not isinstance(policy, dict) or not isinstance(policy.get("plugin_dir"), str):
+        return
+    strategy = policy.get("strategy")
+    if not isinstance(strategy, str) or not strategy.startswith("plugin:"):
+        return
+    target = strategy[len("plugin:"):]
+    if ":" in target and "/" not in target:
+        return  # module:Class, a Python plugin found on the import path
+    base = Path(source_dir)
+    plugin_dir = (base / policy["plugin_dir"]).resolve()
+    lib = (base / target).resolve()
+    if not lib.is_relative_to(plugin_dir):
+        problems.append(f"policy.strategy: plugin library {target!r} is outside policy.plugin_dir ({plugin_dir})")
+
+
 def _inherited_kv(raw: dict[str, Any]) -> dict[str, Any]:
     """The raw `inference.kv_cache` mapping every model starts from ({} when absent or malformed)."""
     inference = raw.get("inference")
@@ -555,6 +621,7 @@ def parse_config(raw: Any, source: str = "config", source_dir: str = ".") -> Con
         raise ConfigError([f"(top level): expected a mapping, got {_got(raw)}"], source)
     _check(raw, _SCHEMA, "", problems)
     _cross_checks(raw, problems)
+    _plugin_check(raw, source_dir, problems)
     if problems:
         raise ConfigError(problems, source)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 from urllib.parse import parse_qs
 
 import msgspec
@@ -59,13 +60,16 @@ class AdminRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
         self.manager = manager
+        self.draining: Callable[[], bool] = lambda: False
 
     async def health(self, request: Request) -> None:
         states = self.manager.states()
         boot = set(self.manager.boot_models())
         models = {name: {"state": s, **({"error": e} if e else {})} for name, (s, e) in states.items()}
         watched = [s for name, (s, _) in states.items() if name in boot]
-        if any(s == "loading" for s in watched):
+        if self.draining():
+            status, code = "draining", 503
+        elif any(s == "loading" for s in watched):
             status, code = "loading", 503
         elif all(s == "ready" for s in watched) and not any(s == "failed" for s, _ in states.values()):
             status, code = "ok", 200

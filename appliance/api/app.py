@@ -1,29 +1,48 @@
-"""The ASGI application: routing, auth, the error envelope, lifespan, health and memory status."""
+"""The ASGI application: routing, auth and limits, the error envelope, request accounting (request
+id, metrics, structured log, audit), lifespan, drain and reload."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+import msgspec
+
 from ..config import Config, ConfigError, load_config
+from ..engine import client
 from ..engine.manager import ModelManager
-from .errors import ApiError
-from .http import Receive, Request, Send
+from ..observability import context
+from ..observability.audit import AuditTrail
+from ..observability.metrics import CONTENT_TYPE, Metrics
+from ..resources import memory
+from . import openapi
 from .admin_routes import AdminRoutes
+from .auth import Key, KeyFileError, KeyRing, read_key_file
+from .errors import ApiError
 from .group_routes import GroupRoutes
+from .http import Receive, Request, Send
+from .limits import KeyLimits, LimitExceeded
 from .openai_routes import OpenAIRoutes
 from .reload import plan_reload
 
 log = logging.getLogger("eie.api")
+access = logging.getLogger("eie.access")
 
 Handler = Callable[[Request], Awaitable[None]]
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8")).digest()
+@dataclass(frozen=True)
+class Route:
+    handler: Handler
+    auth: str  # open | key | admin | metrics
+    limited: bool = False  # counts against the per-key rate and concurrency limits
+    accounted: bool = True  # audited and drained (probes and scrapes are not)
+
+
+_QUIET = {"/health", "/metrics", "/openapi.json"}
 
 
 class App:
@@ -34,25 +53,73 @@ class App:
         self.openai = OpenAIRoutes(config, manager)
         self.groups = GroupRoutes(config, manager)
         self.admin = AdminRoutes(config, manager)
-        self._set_keys(config)
-        self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {
-            "/v1/chat/completions": {"POST": (self.openai.chat, True)},
-            "/v1/completions": {"POST": (self.openai.completions, True)},
-            "/v1/models": {"GET": (self.openai.models, True)},
-            "/v1/batch/execute": {"POST": (self.groups.batch, True)},
-            "/v1/chain/execute": {"POST": (self.groups.chain, True)},
-            "/health": {"GET": (self.admin.health, False)},
-            "/v1/admin/vram/status": {"GET": (self.admin.vram_status, True)},
-            "/v1/admin/scheduling/status": {"GET": (self.admin.scheduling_status, True)},
-            "/v1/admin/models/load": {"POST": (self.admin.load, True)},
-            "/v1/admin/models/unload": {"POST": (self.admin.unload, True)},
-            "/v1/admin/models/discover": {"GET": (self.admin.discover, True)},
-            "/v1/admin/kv/convert": {"POST": (self.admin.kv_convert, True)},
-            "/v1/admin/kv/warm": {"POST": (self.admin.kv_warm, True)},
-            "/v1/admin/kv/status": {"GET": (self.admin.kv_status, True)},
-            "/v1/admin/kv/flush": {"POST": (self.admin.kv_flush, True)},
-            "/v1/admin/config/reload": {"POST": (self.reload, True)},
+        self.keys = self._keyring(config)
+        self.limits = KeyLimits(config.server.limits.rate_per_minute, config.server.limits.concurrent_requests)
+        self.metrics = Metrics(manager, memory.devices, self._extra_metrics)
+        self.groups.on_result = self.metrics.observe_group
+        self.audit = self._audit(config)
+        self.draining = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.admin.draining = lambda: self.draining
+        self.routes: dict[str, dict[str, Route]] = {
+            "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
+            "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
+            "/v1/models": {"GET": Route(self.openai.models, "key")},
+            "/v1/batch/execute": {"POST": Route(self.groups.batch, "key", True)},
+            "/v1/chain/execute": {"POST": Route(self.groups.chain, "key", True)},
+            "/health": {"GET": Route(self.admin.health, "open", accounted=False)},
+            "/metrics": {"GET": Route(self.serve_metrics, "metrics", accounted=False)},
+            "/openapi.json": {"GET": Route(self.serve_openapi, "open", accounted=False)},
+            "/v1/admin/vram/status": {"GET": Route(self.admin.vram_status, "admin")},
+            "/v1/admin/scheduling/status": {"GET": Route(self.admin.scheduling_status, "admin")},
+            "/v1/admin/models/load": {"POST": Route(self.admin.load, "admin")},
+            "/v1/admin/models/unload": {"POST": Route(self.admin.unload, "admin")},
+            "/v1/admin/models/discover": {"GET": Route(self.admin.discover, "admin")},
+            "/v1/admin/kv/convert": {"POST": Route(self.admin.kv_convert, "admin")},
+            "/v1/admin/kv/warm": {"POST": Route(self.admin.kv_warm, "admin")},
+            "/v1/admin/kv/status": {"GET": Route(self.admin.kv_status, "admin")},
+            "/v1/admin/kv/flush": {"POST": Route(self.admin.kv_flush, "admin")},
+            "/v1/admin/config/reload": {"POST": Route(self.reload, "admin")},
         }
+        client.add_tap(self._tap)
+
+    # ---- set-up ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _keyring(config: Config) -> KeyRing:
+        path = config.key_file()
+        file_keys = read_key_file(path) if path is not None else []
+        return KeyRing(config.server.api_keys, config.server.admin_keys, file_keys)
+
+    @staticmethod
+    def _audit(config: Config) -> AuditTrail | None:
+        path = config.audit_path()
+        if path is None:
+            return None
+        a = config.audit
+        return AuditTrail(path, a.max_mb * 1024 * 1024, a.keep, a.include_content)
+
+    def _extra_metrics(self) -> dict:
+        return {
+            "eie_in_flight_requests": ("HTTP requests being served", self.in_flight),
+            "eie_draining": ("1 while the server drains for shutdown", int(self.draining)),
+            "eie_audit_write_errors_total": ("Audit records that could not be written",
+                                             self.audit.errors if self.audit else 0),
+        }
+
+    def apply_config(self, config: Config) -> None:
+        """Point every part at a reloaded config (see admin config reload)."""
+        self.keys = self._keyring(config)  # the key file is read again too
+        lim = config.server.limits
+        self.limits.rate, self.limits.concurrent = lim.rate_per_minute, lim.concurrent_requests
+        self.config = config
+        self.openai.config = config
+        self.groups.set_config(config)
+        self.admin.config = config
+
+    # ---- requests --------------------------------------------------------------------------
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -60,29 +127,81 @@ class App:
             return
         if scope["type"] != "http":
             return
-        request = Request(scope, receive, send)
+        info = context.RequestInfo(context.request_id(_header(scope, b"x-request-id")), scope["method"],
+                                   scope["path"])
+        rid = info.id.encode()
+
+        async def send_tagged(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start":
+                info.status = msg["status"]
+                msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
+            await send(msg)
+
+        if self.audit is not None and self.audit.include_content:
+            info.content = {}
+        token = context.current.set(info)
+        request = Request(scope, receive, send_tagged)
+        route: Route | None = None
+        counted = False
+        who: str | None = None  # the limits' holder, once admitted
         try:
-            methods = self.routes.get(request.path.rstrip("/") or "/")
-            if methods is None:
-                raise ApiError(404, f"no such endpoint: {request.method} {request.path}", code="not_found")
-            entry = methods.get(request.method)
-            if entry is None:
-                allow = ", ".join(sorted(methods)).encode()
-                raise ApiError(405, f"method {request.method} is not allowed on {request.path}",
-                               code="method_not_allowed", headers=[(b"allow", allow)])
-            handler, needs_key = entry
-            if needs_key:
-                self._authorize(request, admin=request.path.startswith("/v1/admin/"))
-            await handler(request)
+            route = self._route(request)
+            if route.accounted:
+                if self.draining:
+                    raise ApiError(503, "the server is shutting down", type="service_unavailable",
+                                   code="draining", headers=[(b"retry-after", b"5")])
+                self.in_flight += 1
+                self._idle.clear()
+                counted = True
+            key = self._authorize(request, route.auth)
+            if route.limited:
+                who = self._limit(key.id if key else "addr:" + str((scope.get("client") or ("?",))[0]))
+            await route.handler(request)
         except ApiError as e:
+            info.error_code = e.code or e.type
             if e.status == 499:
-                return  # the client is gone; nobody to answer
-            await self._safe_error(request, e)
+                info.status = info.status or 499  # the client is gone; nobody to answer
+            else:
+                await self._safe_error(request, e)
+        except RecursionError:  # JSON nested deeper than the decoder goes (inside free-form fields)
+            info.error_code = "invalid_json"
+            await self._safe_error(request, ApiError(400, "request body is nested too deeply", code="invalid_json"))
         except OSError:
-            return  # client disconnected while we were answering
+            info.status = info.status or 499  # client disconnected while we were answering
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
+            info.error_code = "internal"
             await self._safe_error(request, ApiError(500, "internal server error", type="server_error"))
+        finally:
+            if who is not None:
+                self.limits.release(who)
+            if counted:
+                self.in_flight -= 1
+                if self.in_flight == 0:
+                    self._idle.set()
+            self._account(info, request, route)
+            context.current.reset(token)
+
+    def _limit(self, who: str) -> str:
+        """Count the request against its key's limits (429 when over one); returns `who`."""
+        try:
+            self.limits.acquire(who)
+        except LimitExceeded as e:
+            self.metrics.refused.labels(e.limit).inc()
+            raise ApiError(429, str(e), type="rate_limit_error", code=e.limit,
+                           headers=[(b"retry-after", str(e.retry_after).encode())]) from None
+        return who
+
+    def _route(self, request: Request) -> Route:
+        methods = self.routes.get(request.path.rstrip("/") or "/")
+        if methods is None:
+            raise ApiError(404, f"no such endpoint: {request.method} {request.path}", code="not_found")
+        route = methods.get(request.method)
+        if route is None:
+            allow = ", ".join(sorted(methods)).encode()
+            raise ApiError(405, f"method {request.method} is not allowed on {request.path}",
+                           code="method_not_allowed", headers=[(b"allow", allow)])
+        return route
 
     @staticmethod
     async def _safe_error(request: Request, err: ApiError) -> None:
@@ -91,68 +210,200 @@ class App:
         except (OSError, RuntimeError):
             pass  # response already started or client gone
 
-    def _set_keys(self, config: Config) -> None:
-        self._key_digests = [_digest(k) for k in config.server.api_keys]
-        admin = config.server.admin_keys or config.server.api_keys
-        self._admin_digests = [_digest(k) for k in admin]
-
-    def apply_config(self, config: Config) -> None:
-        """Point every part at a reloaded config (see admin config reload)."""
-        self.config = config
-        self._set_keys(config)
-        self.openai.config = config
-        self.groups.set_config(config)
-        self.admin.config = config
-
-    def _authorize(self, request: Request, admin: bool = False) -> None:
-        digests = self._admin_digests if admin else self._key_digests
-        if not digests and not (admin and self._key_digests):
-            return
+    def _authorize(self, request: Request, level: str) -> Key | None:
+        if level == "metrics":
+            level = self.config.server.metrics_auth
+        if level == "open" or self.keys.open:
+            return None
         auth = request.header("authorization") or ""
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        # Compare fixed-length digests so the time taken does not depend on how much of a key matched.
-        given = _digest(token.strip())
-        ok = False
-        for d in digests:
-            ok |= hmac.compare_digest(given, d)
-        if not ok:
-            if admin and any(hmac.compare_digest(given, d) for d in self._key_digests):
-                raise ApiError(403, "this key may not use admin endpoints", type="permission_error",
-                               code="admin_key_required")
+        key = self.keys.match(token.strip())
+        if key is None:
             raise ApiError(401, "invalid API key", code="invalid_api_key")
+        info = context.current.get()
+        if info is not None:
+            info.key_id = key.id  # recorded for refusals too
+        if level == "admin" and not key.admin:
+            raise ApiError(403, "this key may not use admin endpoints", type="permission_error",
+                           code="admin_key_required")
+        return key
+
+    # ---- accounting ------------------------------------------------------------------------
+
+    def _tap(self, gens: client.Generations, i: int, ev: Any, first: bool, seconds: float) -> None:
+        self.metrics.tap(gens, i, ev, first, seconds)
+        info = context.current.get()
+        if info is None:
+            return
+        info.add_model(gens.runner.name)
+        kind = type(ev).__name__
+        if kind == "Finished":
+            info.completion_tokens += ev.completion_tokens
+            if i == 0 or info.prompt_tokens == 0:
+                info.prompt_tokens += ev.prompt_tokens
+        elif kind == "TextDelta" and info.content is not None:
+            info.content.setdefault("output", {}).setdefault(f"{gens.runner.name}[{i}]", []).append(ev.text)
+
+    def _account(self, info: context.RequestInfo, request: Request, route: Route | None) -> None:
+        known = route is not None
+        endpoint = request.path.rstrip("/") if known else "other"
+        try:
+            self.metrics.observe_request(info, endpoint)
+        except Exception:
+            log.exception("metrics failed")
+        if endpoint == "/health" or (endpoint in _QUIET and info.status < 400):
+            return  # probes and scrapes (a refused scrape is logged)
+        ms = round(info.seconds() * 1000, 1)
+        access.info("%s %s %s %.1fms", info.method, info.path, info.status, ms,
+                    extra={"status": info.status, "duration_ms": ms, "key_id": info.key_id,
+                           "models": info.models, "prompt_tokens": info.prompt_tokens,
+                           "completion_tokens": info.completion_tokens, "error": info.error_code})
+        if self.audit is not None and known and endpoint not in _QUIET:
+            self._audit_record(info, request, endpoint)
+
+    def _audit_record(self, info: context.RequestInfo, request: Request, endpoint: str) -> None:
+        admin = endpoint.startswith("/v1/admin/")
+        fields: dict[str, Any] = {
+            "request_id": info.id, "key_id": info.key_id, "method": info.method, "path": endpoint,
+            "status": info.status, "outcome": "ok" if info.status < 400 else (info.error_code or "error"),
+            "models": info.models, "prompt_tokens": info.prompt_tokens,
+            "completion_tokens": info.completion_tokens, "duration_ms": round(info.seconds() * 1000, 1),
+        }
+        body = request.raw_body
+        if admin and body:
+            fields["action"] = _admin_action(body, self.audit.include_content)
+        if self.audit.include_content and not admin and body:
+            fields["content"] = _content(body, info)
+        self.audit.record("admin" if admin else "request", **fields)
+
+    # ---- operations endpoints --------------------------------------------------------------
+
+    async def serve_metrics(self, request: Request) -> None:
+        body = await asyncio.to_thread(self.metrics.render)  # device probes stay off the loop
+        await request.respond(200, body, CONTENT_TYPE.encode())
+
+    async def serve_openapi(self, request: Request) -> None:
+        await request.json(200, openapi.build(self.config.server.metrics_auth, [m.name for m in self.config.models],
+                                              [(g.name, g.type) for g in self.config.groups]))
 
     async def reload(self, request: Request) -> None:
         """Re-read the config file: apply what can change live, report what needs a restart,
         keep the old config on any error."""
         await request.body(self.config.server.limits.max_body_bytes)
-        path = self.config_path
-        if path is None:
+        if self.config_path is None:
             raise ApiError(409, "this server was not started from a config file", code="no_config_file")
         try:
-            new = await asyncio.to_thread(load_config, path)
-        except ConfigError as e:
-            raise ApiError(400, "config reload failed; the running config is unchanged: " + "; ".join(e.problems),
+            result = await self.reload_config()
+        except (ConfigError, KeyFileError) as e:
+            problems = "; ".join(e.problems) if isinstance(e, ConfigError) else str(e)
+            raise ApiError(400, "config reload failed; the running config is unchanged: " + problems,
                            param="config", code="invalid_config") from None
+        await request.json(200, result)
+
+    async def reload_config(self) -> dict:
+        """The reload itself (admin endpoint and SIGHUP); raises ConfigError or KeyFileError."""
+        new = await asyncio.to_thread(load_config, self.config_path)
         plan = plan_reload(self.config, new)
+        self._keyring(plan.config)  # a broken key file refuses the reload before anything changes
         # Reading GGUF headers to decide auto KV types blocks: off the event loop.
         added = await asyncio.to_thread(self.manager.apply_config, plan.config, plan.added_models)
         self.apply_config(plan.config)
-        await request.json(200, {"applied": plan.applied, "restart_required": plan.restart_required,
-                                 "added_models": added, "config": str(path)})
+        log.info("config reloaded from %s", self.config_path,
+                 extra={"applied": plan.applied, "restart_required": plan.restart_required})
+        if self.audit is not None:
+            self.audit.record("admin", path="reload", outcome="ok", applied=plan.applied,
+                              restart_required=plan.restart_required)
+        return {"applied": plan.applied, "restart_required": plan.restart_required,
+                "added_models": added, "config": str(self.config_path)}
+
+    async def reload_on_signal(self) -> None:
+        try:
+            await self.reload_config()
+        except (ConfigError, KeyFileError) as e:
+            log.error("SIGHUP reload failed; the running config is unchanged: %s", e)
+            if self.audit is not None:
+                self.audit.record("admin", path="reload", outcome="invalid_config")
+
+    async def drain(self, grace_s: float) -> dict:
+        """Refuse new work (503 draining), let in-flight requests finish for up to `grace_s`,
+        then end the rest with a shutdown error; returns what happened."""
+        self.draining = True
+        t0 = time.monotonic()
+        at_start = self.in_flight
+        log.info("draining: %d requests in flight, grace %.0fs", at_start, grace_s)
+        if self.in_flight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace_s)
+            except TimeoutError:
+                pass
+        aborted = 0
+        if self.in_flight:
+            for gens in list(client.Generations.live):
+                gens.abort("shutdown", "the server is shutting down (drain grace period over)")
+                aborted += 1
+            try:
+                await asyncio.wait_for(self._idle.wait(), 5)
+            except TimeoutError:
+                pass
+        result = {"in_flight_at_start": at_start, "aborted": aborted, "left": self.in_flight,
+                  "seconds": round(time.monotonic() - t0, 2)}
+        log.info("drained", extra=result)
+        if self.audit is not None:
+            self.audit.record("lifecycle", event="drain", **result)
+        return result
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
+                self.loop = asyncio.get_running_loop()
                 try:
                     self.manager.start()
                 except Exception as e:
                     await send({"type": "lifespan.startup.failed", "message": str(e)})
                     return
+                if self.audit is not None:
+                    self.audit.record("lifecycle", event="start", models=list(self.manager.runners))
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
+                # Runners stop (their prefix stores finish queued disk writes), then the trail closes.
                 await asyncio.to_thread(self.manager.stop)
+                if self.audit is not None:
+                    self.audit.record("lifecycle", event="stop")
+                    await asyncio.to_thread(self.audit.close)
+                client.remove_tap(self._tap)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+_CONTENT_KEYS = ("prompt", "messages")
+
+
+def _admin_action(body: bytes, include_content: bool) -> dict:
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return {"invalid_json": True}
+    if not isinstance(obj, dict):
+        return {"invalid_body": True}
+    return {k: v for k, v in obj.items() if include_content or k not in _CONTENT_KEYS}
+
+
+def _content(body: bytes, info: context.RequestInfo) -> dict:
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return {"invalid_json": True}
+    out = {k: obj[k] for k in _CONTENT_KEYS if isinstance(obj, dict) and k in obj}
+    if info.content:
+        out["output"] = {k: "".join(v) for k, v in info.content.get("output", {}).items()}
+    return out

@@ -6,6 +6,7 @@ import time
 
 from ..config import Config
 from ..engine.client import GenerationFailed, PromptError
+from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..policy import PluginError
@@ -19,7 +20,11 @@ RETRY_AFTER = [(b"retry-after", b"1")]
 async def resolve_runner(manager: ModelManager, name: str) -> ModelRunner:
     """The model's runner, ready to take requests (loaded first if the strategy loads on demand)."""
     try:
-        return await manager.ready_runner(name)
+        runner = await manager.ready_runner(name)
+        req = context.info()
+        if req is not None:
+            req.add_model(runner.name)
+        return runner
     except KeyError:
         raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found") from None
     except NotReady as e:

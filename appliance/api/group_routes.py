@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Callable
 
 import msgspec
 
@@ -53,11 +54,13 @@ def failure_body(result: GroupResult) -> ErrorBody:
 class GroupRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.manager = manager
+        self.on_result: Callable[[str, GroupResult], None] = lambda _group, _result: None  # metrics
         self.set_config(config)
 
     def set_config(self, config: Config) -> None:
         self.config = config
-        self.executor = GroupExecutor(self.manager.ready_runner, config.server.limits.max_tokens)
+        limits = config.server.limits
+        self.executor = GroupExecutor(self.manager.ready_runner, limits.max_tokens, limits.max_prompt_tokens)
 
     async def batch(self, request: Request) -> None:
         await self._execute(request, ("parallel", "fanout"), "/v1/chain/execute")
@@ -92,6 +95,7 @@ class GroupRoutes:
         result = await self._run_watched(request, group, call)
         if result is None:
             return  # the client went away; its sequences were cancelled
+        self.on_result(group.name, result)
         out = execution_out(result, exec_id, created)
         if result.failed:
             await request.respond(502, encoder.encode(GroupFailure(failure_body(result), out)))
@@ -120,6 +124,7 @@ class GroupRoutes:
 
         try:
             result = await self.executor.run(group, call, on_delta, on_done)
+            self.on_result(group.name, result)
             await sse.event(GroupDone(execution_out(result, exec_id, created),
                                       failure_body(result) if result.failed else None))
             await sse.raw(b"data: [DONE]\n\n")

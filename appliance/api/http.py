@@ -24,6 +24,7 @@ class Request:
         self.headers: dict[bytes, bytes] = {k.lower(): v for k, v in scope.get("headers", [])}
         self.disconnected = asyncio.Event()
         self._body_done = False
+        self.raw_body = b""  # the body once read (for the audit trail)
 
     def header(self, name: str) -> str | None:
         v = self.headers.get(name.lower().encode())
@@ -52,7 +53,8 @@ class Request:
             if not msg.get("more_body", False):
                 break
         self._body_done = True
-        return b"".join(chunks)
+        self.raw_body = b"".join(chunks)
+        return self.raw_body
 
     async def watch_disconnect(self) -> None:
         """Runs as a task once the body is read; sets `disconnected` when the client goes away."""

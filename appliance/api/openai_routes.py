@@ -112,8 +112,9 @@ class OpenAIRoutes:
 
     def _max_tokens(self, runner: ModelRunner, prompt: list[int], requested: int | None, default: int | None,
                     param: str) -> int:
-        return fit_max_tokens(runner.n_ctx, len(prompt), requested, default, self.config.server.limits.max_tokens,
-                              param)
+        limits = self.config.server.limits
+        return fit_max_tokens(runner.n_ctx, len(prompt), requested, default, limits.max_tokens, param,
+                              limits.max_prompt_tokens)
 
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))

@@ -20,7 +20,7 @@ class ReloadPlan:
 def plan_reload(old: Config, new: Config) -> ReloadPlan:
     plan = ReloadPlan(config=old)
     server = old.server
-    for key in ("limits", "api_keys", "admin_keys"):
+    for key in ("limits", "api_keys", "admin_keys", "api_key_file", "metrics_auth", "drain_grace_s"):
         if getattr(old.server, key) != getattr(new.server, key):
             server = structs.replace(server, **{key: getattr(new.server, key)})
             plan.applied.append(f"server.{key}")
@@ -32,7 +32,7 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
         if getattr(old.policy, key) != getattr(new.policy, key):
             policy = structs.replace(policy, **{key: getattr(new.policy, key)})
             plan.applied.append(f"policy.{key}")
-    for key in ("strategy", "plugin_options"):
+    for key in ("strategy", "plugin_options", "plugin_dir"):
         if getattr(old.policy, key) != getattr(new.policy, key):
             plan.restart_required.append(f"policy.{key}")
     models = list(old.models)
@@ -62,6 +62,10 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     if old.vram != new.vram:
         vram = new.vram
         plan.applied.append("vram")
+    if old.server.log_format != new.server.log_format:
+        plan.restart_required.append("server.log_format")
+    if old.audit != new.audit:
+        plan.restart_required.append("audit")
     if old.model_dir != new.model_dir:
         plan.restart_required.append("model_dir")
     plan.config = structs.replace(old, server=server, policy=policy, models=models, groups=groups, vram=vram)

@@ -6,11 +6,16 @@ Used by the API and by the group executor; raises engine exceptions, never HTTP 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+import weakref
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from .chat_template import TemplateError
 from .runner import Event, Failed, Finished, GenerationRequest, Handle, ModelRunner, TextDelta, TokenLogprob
+
+log = logging.getLogger("eie.client")
 
 
 class PromptError(ValueError):
@@ -41,13 +46,17 @@ def render_chat(runner: ModelRunner, messages: list[dict[str, str]]) -> list[int
 
 
 def fit_max_tokens(
-    n_ctx: int, prompt_len: int, requested: int | None, default: int | None, cap: int | None, param: str
+    n_ctx: int, prompt_len: int, requested: int | None, default: int | None, cap: int | None, param: str,
+    max_prompt: int | None = None,
 ) -> int:
     """max_tokens for one sequence; a prompt that cannot fit is an error, never a crash."""
     if requested is not None and cap is not None and requested > cap:
         raise PromptError(f"max_tokens {requested} exceeds this server's limit of {cap}", "max_tokens")
     if prompt_len == 0:
         raise PromptError("the prompt is empty after tokenization", param)
+    if max_prompt is not None and prompt_len > max_prompt:
+        raise PromptError(f"the prompt has {prompt_len} tokens; this server's limit is {max_prompt}", param,
+                          "prompt_too_long")
     if prompt_len >= n_ctx:
         raise PromptError(
             f"this model's maximum context length is {n_ctx} tokens; the prompt has {prompt_len} tokens",
@@ -76,15 +85,38 @@ class Outcome:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
+# Observers of every sequence's events (metrics, request accounting): tap(gens, index, event,
+# first, seconds) where `seconds` is the time since the sequence's previous text (or since submit).
+Tap = Callable[["Generations", int, Event, bool, float], None]
+_taps: list[Tap] = []
+
+
+def add_tap(tap: Tap) -> None:
+    _taps.append(tap)
+
+
+def remove_tap(tap: Tap) -> None:
+    if tap in _taps:
+        _taps.remove(tap)
+
+
 class Generations:
     """Sequences of one request on one runner; their events merge into one asyncio queue."""
+
+    live: "weakref.WeakSet[Generations]" = weakref.WeakSet()  # started and not yet finished
 
     def __init__(self, runner: ModelRunner, requests: list[GenerationRequest]):
         self.runner = runner
         self.requests = requests
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.handles: list[Handle] = []
-        self.pending = len(requests)
+        self._open: set[int] = set(range(len(requests)))
+        self._t0 = time.monotonic()
+        self._last: dict[int, float] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._open)
 
     def start(self) -> None:
         """Submit every sequence; raises QueueFull or NotReady (and then submits none)."""
@@ -101,22 +133,47 @@ class Generations:
             return sink
 
         sinks = [make_sink(i) for i in range(len(self.requests))]
+        self._t0 = time.monotonic()
         try:
             self.handles = self.runner.submit_many(self.requests, sinks)
         except Exception:
-            self.pending = 0
+            self._open.clear()
             raise
+        Generations.live.add(self)
 
     def cancel(self) -> None:
         for h in self.handles:
             h.cancel()
 
+    def abort(self, kind: str, message: str) -> None:
+        """End every open sequence now with Failed(kind) (e.g. shutdown at the end of a drain)."""
+        for i in sorted(self._open):
+            self.queue.put_nowait((i, Failed(kind, message)))
+        self.cancel()
+
     async def events(self) -> AsyncIterator[tuple[int, Event]]:
-        while self.pending:
-            i, ev = await self.queue.get()
-            if isinstance(ev, (Finished, Failed)):
-                self.pending -= 1
-            yield i, ev
+        try:
+            while self._open:
+                i, ev = await self.queue.get()
+                if i not in self._open:
+                    continue  # already ended (aborted); the runner's own end comes later
+                first, seconds = False, 0.0
+                if isinstance(ev, TextDelta):
+                    now = time.monotonic()
+                    first = i not in self._last
+                    seconds = now - self._last.get(i, self._t0)
+                    self._last[i] = now
+                elif isinstance(ev, (Finished, Failed)):
+                    self._open.discard(i)
+                for tap in _taps:
+                    try:
+                        tap(self, i, ev, first, seconds)
+                    except Exception:  # an observer never breaks a request
+                        log.exception("event tap failed")
+                yield i, ev
+        finally:
+            if not self._open:
+                Generations.live.discard(self)
 
 
 async def collect(gens: Generations) -> list[Outcome]:

@@ -80,6 +80,8 @@ class ModelManager:
         self.last_used: dict[str, float] = {}
         self.events: collections.deque[dict] = collections.deque(maxlen=100)
         self.counters = collections.Counter()
+        # (model, event kind) -> count, for the metrics: load, load_failed, eviction, unload, kv_change, ...
+        self.model_counters: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -480,10 +482,13 @@ class ModelManager:
         runner.stop()
         self.runners[name] = self._new_runner(runner.cfg)
         self.counters["evictions" if why.startswith("evicted") else "unloads"] += 1
+        self.model_counters[(name, "eviction" if why.startswith("evicted") else "unload")] += 1
         self._event("unload", name, why)
         log.info("model %s %s", name, why)
 
     def _event(self, kind: str, model: str, detail: str) -> None:
+        if kind != "unload":  # unloads are counted as evictions or unloads by _unload
+            self.model_counters[(model, kind)] += 1
         self.events.append({"time": time.time(), "event": kind, "model": model, "detail": detail})
 
     async def ready_runner(self, name: str) -> ModelRunner:

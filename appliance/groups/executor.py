@@ -87,10 +87,12 @@ async def _noop_done(_m: MemberResult) -> None:
 
 
 class GroupExecutor:
-    def __init__(self, resolve: Callable[[str], Awaitable[ModelRunner]], max_tokens_cap: int | None = None):
+    def __init__(self, resolve: Callable[[str], Awaitable[ModelRunner]], max_tokens_cap: int | None = None,
+                 max_prompt_tokens: int | None = None):
         """`resolve` returns a model's ready runner (loading it if the strategy does so) or raises."""
         self.resolve = resolve
         self.max_tokens_cap = max_tokens_cap
+        self.max_prompt_tokens = max_prompt_tokens
 
     async def run(
         self,
@@ -122,7 +124,8 @@ class GroupExecutor:
             except NotReady as e:
                 raise NotReady(f"model {model!r} is not available: {e}") from None
             prompt = await asyncio.to_thread(render_chat, runner, call.messages)
-            max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages")
+            max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages",
+                                        self.max_prompt_tokens)
             until = min(call.deadline, t0 + group.timeout_s(model))
             reqs = [
                 GenerationRequest(prompt, max_tokens, with_seed_offset(call.sampling, k), call.stop, until, logprobs=True)

@@ -53,6 +53,13 @@ def test_generic_loads_on_demand_and_evicts_lru(server_factory):
     assert r.status_code == 200 and states(srv)["a"] == "unloaded"
     r = admin(srv, "load", "b")
     assert r.status_code == 200 and r.json()["state"] == "ready"
+    m = httpx.get(srv.base + "/metrics").text  # the same story in the metrics
+    from opshelp import metric
+
+    assert metric(m, "eie_model_evictions_total", model="b") == 1
+    assert metric(m, "eie_model_unloads_total", model="a") == 1
+    assert metric(m, "eie_model_loads_total", model="b") == 2
+    assert metric(m, "eie_model_state", model="a", state="unloaded") == 1
 
 
 def test_generic_keep_alive_unloads_idle_models(server_factory):

@@ -26,7 +26,7 @@ def problems(raw) -> list[str]:
         ({"models": [{**GOOD_MODEL, "kv_cache": {"mode": "q9"}}]}, 'models[0].kv_cache.mode: expected one of'),
         ({"models": [{**GOOD_MODEL, "flash_attn": "maybe"}]}, 'models[0].flash_attn: expected one of auto, off, on, got "maybe"'),
         ({"models": [{**GOOD_MODEL, "colour": "red"}]}, "models[0].colour: unknown key (allowed:"),
-        ({"models": [GOOD_MODEL], "sever": {}}, "sever: unknown key (allowed: groups, inference, model_dir, models, policy, server, vram)"),
+        ({"models": [GOOD_MODEL], "sever": {}}, "sever: unknown key (allowed: audit, groups, inference, model_dir, models, policy, server, vram)"),
         ({"models": []}, "models: expected at least 1 item(s), got 0"),
         ({}, "models: required key is missing"),
         ({"models": [{"path": "x.gguf"}]}, "models[0].name: required key is missing"),

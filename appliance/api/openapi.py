@@ -1,0 +1,134 @@
+"""GET /openapi.json: every endpoint, with request and response schemas generated from the msgspec
+structs the handlers decode and encode (msgspec.json.schema_components)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from .. import __version__
+from . import admin_routes as admin
+from . import schemas as s
+
+REF = "#/components/schemas/{name}"
+
+
+@dataclass(frozen=True)
+class Op:
+    method: str
+    path: str
+    summary: str
+    request: Any = None  # a msgspec Struct type, or None
+    response: Any = None  # None: a JSON object described in the README
+    auth: str = "key"  # open | key | admin
+    query: tuple[tuple[str, str], ...] = ()  # (name, description)
+    tag: str = "inference"
+
+
+OPERATIONS: tuple[Op, ...] = (
+    Op("post", "/v1/chat/completions", "Chat completion (stream: server-sent events)", s.ChatRequest, s.ChatCompletion),
+    Op("post", "/v1/completions", "Text completion (stream: server-sent events)", s.CompletionRequest, s.Completion),
+    Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
+    Op("post", "/v1/batch/execute", "Run a parallel or fanout model group", s.GroupRequest, s.GroupExecution,
+       tag="groups"),
+    Op("post", "/v1/chain/execute", "Run a sequential model group", s.GroupRequest, s.GroupExecution, tag="groups"),
+    Op("get", "/health", "Readiness: 200 ok; 503 loading, degraded or draining", auth="open", tag="operations"),
+    Op("get", "/metrics", "Prometheus metrics (text format)", auth="metrics", tag="operations"),
+    Op("get", "/openapi.json", "This document", auth="open", tag="operations"),
+    Op("get", "/v1/admin/vram/status", "Memory per device, model and budget", auth="admin", tag="admin"),
+    Op("get", "/v1/admin/scheduling/status", "Strategy, queues, groups, counters, events", auth="admin", tag="admin"),
+    Op("post", "/v1/admin/models/load", "Load a configured model", admin.ModelAction, auth="admin", tag="admin"),
+    Op("post", "/v1/admin/models/unload", "Unload a model", admin.ModelAction, auth="admin", tag="admin"),
+    Op("get", "/v1/admin/models/discover", "GGUF files under model_dir", auth="admin", tag="admin",
+       query=(("path", "a directory inside model_dir"),)),
+    Op("post", "/v1/admin/kv/convert", "Change a loaded model's KV cache types", admin.KvConvert, auth="admin",
+       tag="admin"),
+    Op("post", "/v1/admin/kv/warm", "Prefill and save a prefix", admin.KvWarm, auth="admin", tag="admin"),
+    Op("get", "/v1/admin/kv/status", "Prefix cache per model", auth="admin", tag="admin"),
+    Op("post", "/v1/admin/kv/flush", "Drop saved prefixes", admin.KvFlush, auth="admin", tag="admin"),
+    Op("post", "/v1/admin/config/reload", "Re-read the config file", auth="admin", tag="admin"),
+)
+
+_ERRORS = {"400": "invalid request (the field is named in error.param)", "401": "missing or invalid API key",
+           "403": "the key may not use this endpoint", "404": "unknown model, group or path",
+           "413": "body too large", "429": "rate, concurrency or queue limit (Retry-After)",
+           "503": "loading, not ready, or draining"}
+
+
+def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dict[str, Any]]:
+    """A valid body per request type (and per group endpoint), with this server's names."""
+    model = models[0] if models else "model"
+    msgs = [{"role": "user", "content": "Hello"}]
+    chain = next((n for n, t in groups if t == "sequential"), "chain")
+    batch = next((n for n, t in groups if t != "sequential"), "group")
+    return {
+        s.ChatRequest: {"model": model, "messages": msgs, "max_tokens": 4},
+        s.CompletionRequest: {"model": model, "prompt": "Hello", "max_tokens": 4},
+        "/v1/batch/execute": {"group": batch, "messages": msgs, "max_tokens": 4},
+        "/v1/chain/execute": {"group": chain, "messages": msgs, "max_tokens": 4},
+        admin.ModelAction: {"model": model},
+        admin.KvConvert: {"model": model, "mode": "q8_0"},
+        admin.KvWarm: {"model": model, "prompt": "You are a helpful assistant."},
+        admin.KvFlush: {"model": model},
+    }
+
+
+def build(metrics_auth: str = "open", models: list[str] | None = None,
+          groups: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The document; with `models` and `groups` (name, type), their names appear as examples
+    (and in example bodies)."""
+    examples = _examples(models or [], groups or [])
+    types = [op.request for op in OPERATIONS if op.request] + [op.response for op in OPERATIONS if op.response]
+    refs, components = msgspec.json.schema_components(types + [s.ErrorEnvelope], ref_template=REF)
+    by_type = dict(zip(types + [s.ErrorEnvelope], refs))
+    error_ref = by_type[s.ErrorEnvelope]
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        auth = metrics_auth if op.auth == "metrics" else op.auth
+        entry: dict[str, Any] = {"summary": op.summary, "tags": [op.tag], "operationId": _op_id(op)}
+        if auth != "open":
+            entry["security"] = [{"bearer": []}]
+        if op.query:
+            entry["parameters"] = [{"name": n, "in": "query", "required": False, "description": d,
+                                    "schema": {"type": "string"}} for n, d in op.query]
+        if op.request is not None:
+            media: dict[str, Any] = {"schema": by_type[op.request]}
+            if models is not None:
+                media["example"] = examples.get(op.path, examples.get(op.request))
+            entry["requestBody"] = {"required": True, "content": {"application/json": media}}
+        ok: dict[str, Any] = {"description": "success"}
+        if op.path == "/metrics":
+            ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+        else:
+            schema = by_type[op.response] if op.response is not None else {"type": "object"}
+            ok["content"] = {"application/json": {"schema": schema}}
+            if op.request in (s.ChatRequest, s.CompletionRequest, s.GroupRequest):
+                ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        responses = {"200": ok}
+        for code, desc in _ERRORS.items():
+            if code in ("401", "403") and auth == "open":
+                continue
+            responses[code] = {"description": desc, "content": {"application/json": {"schema": error_ref}}}
+        entry["responses"] = responses
+        paths.setdefault(op.path, {})[op.method] = entry
+    for name, key, values in (("ChatRequest", "model", models), ("CompletionRequest", "model", models),
+                              ("GroupRequest", "group", [n for n, _ in groups or []]),
+                              ("ModelAction", "model", models),
+                              ("KvConvert", "model", models), ("KvWarm", "model", models),
+                              ("KvFlush", "model", models)):
+        prop = components.get(name, {}).get("properties", {}).get(key)
+        if prop is not None and values:
+            prop["examples"] = list(values)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "EIE edge inference appliance", "version": __version__},
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
+
+
+def _op_id(op: Op) -> str:
+    return op.method + op.path.replace("/", "_").replace(".", "_").replace("-", "_")

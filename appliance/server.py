@@ -1,0 +1,77 @@
+"""`eie serve`'s process: uvicorn with a drain on SIGTERM and a config reload on SIGHUP.
+
+SIGTERM (systemd stop): /health turns 503 `draining`, new requests get 503 `draining`, in-flight
+requests finish within `server.drain_grace_s` (the rest end with a shutdown error), then uvicorn
+stops; the lifespan shutdown stops the runners (their prefix stores finish the queued disk
+writes) and closes the audit trail; the process exits 0. A second SIGTERM or SIGINT stops at once.
+SIGHUP: the config file is read again as POST /v1/admin/config/reload does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from .api.app import App
+
+log = logging.getLogger("eie.server")
+
+
+class Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: App):
+        super().__init__(config)
+        self.eie = app
+        self._drain_task: asyncio.Task | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self.eie.loop
+        if sig == signal.SIGTERM and self._drain_task is None and loop is not None and not self.should_exit:
+            self._captured_signals.append(sig)
+            loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self.eie.drain(self.eie.config.server.drain_grace_s)
+        finally:
+            self.should_exit = True
+
+    def reload(self, *_: Any) -> None:
+        loop = self.eie.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.eie.reload_on_signal()))
+
+
+def build(app: App, host: str, port: int, log_level: str, wrap: Any = None) -> Server:
+    """The server; `run()` it (after `install_signals`)."""
+    uv = uvicorn.Config(
+        wrap(app) if wrap else app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level=log_level,
+        log_config=None,  # our handler (observability/logs.py) formats uvicorn's lines too
+        timeout_graceful_shutdown=10,
+    )
+    return Server(uv, app)
+
+
+def install_signals(server: Server) -> None:
+    # uvicorn shuts down on SIGTERM/SIGINT, then raises the signal again with the handler found
+    # at start: a no-op one makes a clean stop exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    signal.signal(signal.SIGHUP, server.reload)
