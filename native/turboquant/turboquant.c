@@ -562,21 +562,31 @@ static inline uint32x4_t widen4_neon(uint8x16_t g, int q) {
     return (q & 1) ? vmovl_high_u16(h) : vmovl_u16(vget_low_u16(h));
 }
 
+/* What the decoder and the K·Q product need of a block: its 64 centroids (unscaled, in value
+ * order, 4 per register) and the scale of each group of 16 values. */
+static inline void load_block_neon(const tq_mode *m, uint8x16x4_t table, const uint8_t *blk, float32x4_t c[16],
+                                   float32x4_t group_scale[4]) {
+    float scale[4];
+    uint8x16_t g[4];
+    block_scales(m, blk, scale);
+    unpack_neon(m->bits, blk + 2 + m->ncode, g);
+    for (int G = 0; G < 4; G++) {
+        group_scale[G] = vdupq_n_f32(scale[G * 16 / m->sub]);
+        for (int q = 0; q < 4; q++) {
+            c[4 * G + q] = gather4_neon(table, widen4_neon(g[G], q));
+        }
+    }
+}
+
 /* Bit-exact with the scalar decoder: each value is one float32 product. */
 static void dequantize_neon(const tq_mode *m, const uint8_t *in, float *y, int64_t n) {
     const uint8x16x4_t table = centroid_table_neon(m);
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
-        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
-        float scale[4];
-        uint8x16_t g[4];
-        block_scales(m, blk, scale);
-        unpack_neon(m->bits, blk + 2 + m->ncode, g);
+        float32x4_t c[16], s[4];
+        load_block_neon(m, table, in + (size_t)b * (size_t)m->bytes, c, s);
         float *out = y + b * TQ_BLOCK;
-        for (int G = 0; G < 4; G++) {
-            const float32x4_t s = vdupq_n_f32(scale[G * 16 / m->sub]);
-            for (int q = 0; q < 4; q++) {
-                vst1q_f32(out + 16 * G + 4 * q, vmulq_f32(gather4_neon(table, widen4_neon(g[G], q)), s));
-            }
+        for (int i = 0; i < 16; i++) {
+            vst1q_f32(out + 4 * i, vmulq_f32(c[i], s[i / 4]));
         }
     }
 }
@@ -585,18 +595,15 @@ static float vec_dot_neon(const tq_mode *m, const uint8_t *in, const float *y, i
     const uint8x16x4_t table = centroid_table_neon(m);
     float32x4_t total = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < n / TQ_BLOCK; b++) {
-        const uint8_t *blk = in + (size_t)b * (size_t)m->bytes;
-        float scale[4];
-        uint8x16_t g[4];
-        block_scales(m, blk, scale);
-        unpack_neon(m->bits, blk + 2 + m->ncode, g);
+        float32x4_t c[16], s[4];
+        load_block_neon(m, table, in + (size_t)b * (size_t)m->bytes, c, s);
         const float *yb = y + b * TQ_BLOCK;
         for (int G = 0; G < 4; G++) {
             float32x4_t acc = vdupq_n_f32(0.0f);
             for (int q = 0; q < 4; q++) {
-                acc = vfmaq_f32(acc, gather4_neon(table, widen4_neon(g[G], q)), vld1q_f32(yb + 16 * G + 4 * q));
+                acc = vfmaq_f32(acc, c[4 * G + q], vld1q_f32(yb + 16 * G + 4 * q));
             }
-            total = vfmaq_f32(total, acc, vdupq_n_f32(scale[G * 16 / m->sub]));
+            total = vfmaq_f32(total, acc, s[G]);
         }
     }
     return vaddvq_f32(total);
