@@ -7,6 +7,7 @@ it off the event loop.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import re
 import threading
@@ -300,7 +301,7 @@ def load(
             type_v=type_v,
         )
         if center_k:
-            _center(loaded, path, cache_dir, cores)
+            _center(loaded, path, cache_dir, cores, lines)
         model = None
         return loaded
     finally:
@@ -309,9 +310,10 @@ def load(
         _router.stop_capture()
 
 
-def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: CoreBudget | None) -> None:
+def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: CoreBudget | None,
+            lines: list[str]) -> None:
     """Measure (or read) the K means and apply them to the context; off, with a log line, where
-    the model or the build does not allow it."""
+    the model or the build does not allow it. `lines` is the load's log capture."""
     reason = k_centering.unsupported_reason(loaded.metadata, gpu_backend())
     if reason is None and not k_centering.available():
         reason = "this llama.cpp build has no llama_set_k_centers"
@@ -320,11 +322,21 @@ def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: Core
         return
     try:
         centers = k_centering.centers_for(loaded.model, path, loaded.args.n_threads, cache_dir, cores)
-        k_centering.apply(loaded.ctx, centers, loaded.type_k, rotation_sizes(loaded.metadata)[0])
+        loaded.buffers = _apply_centers(loaded.ctx, centers, loaded.type_k, loaded.metadata, loaded.buffers, lines)
     except k_centering.CenteringError as e:  # an optimisation of the cache: serve without it
         log.warning("K centring off for %s: %s", path.name, e)
         return
     loaded.k_centers = centers
+
+
+def _apply_centers(ctx: lc.llama_context_p, centers: np.ndarray, type_k: str, metadata: dict[str, str],
+                   buffers: BufferSizes, lines: list[str]) -> BufferSizes:
+    """Apply the K centres; llama.cpp then reserves its compute buffers again for the graphs with
+    the subtraction, and the sizes it reports replace the first ones."""
+    mark = len(lines)
+    k_centering.apply(ctx, centers, type_k, rotation_sizes(metadata)[0])
+    again = parse_buffer_sizes(lines[mark:])
+    return dataclasses.replace(buffers, compute=again.compute) if again.compute else buffers
 
 
 def _check_kv_types(type_k: str, type_v: str) -> None:
@@ -370,7 +382,7 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
         fresh = parse_buffer_sizes(lines)
         if loaded.k_centers is not None:  # the same means as every context of this model
             try:
-                k_centering.apply(ctx, loaded.k_centers, type_k, rotation_sizes(loaded.metadata)[0])
+                fresh = _apply_centers(ctx, loaded.k_centers, type_k, loaded.metadata, fresh, lines)
             except k_centering.CenteringError:
                 lc.llama_free(ctx)
                 raise
