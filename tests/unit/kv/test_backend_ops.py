@@ -5,9 +5,8 @@ FLASH_ATTN_EXT with turbo4/3/2 K and V, and K q8_0 with V turbo.
 On a CPU-only build test-backend-ops compares the CPU backend with the CPU backend in its
 reference mode (`ggml_backend_cpu_set_use_ref`): for flash attention that is the patch's
 grouped-query TurboQuant decode path against llama.cpp's one-row-at-a-time path (a 10% error in
-the former fails it; checked by hand). It runs with 1 thread and with 3: the single-token decode
-over 512 cells or more is split over the cells, one chunk per thread, and reduced (a reduce that
-drops a chunk fails the 3-thread run; checked by hand). For the other ops both sides run the same code, so there
+the former fails it; checked by hand). It runs with 1 thread and with 3, so the paths that
+split a KV head's query heads over threads run too. For the other ops both sides run the same code, so there
 the test proves support, no abort and repeatable results (the codec tests and
 bench/kv_quality.py check the values). On a CUDA or HIP build the same binary compares the GPU
 backend with the CPU."""
