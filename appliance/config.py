@@ -467,7 +467,7 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
                     f"{'may choose a quantized V cache, which' if mode == 'auto' else 'quantizes V, which'} needs "
                     f"flash attention; set models[{i}].flash_attn to auto or on, or set models[{i}].kv_cache.mode: f16"
                 )
-        _spec_checks(f"models[{i}].speculative", {**_inherited(raw, "speculative"), **_mapping(m.get("speculative"))},
+        _spec_checks(f"models[{i}].speculative", _inherited(raw, "speculative"), _mapping(m.get("speculative")),
                      problems, name)
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
@@ -510,15 +510,17 @@ def _with_inherited(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "models": models}
 
 
-def _spec_checks(at: str, spec: dict[str, Any], problems: list[str], model: Any) -> None:
-    """Cross-field checks of one model's speculative settings (inherited keys included)."""
+def _spec_checks(at: str, inherited: dict[str, Any], own: dict[str, Any], problems: list[str], model: Any) -> None:
+    """Cross-field checks of one model's speculative settings (inherited keys included). A model
+    named as the draft model in `inference.speculative` does not draft for itself (no error)."""
+    spec = {**inherited, **own}
     sources = spec.get("sources") if isinstance(spec.get("sources"), list) else []
     if len(set(map(str, sources))) != len(sources):
         problems.append(f"{at}.sources: each source may appear once, got {_got(sources)}")
     if "draft_model" in sources and not spec.get("draft_model"):
         problems.append(f"{at}.draft_model: required when sources lists draft_model (a GGUF path or a configured "
                         "model with the target's vocabulary)")
-    if isinstance(model, str) and spec.get("draft_model") == model and "draft_model" in sources:
+    if isinstance(model, str) and own.get("draft_model") == model and "draft_model" in sources:
         problems.append(f"{at}.draft_model: a model cannot be its own draft model")
     lo, hi = spec.get("min_draft", 2), spec.get("max_draft", 16)
     if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
