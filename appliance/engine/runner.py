@@ -30,6 +30,7 @@ from ..resources.cores import CoreBudget
 from . import native
 from .chat_template import ChatTemplate, default_template
 from .sampling import SamplingParams, build_chain, free_chain
+from .speculative.exactness import exact_rows
 from .speculative.rejection import accept_or_resample, draw
 from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
@@ -218,9 +219,14 @@ class ModelRunner:
             self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
             if self._speculator_factory is not None:  # a draft model with another vocabulary fails the load
                 self.spec = self._speculator_factory(self)
+            if self.spec is not None:
+                self._measure_exact_rows()
         except Exception as e:  # a load failure is a state, reported by /health, never a crash
             self.error = str(e)
             self.state = "failed"
+            if self.spec is not None:
+                self.spec.close()
+                self.spec = None
             if self.loaded:
                 self.loaded.free()
                 self.loaded = None
@@ -245,6 +251,18 @@ class ModelRunner:
         self.state = "ready"
         self._thread.start()
         log.info("model %s ready in %.2fs", self.name, self.load_seconds)
+
+    def _measure_exact_rows(self) -> None:
+        """How many tokens per sequence one decode verifies exactly (speculative/exactness.py)."""
+        granted = self.cores.acquire(self.threads)
+        try:
+            lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
+            self._threads_set = granted
+            self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, self.spec.cfg.max_draft + 1)
+        finally:
+            self.cores.release(granted)
+        log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name,
+                 self.spec.exact_rows)
 
     def stop(self) -> None:
         with self._cond:
@@ -546,6 +564,8 @@ class ModelRunner:
         for seq in speculating:
             # the regular token is at seq.pos; drafts follow it, and the step emits up to k + 1 tokens
             room = min(share, seq.req.max_tokens - seq.n_generated - 1, self.cfg.n_ctx - seq.pos - 1)
+            if seq.rng is None:  # greedy: only as many rows as the kernels compute exactly
+                room = min(room, self.spec.exact_rows - 1)
             jobs.append((seq.seq_id, seq.spec, room))
         self.spec.propose(jobs)
 

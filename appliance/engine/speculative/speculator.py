@@ -36,6 +36,8 @@ class Speculator:
         self.history = history
         self.draft = draft
         self.controller = Controller()
+        # tokens of one sequence one decode verifies exactly (speculative/exactness.py; set at load)
+        self.exact_rows = cfg.max_draft + 1
         self.stats = {"drafted": 0, "accepted": 0, "spec_steps": 0, "plain_steps": 0,
                       **{f"{s}_drafted": 0 for s in self.sources}, **{f"{s}_accepted": 0 for s in self.sources}}
         self._lengths: collections.deque[int] = collections.deque(maxlen=256)  # recent draft lengths
@@ -103,4 +105,5 @@ class Speculator:
             "controller_on": self.controller.on,
             "controller": self.controller.snapshot(),
             "history_tokens": self.history.n_tokens if self.history is not None else None,
+            "exact_verify_rows": self.exact_rows,
         }
