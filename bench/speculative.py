@@ -85,7 +85,7 @@ def story_prompt(k: int) -> str:
     return f"Write an imaginative short story about {STORIES[k % len(STORIES)]}."
 
 
-TASKS = {"rewrite": (rewrite_prompt, 512), "json": (json_prompt, 256), "story": (story_prompt, 256)}
+TASKS = {"rewrite": (rewrite_prompt, 480), "json": (json_prompt, 200), "story": (story_prompt, 160)}
 
 
 def free_port() -> int:
@@ -222,9 +222,11 @@ def main() -> int:
         print(f"| {r['model']} | {r['task']} | {r['streams']} | {r['plain_tok_s']} | {r['spec_tok_s']} | "
               f"{r['speedup']} | {r['acceptance']} | {r['median_draft_length']} | {r['identical_outputs']} |")
     out = ROOT / "bench" / "results" / "speculative.json"
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": args.repeats,
-                               "sources": args.sources, "threads": args.threads, "seconds": round(time.time() - t0),
-                               "rows": rows}, indent=1))
+    runs = json.loads(out.read_text()).get("runs", {}) if out.is_file() else {}
+    for model in args.models.split(","):  # one entry per model: running one model keeps the other's
+        runs[model] = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": args.repeats, "sources": args.sources,
+                       "threads": args.threads, "rows": [r for r in rows if r["model"] == model]}
+    out.write_text(json.dumps({"runs": runs}, indent=1))
     print(f"wrote {out} ({time.time() - t0:.0f} s)")
     return 0
 

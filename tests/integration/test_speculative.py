@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from appliance.engine.prefix import file_sha256
 from appliance.engine.speculative.make_draft import truncate_layers
 from conftest import GEMMA3, SMOLLM2, model_entry
 
@@ -78,18 +79,19 @@ def test_concurrent_speculating_streams_give_the_solo_answers(spec_server):
     assert spec_status(spec_server, model)["drafted"] > before
 
 
-def test_sampled_requests_speculate_through_the_rejection_rule(spec_server):
-    model = "smollm2-135m"
+def test_sampled_requests_speculate_through_the_rejection_rule(server_factory):
+    # a fresh controller speculates from the first step (other tests may have turned it off here)
+    srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=1, speculative={"sources": ["ngram"]})]},
+                         "spec-sampled")
     extra = {"temperature": 0.7, "seed": 7, "top_p": 0.95, "repeat_penalty": 1.1}
-    before = spec_status(spec_server, model)
-    for _ in range(2):
-        assert chat(spec_server, model, PROMPTS["rewrite"], 64, **extra)
-    after = spec_status(spec_server, model)
-    assert after["drafted"] > before["drafted"] and after["accepted"] > before["accepted"]
+    assert chat(srv, "m", PROMPTS["rewrite"], 64, **extra)
+    stats = spec_status(srv, "m")
+    assert stats["drafted"] > 0 and stats["accepted"] > 0, stats
     # without speculation a seed still reproduces its answer (with it, the distribution is the same
     # but which token a draw gives depends on the drafts: tests/unit checks the distribution)
-    plain = [chat(spec_server, model, PROMPTS["rewrite"], 32, speculative=False, **extra) for _ in range(2)]
+    plain = [chat(srv, "m", PROMPTS["rewrite"], 32, speculative=False, **extra) for _ in range(2)]
     assert plain[0] == plain[1]
+    srv.stop()
 
 
 def test_the_request_field_is_validated(spec_server):
@@ -102,9 +104,10 @@ def test_history_drafts_from_earlier_outputs_after_a_restart(spec_server, server
     model = "smollm2-135m"
     answer = chat(spec_server, model, PROMPTS["story"], 48)
     spec_server.stop()  # saves the history next to the KV disk tier
-    files = list((state_dir / "kv" / "speculative").glob("*.history"))
-    assert len(files) == 2  # one per model (named after the GGUF's hash)
-    again = server_factory(spec_config(state_dir), "spec-again")
+    # one file per model, named after the GGUF's content hash
+    assert (state_dir / "kv" / "speculative" / f"{file_sha256(SMOLLM2)[:32]}.history").is_file()
+    config = spec_config(state_dir)
+    again = server_factory({**config, "models": config["models"][:1]}, "spec-again")
     assert spec_status(again, model)["history_tokens"] > 0
     # the story is not in the prompt: its drafts come from the history of the first run
     assert chat(again, model, PROMPTS["story"], 48) == answer
@@ -124,7 +127,7 @@ def test_a_layer_truncated_draft_model_is_exact_and_the_controller_turns_it_off(
         "sources": ["draft_model"], "draft_model": str(draft_gguf)})]}, "spec-draft")
     prompt = "Tell me about the history of the bicycle in a few paragraphs."
     assert chat(srv, "m", prompt, 48) == chat(srv, "m", prompt, 48, speculative=False)
-    chat(srv, "m", PROMPTS["story"], 160)  # no repetition: 4 of 30 layers draft poorly
+    chat(srv, "m", PROMPTS["story"], 112)  # no repetition: 4 of 30 layers draft poorly
     stats = spec_status(srv, "m")
     assert stats["draft_model_drafted"] > 0 and stats["acceptance_rate"] < 0.3, stats
     assert stats["controller"]["switches_off"] >= 1 and not stats["controller_on"], stats
