@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ngram import NGRAM_SIZES
+from .ngram import NGRAM_SIZES, NgramMaps, add_ngrams, longest_match, new_maps
 
 log = logging.getLogger("eie.speculative")
 _MAGIC = b"EIEHIST1"
@@ -31,7 +31,7 @@ class HistoryIndex:
         self._outputs: collections.deque[list[int]] = collections.deque()
         self._n_tokens = 0
         self._flat: list[int] = []  # outputs joined, -1 between them
-        self._maps: dict[int, dict[tuple[int, ...], int]] = {}
+        self._maps: NgramMaps = {}
         self._dirty = 0
         self._lock = threading.Lock()
         if path is not None:
@@ -61,21 +61,15 @@ class HistoryIndex:
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the longest match of the suffix of `tokens` in the history."""
-        flat = self._flat
-        for n in self.sizes:
-            if len(tokens) < n:
-                continue
-            at = self._maps[n].get(tuple(tokens[-n:]))
-            if at is not None:
-                out = flat[at : at + k]
-                if -1 in out:
-                    out = out[: out.index(-1)]
-                return out
-        return []
+        at = longest_match(self._maps, tokens)
+        if at is None:
+            return []
+        out = self._flat[at : at + k]
+        return out[: out.index(-1)] if -1 in out else out
 
     def _rebuild(self) -> None:
         self._flat = []
-        self._maps = {n: {} for n in self.sizes}
+        self._maps = new_maps(self.sizes)
         for output in self._outputs:
             self._index(output)
 
@@ -83,10 +77,7 @@ class HistoryIndex:
         base = len(self._flat)
         self._flat.extend(output)
         self._flat.append(-1)
-        for i in range(len(output) - 1):  # n-grams ending at i, followed by output[i + 1]
-            for n in self.sizes:
-                if i + 1 >= n:
-                    self._maps[n][tuple(output[i + 1 - n : i + 1])] = base + i + 1
+        add_ngrams(self._maps, output, 0, len(output) - 1, base)  # each followed by a token of the output
 
     # ---- persistence -----------------------------------------------------------------------
 
