@@ -10,7 +10,7 @@ Acceptance and draft lengths come from the server's status (counters read before
 The outputs of both modes are compared too (greedy: they must be identical).
 
     .venv/bin/python bench/speculative.py [--models smollm2-135m,gemma3-270m] [--repeats 3]
-        [--sources ngram] [--threads 2]
+        [--sources ngram] [--threads 2] [--tasks rewrite,json,story] [--streams 1,4]
 Prints a table and writes bench/results/speculative.json.
 """
 
@@ -171,8 +171,8 @@ def bench_model(model: str, args, state: Path) -> list[dict]:
     rows = []
     try:
         stream(server.base, story_prompt(0), 16, True)  # warm-up
-        for task in TASKS:
-            for streams in (1, 4):
+        for task in args.tasks.split(","):
+            for streams in map(int, args.streams.split(",")):
                 plain, spec, same = [], [], True
                 drafted = accepted = 0
                 lengths = []
@@ -209,6 +209,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sources", default="ngram")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--streams", default="1,4", help="concurrent streams to measure, e.g. 1,4")
     args = ap.parse_args()
     t0 = time.time()
     rows = []
