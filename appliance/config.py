@@ -87,6 +87,24 @@ class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):
         return self.mode
 
 
+SpecSource = Literal["ngram", "history", "draft_model"]
+
+
+class SpeculativeConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """Speculative decoding (appliance/engine/speculative): `inference.speculative` overlaid key by
+    key with the model's own `speculative`. No sources: off."""
+
+    # Draft sources, tried in this order for each sequence at each step.
+    sources: Annotated[list[SpecSource], Meta(max_length=3)] = []
+    # For the draft_model source: a GGUF with the target's vocabulary (a path relative to
+    # model_dir, or the name of a configured model whose file is used).
+    draft_model: Annotated[str, Meta(min_length=1)] | None = None
+    max_draft: Annotated[int, Meta(ge=1, le=64)] = 16
+    min_draft: Annotated[int, Meta(ge=1, le=64)] = 2
+    # The history source keeps this many recent output tokens per model.
+    history_tokens: Annotated[int, Meta(ge=256, le=16_777_216)] = 65536
+
+
 class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     name: ModelName
     path: Annotated[str, Meta(min_length=1)]
@@ -100,6 +118,7 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     chat_template: str | None = None
     # Requests waiting for a sequence slot beyond this are refused with 429.
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 class AdaptiveKvConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -117,6 +136,8 @@ class InferenceConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # The default of every model's kv_cache; a model's own kv_cache overrides it key by key.
     kv_cache: KvCacheConfig = field(default_factory=KvCacheConfig)
     kv_adaptive: AdaptiveKvConfig = field(default_factory=AdaptiveKvConfig)
+    # The default of every model's speculative; a model's own speculative overrides it key by key.
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 class ReplaceWith(Struct, frozen=True, forbid_unknown_fields=True):
@@ -296,6 +317,14 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
             path = Path(disk.path)
             return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
         return self.cache_dir() / "kv"
+
+    def draft_path(self, model: ModelConfig) -> Path | None:
+        """The GGUF of the model's draft_model (a configured model's file, or a path), or None."""
+        name = model.speculative.draft_model
+        if name is None:
+            return None
+        other = self.model(name)
+        return self.model_path(other) if other is not None else self.model_path(ModelConfig(name="draft", path=name))
 
     def model_path(self, model: ModelConfig) -> Path:
         path = Path(model.path)
@@ -478,7 +507,7 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
     models = raw.get("models")
     if not isinstance(models, list):
         return
-    inherited = _inherited_kv(raw)
+    inherited = _inherited(raw, "kv_cache")
     seen: dict[str, int] = {}
     for i, m in enumerate(models):
         if not isinstance(m, dict):
@@ -504,6 +533,8 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
                     f"{'may choose a quantized V cache, which' if mode == 'auto' else 'quantizes V, which'} needs "
                     f"flash attention; set models[{i}].flash_attn to auto or on, or set models[{i}].kv_cache.mode: f16"
                 )
+        _spec_checks(f"models[{i}].speculative", _inherited(raw, "speculative"), _mapping(m.get("speculative")),
+                     problems, name)
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
@@ -543,20 +574,41 @@ def _plugin_check(raw: dict[str, Any], source_dir: str, problems: list[str]) -> 
         problems.append(f"policy.strategy: plugin library {target!r} is outside policy.plugin_dir ({plugin_dir})")
 
 
-def _inherited_kv(raw: dict[str, Any]) -> dict[str, Any]:
-    """The raw `inference.kv_cache` mapping every model starts from ({} when absent or malformed)."""
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _inherited(raw: dict[str, Any], section: str) -> dict[str, Any]:
+    """The raw `inference.<section>` mapping every model starts from ({} when absent or malformed)."""
     inference = raw.get("inference")
-    kv = inference.get("kv_cache") if isinstance(inference, dict) else None
-    return kv if isinstance(kv, dict) else {}
+    return _mapping(inference.get(section) if isinstance(inference, dict) else None)
 
 
-def _with_inherited_kv(raw: dict[str, Any]) -> dict[str, Any]:
-    """Each model's kv_cache overlaid on inference.kv_cache, key by key (a model's own key wins)."""
-    inherited = _inherited_kv(raw)
-    if not inherited:
-        return raw
-    models = [{**m, "kv_cache": {**inherited, **m.get("kv_cache", {})}} for m in raw["models"]]
+def _with_inherited(raw: dict[str, Any]) -> dict[str, Any]:
+    """Each model's kv_cache and speculative overlaid on inference's, key by key (a model's own key wins)."""
+    models = raw["models"]
+    for section in ("kv_cache", "speculative"):
+        inherited = _inherited(raw, section)
+        if inherited:
+            models = [{**m, section: {**inherited, **m.get(section, {})}} for m in models]
     return {**raw, "models": models}
+
+
+def _spec_checks(at: str, inherited: dict[str, Any], own: dict[str, Any], problems: list[str], model: Any) -> None:
+    """Cross-field checks of one model's speculative settings (inherited keys included). A model
+    named as the draft model in `inference.speculative` does not draft for itself (no error)."""
+    spec = {**inherited, **own}
+    sources = spec.get("sources") if isinstance(spec.get("sources"), list) else []
+    if len(set(map(str, sources))) != len(sources):
+        problems.append(f"{at}.sources: each source may appear once, got {_got(sources)}")
+    if "draft_model" in sources and not spec.get("draft_model"):
+        problems.append(f"{at}.draft_model: required when sources lists draft_model (a GGUF path or a configured "
+                        "model with the target's vocabulary)")
+    if isinstance(model, str) and own.get("draft_model") == model and "draft_model" in sources:
+        problems.append(f"{at}.draft_model: a model cannot be its own draft model")
+    lo, hi = spec.get("min_draft", 2), spec.get("max_draft", 16)
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+        problems.append(f"{at}.min_draft: {lo} must not exceed max_draft ({hi})")
 
 
 def _group_checks(raw: dict[str, Any], model_names: set[Any], problems: list[str]) -> None:
@@ -625,7 +677,7 @@ def parse_config(raw: Any, source: str = "config", source_dir: str = ".") -> Con
     if problems:
         raise ConfigError(problems, source)
     try:
-        return msgspec.convert({**_with_inherited_kv(raw), "source_dir": source_dir}, Config, strict=False)
+        return msgspec.convert({**_with_inherited(raw), "source_dir": source_dir}, Config, strict=False)
     except msgspec.ValidationError as e:  # the walker should have caught it; never let it pass silently
         raise ConfigError([str(e)], source) from e
 

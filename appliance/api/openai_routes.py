@@ -130,7 +130,8 @@ class OpenAIRoutes:
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
         top = (req.top_logprobs or 0) if req.logprobs else None
         gens = Generations(runner, [
-            GenerationRequest(prompt, max_tokens, with_seed_offset(params, i), stops, until, top_logprobs=top)
+            GenerationRequest(prompt, max_tokens, with_seed_offset(params, i), stops, until, top_logprobs=top,
+                              speculative=req.speculative)
             for i in range(req.n)
         ])
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
@@ -146,7 +147,8 @@ class OpenAIRoutes:
         stops = stop_list(req)
         until = deadline(self.config)
         seqs = [
-            GenerationRequest(p, m, with_seed_offset(params, i), stops, until, top_logprobs=req.logprobs)
+            GenerationRequest(p, m, with_seed_offset(params, i), stops, until, top_logprobs=req.logprobs,
+                              speculative=req.speculative)
             for p, m in zip(prompts, limits)
             for i in range(req.n)
         ]

@@ -57,6 +57,8 @@ class SamplingOptions(Struct, frozen=True, kw_only=True):
 class SamplingFields(SamplingOptions, frozen=True, kw_only=True):
     model: Annotated[str, Meta(min_length=1, max_length=256)]
     n: Annotated[int, Meta(ge=1, le=16)] = 1
+    # EIE extension: false opts this request out of speculative decoding.
+    speculative: bool = True
 
 
 class ChatRequest(SamplingFields, frozen=True, kw_only=True):

@@ -26,7 +26,10 @@ from ..kv import migrate
 from ..kv.prefix_store import PrefixStore
 from . import k_centering, native
 from .client import render_chat
-from .prefix import PrefixCache, model_identity
+from .prefix import PrefixCache, file_sha256, model_identity
+from .speculative.draft_model import DraftModel
+from .speculative.history import HistoryIndex
+from .speculative.speculator import Speculator
 from .runner import ModelRunner, NotReady
 
 log = logging.getLogger("eie.manager")
@@ -103,7 +106,28 @@ class ModelManager:
 
     def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
         return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores,
-                           prefix_factory=self._prefix_cache, cache_dir=self.config.cache_dir())
+                           prefix_factory=self._prefix_cache, speculator_factory=self._speculator,
+                           cache_dir=self.config.cache_dir())
+
+    def _speculator(self, runner: ModelRunner) -> Speculator | None:
+        """The speculative decoding of a runner whose model just loaded (None when it has no
+        sources); raises VocabMismatch when the draft model's vocabulary differs."""
+        spec = runner.cfg.speculative
+        if not spec.sources:
+            return None
+        index = next(i for i, m in enumerate(self.config.models) if m.name == runner.name)
+        history = draft = None
+        if "history" in spec.sources:
+            disk = self.config.kv_disk_dir(runner.cfg)
+            path = disk / "speculative" / f"{file_sha256(runner.path)[:32]}.history" if disk else None
+            history = HistoryIndex(path, max_tokens=spec.history_tokens)
+        if "draft_model" in spec.sources and spec.draft_model != runner.name:  # (inherited by the draft itself)
+            draft = DraftModel(self.config.draft_path(runner.cfg), runner.vocab,
+                               what=f"models[{index}].speculative.draft_model ({spec.draft_model!r} for "
+                                    f"model {runner.name!r})",
+                               n_seq_max=runner.cfg.n_parallel, n_ctx_total=runner.cfg.n_ctx * runner.cfg.n_parallel,
+                               n_batch=runner.batch_cap, threads=runner.threads, cores=self.cores)
+        return Speculator(spec, history, draft)
 
     def _prefix_cache(self, runner: ModelRunner) -> PrefixCache | None:
         """The prefix cache of a runner whose context was just created (None when off)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import ctypes
 import heapq
 import logging
 import threading
@@ -29,9 +30,13 @@ from ..resources.cores import CoreBudget
 from . import native
 from .chat_template import ChatTemplate, default_template
 from .sampling import SamplingParams, build_chain, free_chain
+from .speculative.exactness import exact_rows
+from .speculative.rejection import accept_or_resample, draw
+from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
 
 log = logging.getLogger("eie.runner")
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
 
 @dataclass
@@ -46,6 +51,8 @@ class GenerationRequest:
     top_logprobs: int | None = None
     # Prefix cache: keep the finished request's context for a next turn (off for warm-ups).
     save_conversation: bool = True
+    # Speculative decoding, where the model has it configured (false: this request opts out).
+    speculative: bool = True
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ class _Sequence:
         "save_at",
         "restored",
         "decoded",
+        "spec",
+        "rng",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -132,6 +141,10 @@ class _Sequence:
         self.save_at = 0
         self.restored = 0
         self.decoded: list[int] = []  # generated tokens fed back into the KV, in order
+        self.spec: SeqDrafts | None = None  # speculative state (None: this sequence does not speculate)
+        # Sampled sequences that speculate draw with this generator (the rejection rule needs
+        # the target's probabilities, so their chain stops before the draw).
+        self.rng: np.random.Generator | None = None
 
 
 class Handle:
@@ -151,11 +164,14 @@ class Handle:
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, path: Path, cores: CoreBudget,
                  prefix_factory: Callable[["ModelRunner"], PrefixCache | None] | None = None,
+                 speculator_factory: Callable[["ModelRunner"], Speculator | None] | None = None,
                  cache_dir: Path | None = None):
         self.cfg = cfg
         self.cache_dir = cache_dir  # where measured K means are kept (engine/k_centering.py)
         self._prefix_factory = prefix_factory
         self.prefix: PrefixCache | None = None
+        self._speculator_factory = speculator_factory
+        self.spec: Speculator | None = None
         self.name = cfg.name
         self.path = path
         self.cores = cores
@@ -183,7 +199,7 @@ class ModelRunner:
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
         self.last_finished = 0.0  # time.monotonic() when a sequence last finished
-
+        self._candidates: np.ndarray | None = None  # llama_token_data for the rejection rule
     # ---- lifecycle -------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -206,9 +222,16 @@ class ModelRunner:
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
             self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
+            if self._speculator_factory is not None:  # a draft model with another vocabulary fails the load
+                self.spec = self._speculator_factory(self)
+            if self.spec is not None:
+                self._measure_exact_rows()
         except Exception as e:  # a load failure is a state, reported by /health, never a crash
             self.error = str(e)
             self.state = "failed"
+            if self.spec is not None:
+                self.spec.close()
+                self.spec = None
             if self.loaded:
                 self.loaded.free()
                 self.loaded = None
@@ -234,6 +257,18 @@ class ModelRunner:
         self._thread.start()
         log.info("model %s ready in %.2fs", self.name, self.load_seconds)
 
+    def _measure_exact_rows(self) -> None:
+        """How many tokens per sequence one decode verifies exactly (speculative/exactness.py)."""
+        granted = self.cores.acquire(self.threads)
+        try:
+            lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
+            self._threads_set = granted
+            self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, self.spec.cfg.max_draft + 1)
+        finally:
+            self.cores.release(granted)
+        log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name,
+                 self.spec.exact_rows)
+
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
@@ -246,6 +281,9 @@ class ModelRunner:
             self.loaded = None
         if self.prefix is not None:
             self.prefix.store.close()  # finishes the queued disk writes
+        if self.spec is not None:
+            self.spec.close()
+            self.spec = None
         self.state = "stopped"
 
     # ---- requests --------------------------------------------------------------------------
@@ -300,6 +338,12 @@ class ModelRunner:
 
     def running(self) -> int:
         return len(self._active)
+
+    def speculative_stats(self) -> dict | None:
+        """Speculative decoding counters (drafted, accepted, acceptance_rate, controller_on, per
+        source, ...) as a plain dict; None when the model does not speculate."""
+        spec = self.spec
+        return spec.snapshot() if spec is not None else None
 
     def decode_ms(self) -> float | None:
         """Median time of the recent decode steps (None until there are enough of them)."""
@@ -420,7 +464,12 @@ class ModelRunner:
                 kept.append(seq)
                 continue
             seq.seq_id = heapq.heappop(self._free_ids)  # lowest free id keeps active ids contiguous
-            seq.chain = build_chain(seq.req.sampling, self.loaded.n_vocab)
+            params = seq.req.sampling
+            if self.spec is not None and seq.req.speculative:
+                seq.spec = self.spec.new_sequence(seq.req.prompt)
+                if not params.greedy:
+                    seq.rng = np.random.default_rng(params.seed)
+            seq.chain = build_chain(params, self.loaded.n_vocab, draw=seq.rng is None)
             seq.stream = TextStream(seq.req.stop)
             self._active.append(seq)
             self.stats["sequences"] += 1
@@ -435,6 +484,8 @@ class ModelRunner:
             except Exception:  # never lose the answer over the cache
                 log.exception("model %s: saving a finished conversation failed", self.name)
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        if self.spec is not None:
+            self.spec.finished(seq.seq_id, seq.spec if isinstance(event, Finished) else None)
         free_chain(seq.chain)
         seq.chain = None
         with self._cond:
@@ -460,20 +511,33 @@ class ModelRunner:
                 self._finish(seq, Failed("timeout", "request deadline passed during generation"))
         decoding = [s for s in self._by_id if s.n_prefilled >= len(s.req.prompt)]
         if decoding:
+            t_step = time.perf_counter()
+            speculating = [s for s in decoding if s.spec is not None]
+            speculate = bool(speculating) and self.spec.controller.speculate(len(decoding))
+            if speculate:
+                self._propose(decoding, speculating)
             tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
-            for n, seq in enumerate(decoding):  # ascending ids: consecutive ids share one ubatch
-                tok[n] = seq.last_token
-                seq.decoded.append(seq.last_token)
-                pos[n] = seq.pos
-                seq.pos += 1
-                seq_ptrs[n][0] = seq.seq_id
-                logits[n] = 1
+            n = 0
+            for seq in decoding:  # ascending ids: consecutive ids share one ubatch
+                drafts = seq.spec.pending if seq.spec is not None else ()
                 seq.out_index = n
+                seq.decoded.append(seq.last_token)
+                # the regular token, then the drafts after it: verified in this same decode
+                for i, t in enumerate((seq.last_token, *drafts)):
+                    tok[n] = t
+                    pos[n] = seq.pos + i
+                    seq_ptrs[n][0] = seq.seq_id
+                    logits[n] = 1
+                    n += 1
+                seq.pos += 1
             t0 = time.perf_counter()
-            self._decode(len(decoding))
+            self._decode(n)
             self._decode_times.append(time.perf_counter() - t0)
-            self.stats["decode_tokens"] += len(decoding)
-            self._sample(decoding)
+            self.stats["decode_tokens"] += n
+            emitted = self._sample(decoding)
+            if speculating:
+                self.spec.controller.record(len(decoding), speculate, time.perf_counter() - t_step, emitted)
+                self.spec.stats["spec_steps" if speculate else "plain_steps"] += 1
         budget = self.batch_cap
         for seq in list(self._active):  # prompt chunks, oldest request first
             remaining = len(seq.req.prompt) - seq.n_prefilled
@@ -497,6 +561,18 @@ class ModelRunner:
                 self.prefix.save(self.loaded.ctx, seq.seq_id, seq.prefix_keys)
             if seq.n_prefilled == len(seq.req.prompt):
                 self._sample([seq])
+
+    def _propose(self, decoding: list[_Sequence], speculating: list[_Sequence]) -> None:
+        """Drafts for the speculating sequences, within the batch, max_tokens and n_ctx."""
+        share = (self.batch_cap - len(decoding)) // len(speculating)
+        jobs = []
+        for seq in speculating:
+            # the regular token is at seq.pos; drafts follow it, and the step emits up to k + 1 tokens
+            room = min(share, seq.req.max_tokens - seq.n_generated - 1, self.cfg.n_ctx - seq.pos - 1)
+            if seq.rng is None:  # greedy: only as many rows as the kernels compute exactly
+                room = min(room, self.spec.exact_rows - 1)
+            jobs.append((seq.seq_id, seq.spec, room))
+        self.spec.propose(jobs)
 
     def _prefix_start(self, seq: _Sequence) -> None:
         """Find the prompt's cached prefix: in a live sequence, or saved (RAM, then disk)."""
@@ -595,33 +671,97 @@ class ModelRunner:
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
-    def _sample(self, seqs: list[_Sequence]) -> None:
-        ctx = self.loaded.ctx
-        vocab = self.vocab
+    def _sample(self, seqs: list[_Sequence]) -> int:
+        """Sample each sequence at its logits rows; a sequence with drafts takes them while the
+        target agrees (greedy: the same token; sampled: the rejection rule), then one token of
+        its own. Rejected drafts leave the KV. Returns the number of tokens emitted."""
+        emitted = 0
         for seq in seqs:
-            token = lc.llama_sampler_sample(seq.chain, ctx, seq.out_index)
-            per_token = seq.req.top_logprobs is not None
-            if seq.req.logprobs or per_token:
-                lp, top = self._logprobs(seq.out_index, token, seq.req.top_logprobs or 0)
-                seq.logprob_sum += lp
-            if vocab.is_eog(token):
-                self._emit_end(seq, "stop")
-                continue
-            seq.n_generated += 1
-            piece = vocab.piece(token)
-            if per_token:
-                seq.pending_logprobs.append(TokenLogprob(piece, lp, tuple((vocab.piece(t), v) for t, v in top)))
-            text, hit_stop = seq.stream.push(piece)
-            if hit_stop:
-                seq.pending_logprobs.clear()  # the stop string's tokens are not part of the answer
-            if text:
-                self._emit(seq, text)
-            if hit_stop:
-                self._finish(seq, self._finished(seq, "stop"))
-            elif seq.n_generated >= seq.req.max_tokens or seq.pos >= self.cfg.n_ctx:
-                self._emit_end(seq, "length")
-            else:
-                seq.last_token = token
+            st = seq.spec
+            drafts = st.pending if st is not None else []
+            accepted = 0
+            for i in range(len(drafts) + 1):
+                row = seq.out_index + i
+                draft = drafts[i] if i < len(drafts) else None
+                token, agreed = self._pick(seq, row, draft)
+                emitted += 1
+                if not self._take(seq, token, row):
+                    break  # finished (end of generation, stop string, a limit)
+                if not agreed:
+                    seq.last_token = token
+                    break
+                accepted += 1  # the draft is in the KV already: it becomes part of the sequence
+                seq.decoded.append(token)
+                seq.pos += 1
+            if drafts:
+                if seq.chain is not None and accepted < len(drafts):
+                    lc.llama_memory_seq_rm(self._mem, seq.seq_id, seq.pos, -1)
+                self.spec.verified(st, accepted)
+        return emitted
+
+    def _pick(self, seq: _Sequence, row: int, draft: int | None) -> tuple[int, bool]:
+        """The target's token at a logits row, and whether it takes the draft proposed there."""
+        if seq.rng is None:  # the request's own chain (greedy, or sampling without speculation)
+            token = lc.llama_sampler_sample(seq.chain, self.loaded.ctx, row)
+            return token, token == draft
+        p = self._target_probs(seq, row)
+        if draft is None:
+            token, agreed = draw(p, seq.rng), False
+        else:
+            agreed, token = accept_or_resample(p, draft, seq.rng)
+        lc.llama_sampler_accept(seq.chain, token)
+        return token, agreed
+
+    def _target_probs(self, seq: _Sequence, row: int) -> np.ndarray:
+        """The distribution the request's sampler chain (bias, penalties, truncation,
+        temperature) gives the logits at `row`: the `p` of the rejection rule."""
+        n_vocab = self.loaded.n_vocab
+        cand = self._candidates
+        if cand is None:
+            cand = self._candidates = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        cand["id"] = np.arange(n_vocab, dtype=np.int32)
+        cand["logit"] = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.loaded.ctx, row), shape=(n_vocab,))
+        cand["p"] = 0.0
+        arr = lc.llama_token_data_array(
+            data=cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=n_vocab, selected=-1, sorted=False)
+        lc.llama_sampler_apply(seq.chain, ctypes.byref(arr))
+        kept = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
+                                     shape=(arr.size * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
+        logits = kept["logit"].astype(np.float64)
+        e = np.exp(logits - logits.max())
+        p = np.zeros(n_vocab, dtype=np.float64)
+        p[kept["id"]] = e / e.sum()
+        return p
+
+    def _take(self, seq: _Sequence, token: int, row: int) -> bool:
+        """Emit one sampled token; False when the sequence finished with it."""
+        vocab = self.vocab
+        per_token = seq.req.top_logprobs is not None
+        if seq.req.logprobs or per_token:
+            lp, top = self._logprobs(row, token, seq.req.top_logprobs or 0)
+            seq.logprob_sum += lp
+        if vocab.is_eog(token):
+            self._emit_end(seq, "stop")
+            return False
+        seq.n_generated += 1
+        if seq.spec is not None:
+            seq.spec.tokens.append(token)
+        piece = vocab.piece(token)
+        if per_token:
+            seq.pending_logprobs.append(TokenLogprob(piece, lp, tuple((vocab.piece(t), v) for t, v in top)))
+        text, hit_stop = seq.stream.push(piece)
+        if hit_stop:
+            seq.pending_logprobs.clear()  # the stop string's tokens are not part of the answer
+        if text:
+            self._emit(seq, text)
+        if hit_stop:
+            self._finish(seq, self._finished(seq, "stop"))
+            return False
+        if seq.n_generated >= seq.req.max_tokens or seq.pos >= self.cfg.n_ctx:
+            self._emit_end(seq, "length")
+            return False
+        seq.last_token = token
+        return True
 
     def _emit(self, seq: _Sequence, text: str) -> None:
         lps = tuple(seq.pending_logprobs)

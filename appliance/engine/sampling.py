@@ -33,8 +33,12 @@ def with_seed_offset(params: SamplingParams, k: int) -> SamplingParams:
     return replace(params, seed=(params.seed + k) & 0xFFFFFFFF)
 
 
-def build_chain(params: SamplingParams, n_vocab: int) -> lc.llama_sampler_p:
-    """A sampler chain in llama.cpp's usual order: bias, penalties, truncation, temperature, draw."""
+def build_chain(params: SamplingParams, n_vocab: int, draw: bool = True) -> lc.llama_sampler_p:
+    """A sampler chain in llama.cpp's usual order: bias, penalties, truncation, temperature, draw.
+
+    `draw=False` (sampled params only) leaves the draw out: applied to a candidate array, the
+    chain then yields the distribution the draw would use (speculative decoding's rejection rule).
+    """
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
     add = lc.llama_sampler_chain_add
     if params.logit_bias:
@@ -62,6 +66,8 @@ def build_chain(params: SamplingParams, n_vocab: int) -> lc.llama_sampler_p:
     if params.min_p > 0.0:
         add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
     add(chain, lc.llama_sampler_init_temp(params.temperature))
+    if not draw:
+        return chain
     seed = params.seed if params.seed is not None else random.getrandbits(32)
     add(chain, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
     return chain

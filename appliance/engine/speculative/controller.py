@@ -1,0 +1,132 @@
+"""Self-regulation: per-sequence draft length, and a per-model switch that keeps speculation on
+only where it pays.
+
+`DraftLength` grows the draft after a fully accepted one and shrinks it to just past the
+accepted part after a rejection, within [min_draft, max_draft].
+
+`Controller` compares the time per emitted token of steps that speculate with steps that do
+not, measured on the same runner at the same number of decoding sequences (a batched runner
+pays for drafts differently than a lone stream). While speculation is on, one step in
+`probe_every` runs without it so the baseline stays current; while it is off, a burst of
+`probe_steps` speculating steps is tried after `reprobe_after` steps, a wait that doubles after
+each failed probe (up to `max_reprobe`) and resets after a success.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+
+class DraftLength:
+    __slots__ = ("k", "lo", "hi")
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = lo, hi
+        self.k = lo
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        if accepted >= drafted:
+            self.k = min(self.hi, max(self.k, drafted) * 2)
+        else:
+            self.k = max(self.lo, min(self.k, accepted + 1))
+
+
+@dataclass
+class _Arm:
+    """Measurements at one batch size: recent (seconds, tokens) of each kind of step."""
+
+    spec: collections.deque = field(default_factory=lambda: collections.deque(maxlen=24))
+    plain: collections.deque = field(default_factory=lambda: collections.deque(maxlen=24))
+    on: bool = True
+    steps: int = 0
+    probing: int = 0  # speculating steps left in the current probe (while off)
+    wait: int = 0  # steps until the next probe (while off)
+    backoff: int = 0
+
+    @staticmethod
+    def rate(window: collections.deque) -> float:
+        seconds = sum(s for s, _ in window)
+        return sum(t for _, t in window) / seconds if seconds > 0 else 0.0
+
+
+class Controller:
+    def __init__(self, probe_every: int = 16, probe_steps: int = 8, reprobe_after: int = 64,
+                 max_reprobe: int = 2048, min_samples: int = 4, margin: float = 0.03):
+        self.probe_every = probe_every
+        self.probe_steps = probe_steps
+        self.reprobe_after = reprobe_after
+        self.max_reprobe = max_reprobe
+        self.min_samples = min_samples
+        self.margin = margin
+        self._arms: dict[int, _Arm] = {}
+        self.last_batch = 1
+        self.switches_off = 0
+        self.switches_on = 0
+
+    def _arm(self, batch: int) -> _Arm:
+        arm = self._arms.get(batch)
+        if arm is None:
+            arm = self._arms[batch] = _Arm(backoff=self.reprobe_after)
+        return arm
+
+    def speculate(self, batch: int) -> bool:
+        """Whether the next step with `batch` decoding sequences should draft."""
+        self.last_batch = batch
+        arm = self._arm(batch)
+        arm.steps += 1
+        if arm.on:
+            # the baseline: every probe_every-th step plain (every 4th until there are enough)
+            every = self.probe_every if len(arm.plain) >= self.min_samples else 4
+            return arm.steps % every != 0
+        if arm.probing > 0:
+            arm.probing -= 1
+            return True
+        arm.wait -= 1
+        if arm.wait <= 0:
+            arm.probing = self.probe_steps - 1
+            arm.spec.clear()  # judge the probe on fresh measurements
+            return True
+        return False
+
+    def record(self, batch: int, speculated: bool, seconds: float, tokens: int) -> None:
+        """One step's wall time (drafting, decode and verification) and the tokens it emitted."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        arm = self._arm(batch)
+        (arm.spec if speculated else arm.plain).append((seconds, tokens))
+        if len(arm.spec) < self.min_samples or len(arm.plain) < self.min_samples:
+            return
+        if arm.on:
+            if arm.rate(arm.spec) < arm.rate(arm.plain) * (1 - self.margin):
+                arm.on = False
+                arm.wait = arm.backoff
+                arm.backoff = min(self.max_reprobe, arm.backoff * 2)
+                self.switches_off += 1
+        elif arm.probing == 0 and speculated:  # a probe just ended
+            if arm.rate(arm.spec) > arm.rate(arm.plain) * (1 + self.margin):
+                arm.on = True
+                arm.backoff = self.reprobe_after
+                self.switches_on += 1
+            else:
+                arm.wait = arm.backoff
+                arm.backoff = min(self.max_reprobe, arm.backoff * 2)
+
+    @property
+    def on(self) -> bool:
+        """Whether speculation is on at the batch size seen last."""
+        arm = self._arms.get(self.last_batch)
+        return True if arm is None else arm.on
+
+    def snapshot(self) -> dict:
+        return {
+            "on": self.on,
+            "by_batch": {
+                str(b): {"on": a.on, "spec_tok_s": round(a.rate(a.spec), 2), "plain_tok_s": round(a.rate(a.plain), 2)}
+                for b, a in sorted(self._arms.items())
+            },
+            "switches_off": self.switches_off,
+            "switches_on": self.switches_on,
+        }

@@ -1,0 +1,48 @@
+"""How many tokens of one sequence a single llama_decode can verify while computing, bit for bit,
+the logits that decoding them one at a time computes.
+
+Greedy answers must not change with speculation, but some kernels are not batch-invariant: on
+AVX2, llama.cpp's repacked Q4_K matrix multiplication takes another path from 4 rows on (Gemma 3
+270M here), so those logits differ in the last bits and a near-tie token can flip. Measured once
+at load on the model's own context (sequence 0, cleared afterwards): the runner then verifies at
+most this many tokens (the regular one and its drafts) per greedy sequence per step.
+"""
+
+from __future__ import annotations
+
+import llama_cpp as lc
+import numpy as np
+
+
+def exact_rows(ctx: lc.llama_context_p, n_vocab: int, max_rows: int, seq_id: int = 0, context: int = 24) -> int:
+    """The largest w <= max_rows such that every batch of w' <= w tokens is exact (at least 1)."""
+    mem = lc.llama_get_memory(ctx)
+    tokens = [(7919 * i + 13) % n_vocab for i in range(context + max_rows)]  # arbitrary, fixed
+    batch = lc.llama_batch_init(max(context, max_rows), 0, 1)
+
+    def decode(start: int, n: int) -> list[np.ndarray]:
+        for i in range(n):
+            batch.token[i] = tokens[start + i]
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq_id
+            batch.logits[i] = 1
+        batch.n_tokens = n
+        if lc.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed while measuring batch invariance")
+        return [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() for i in range(n)]
+
+    try:
+        decode(0, context)
+        single = [decode(context + i, 1)[0] for i in range(max_rows)]
+        width = 1
+        for w in range(2, max_rows + 1):
+            lc.llama_memory_seq_rm(mem, seq_id, context, -1)
+            rows = decode(context, w)
+            if any(not np.array_equal(a, b) for a, b in zip(rows, single)):
+                break
+            width = w
+        return width
+    finally:
+        lc.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        lc.llama_batch_free(batch)

@@ -1,0 +1,145 @@
+"""Speculative decoding through the real server: greedy answers identical with and without it
+(both models, several prompts, concurrent streams), the history index across a restart, a draft
+model made from the target (a layer-truncated copy), the controller turning speculation off
+where drafts do not pay, a draft model with another vocabulary, and the request field."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import httpx
+import pytest
+
+from appliance.engine.prefix import file_sha256
+from appliance.engine.speculative.make_draft import truncate_layers
+from conftest import GEMMA3, SMOLLM2, model_entry
+
+TEXT = ("Teh old lighthouse stood on the edge of the clif, its whte paint peeling in the salty wind. Every "
+        "evening the keeper climed the narow stairs to light the lamp, and every morning he wrote in his "
+        "log what ships had pased in the night.")
+PROMPTS = {
+    "rewrite": f"Correct the spelling mistakes and write the text out again in full:\n\n{TEXT}",
+    "json": "Extract the invoice as JSON with keys number, date, customer, total:\n\nInvoice number 4471, "
+            "dated 3 March 2024, was issued to Harbor Supplies Ltd for a total of 1,250.00 EUR.",
+    "story": "Write a short story about a fox who finds a lost key.",
+}
+
+
+def chat(server, model: str, prompt: str, max_tokens: int, **extra) -> str:
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=300, json={
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "temperature": 0, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def spec_status(server, model: str) -> dict:
+    return httpx.get(server.base + "/v1/admin/scheduling/status").json()["models"][model]["speculative"]
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("spec-state")
+
+
+def spec_config(state_dir: Path) -> dict:
+    return {
+        "server": {"state_dir": str(state_dir)},
+        "inference": {"speculative": {"sources": ["ngram", "history"]}},
+        "models": [model_entry("smollm2-135m", SMOLLM2, n_parallel=4), model_entry("gemma3-270m", GEMMA3)],
+    }
+
+
+@pytest.fixture(scope="module")
+def spec_server(server_factory, state_dir):
+    return server_factory(spec_config(state_dir), "spec")
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_greedy_answers_are_identical_with_and_without_speculation(spec_server, model):
+    for name, prompt in PROMPTS.items():
+        plain = chat(spec_server, model, prompt, 96, speculative=False)
+        fast = chat(spec_server, model, prompt, 96)
+        assert fast == plain, name
+    stats = spec_status(spec_server, model)
+    assert stats["drafted"] > 0 and 0 < stats["accepted"] <= stats["drafted"], stats
+    assert stats["acceptance_rate"] == round(stats["accepted"] / stats["drafted"], 4)
+    assert stats["ngram_accepted"] > 0 and isinstance(stats["controller_on"], bool)
+
+
+def test_concurrent_speculating_streams_give_the_solo_answers(spec_server):
+    model = "smollm2-135m"
+    prompts = [*PROMPTS.values(), PROMPTS["rewrite"]]
+    solo = {p: chat(spec_server, model, p, 64, speculative=False) for p in PROMPTS.values()}
+    before = spec_status(spec_server, model)["drafted"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: chat(spec_server, model, p, 64), prompts))
+    assert answers == [solo[p] for p in prompts]
+    assert spec_status(spec_server, model)["drafted"] > before
+
+
+def test_sampled_requests_speculate_through_the_rejection_rule(server_factory):
+    # a fresh controller speculates from the first step (other tests may have turned it off here)
+    srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=1, speculative={"sources": ["ngram"]})]},
+                         "spec-sampled")
+    extra = {"temperature": 0.7, "seed": 7, "top_p": 0.95, "repeat_penalty": 1.1}
+    assert chat(srv, "m", PROMPTS["rewrite"], 64, **extra)
+    stats = spec_status(srv, "m")
+    assert stats["drafted"] > 0 and stats["accepted"] > 0, stats
+    # without speculation a seed still reproduces its answer (with it, the distribution is the same
+    # but which token a draw gives depends on the drafts: tests/unit checks the distribution)
+    plain = [chat(srv, "m", PROMPTS["rewrite"], 32, speculative=False, **extra) for _ in range(2)]
+    assert plain[0] == plain[1]
+    srv.stop()
+
+
+def test_the_request_field_is_validated(spec_server):
+    r = httpx.post(spec_server.base + "/v1/chat/completions", timeout=30, json={
+        "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "speculative": "no"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculative", r.text
+
+
+def test_history_drafts_from_earlier_outputs_after_a_restart(spec_server, server_factory, state_dir):
+    model = "smollm2-135m"
+    answer = chat(spec_server, model, PROMPTS["story"], 48)
+    spec_server.stop()  # saves the history next to the KV disk tier
+    # one file per model, named after the GGUF's content hash
+    assert (state_dir / "kv" / "speculative" / f"{file_sha256(SMOLLM2)[:32]}.history").is_file()
+    config = spec_config(state_dir)
+    again = server_factory({**config, "models": config["models"][:1]}, "spec-again")
+    assert spec_status(again, model)["history_tokens"] > 0
+    # the story is not in the prompt: its drafts come from the history of the first run
+    assert chat(again, model, PROMPTS["story"], 48) == answer
+    assert spec_status(again, model)["history_accepted"] > 0
+    again.stop()
+
+
+@pytest.fixture(scope="module")
+def draft_gguf(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("draft") / "smollm2-4-layers.gguf"
+    truncate_layers(SMOLLM2, path, 4)
+    return path
+
+
+def test_a_layer_truncated_draft_model_is_exact_and_the_controller_turns_it_off(server_factory, draft_gguf):
+    srv = server_factory({"models": [model_entry("m", SMOLLM2, speculative={
+        "sources": ["draft_model"], "draft_model": str(draft_gguf)})]}, "spec-draft")
+    prompt = "Tell me about the history of the bicycle in a few paragraphs."
+    assert chat(srv, "m", prompt, 48) == chat(srv, "m", prompt, 48, speculative=False)
+    chat(srv, "m", PROMPTS["story"], 112)  # no repetition: 4 of 30 layers draft poorly
+    stats = spec_status(srv, "m")
+    assert stats["draft_model_drafted"] > 0 and stats["acceptance_rate"] < 0.3, stats
+    assert stats["controller"]["switches_off"] >= 1 and not stats["controller_on"], stats
+    assert stats["plain_steps"] > stats["spec_steps"], stats
+    srv.stop()
+
+
+def test_a_draft_model_with_another_vocabulary_fails_the_load_naming_the_key(server_factory):
+    srv = server_factory({"models": [model_entry("m", SMOLLM2, speculative={
+        "sources": ["ngram", "draft_model"], "draft_model": str(GEMMA3)})]}, "spec-vocab")
+    health = httpx.get(srv.base + "/health").json()
+    assert health["status"] == "degraded"
+    error = health["models"]["m"]["error"]
+    assert "models[0].speculative.draft_model" in error and "vocabulary" in error and "262144" in error, error
+    srv.stop()
