@@ -20,7 +20,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# runner.stats key -> (family, help); optional keys (speculative decoding) count 0 until present.
+# runner.stats key -> (family, help); the speculative ones come from runner.speculative_stats().
 RUNNER_COUNTERS = {
     "prefill_tokens": ("eie_prefill_tokens", "Prompt tokens prefilled (not restored from the prefix cache)"),
     "decode_tokens": ("eie_decode_tokens", "Tokens decoded"),
@@ -63,7 +63,12 @@ class EngineCollector:
 
     @staticmethod
     def _runner_counts(runner: Any) -> dict[str, float]:
-        return {k: v for k, v in dict(runner.stats).items() if isinstance(v, (int, float))}
+        counts = {k: v for k, v in dict(runner.stats).items() if isinstance(v, (int, float))}
+        spec = runner.speculative_stats() if runner.state == "ready" else None
+        if spec:
+            counts["speculative_drafted"] = spec.get("drafted", 0)
+            counts["speculative_accepted"] = spec.get("accepted", 0)
+        return counts
 
     def collect(self) -> Iterator[Metric]:
         m = self.manager
@@ -75,6 +80,8 @@ class EngineCollector:
                                labels=["model", "type_k", "type_v"])
         mem = GaugeMetricFamily("eie_model_memory_bytes", "Measured model buffers", labels=["model", "kind"])
         prefix_bytes = GaugeMetricFamily("eie_prefix_cache_bytes", "Saved prefixes held", labels=["model", "tier"])
+        spec_on = GaugeMetricFamily("eie_speculative_on", "1 when the controller has speculative decoding on",
+                                    labels=["model"])
         disk = {k: CounterMetricFamily(f"eie_prefix_cache_disk_{k}", h, labels=["model"]) for k, h in
                 (("writes", "Saved prefixes written to the disk tier"),
                  ("errors", "Disk tier failures (the tier turns off for the model; see /v1/admin/kv/status)"))}
@@ -92,7 +99,7 @@ class EngineCollector:
             loaded = r.loaded
             if loaded is not None:
                 b = loaded.buffers
-                kv.add_metric([name, r.cfg.kv_cache.type_k, r.cfg.kv_cache.type_v], b.kv)
+                kv.add_metric([name, *r.kv_types], b.kv)  # the live types (adaptive KV changes them)
                 for kind, value in (("weights", b.weights), ("kv", b.kv), ("compute", b.compute + b.output)):
                     mem.add_metric([name, kind], value)
             if r.prefix is not None:
@@ -107,8 +114,11 @@ class EngineCollector:
                 fam.add_metric([name], stats.get(key, 0))
             for kind, fam in events.items():
                 fam.add_metric([name], model_counters.get((name, kind), 0))
+            spec = r.speculative_stats() if r.state == "ready" else None
+            if spec is not None:
+                spec_on.add_metric([name], 1 if spec.get("controller_on") else 0)
         yield from (queue, running, slots, state, kv, mem, prefix_bytes, hits, *disk.values(), *counters.values(),
-                    *events.values())
+                    *events.values(), spec_on)
         if self.devices is not None:
             dev = GaugeMetricFamily("eie_device_memory_bytes", "Device memory", labels=["device", "kind", "state"])
             for d in self.devices():

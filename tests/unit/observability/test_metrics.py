@@ -11,12 +11,12 @@ from appliance.observability.context import RequestInfo
 from appliance.observability.metrics import Metrics
 
 
-def runner(name: str, **stats) -> SimpleNamespace:
+def runner(name: str, spec: dict | None = None, **stats) -> SimpleNamespace:
     base = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "prefix_live_hits": 0, "prefix_ram_hits": 0,
             "prefix_disk_hits": 0, "prefix_misses": 0, "prefix_tokens_restored": 0, "kv_migrations": 0}
     return SimpleNamespace(name=name, state="ready", stats={**base, **stats}, loaded=None, prefix=None,
-                           cfg=SimpleNamespace(n_parallel=4, kv_cache=SimpleNamespace(type_k="f16", type_v="f16")),
-                           queue_depth=lambda: 3, running=lambda: 2)
+                           cfg=SimpleNamespace(n_parallel=4), kv_types=("f16", "f16"),
+                           queue_depth=lambda: 3, running=lambda: 2, speculative_stats=lambda: spec)
 
 
 def values(m: Metrics) -> dict[tuple[str, tuple], float]:
@@ -44,13 +44,15 @@ def test_counters_only_grow_when_a_runner_is_replaced():
     assert v[("eie_model_loads_total", (("model", "a"),))] == 2
 
 
-def test_speculative_families_read_optional_runner_stats():
-    manager = SimpleNamespace(runners={"a": runner("a"), "b": runner("b", speculative_drafted=40,
-                                                                    speculative_accepted=31)})
+def test_speculative_families_come_from_the_runners_speculative_stats():
+    spec = {"drafted": 40, "accepted": 31, "controller_on": True}
+    manager = SimpleNamespace(runners={"a": runner("a"), "b": runner("b", spec)})
     v = values(Metrics(manager))
     assert v[("eie_speculative_drafted_tokens_total", (("model", "a"),))] == 0
     assert v[("eie_speculative_drafted_tokens_total", (("model", "b"),))] == 40
     assert v[("eie_speculative_accepted_tokens_total", (("model", "b"),))] == 31
+    assert v[("eie_speculative_on", (("model", "b"),))] == 1
+    assert ("eie_speculative_on", (("model", "a"),)) not in v  # does not speculate
 
 
 def test_requests_and_groups_are_counted_with_their_labels():
