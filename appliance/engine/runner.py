@@ -25,7 +25,8 @@ import numpy as np
 from ..config import ModelConfig
 from ..kv import migrate
 from ..kv.prefix_store import block_keys
-from .prefix import PrefixCache
+from .prefix import PrefixCache, build_id
+from ..resources import file_facts
 from ..resources.cores import CoreBudget
 from . import native
 from .chat_template import ChatTemplate, default_template
@@ -258,14 +259,22 @@ class ModelRunner:
         log.info("model %s ready in %.2fs", self.name, self.load_seconds)
 
     def _measure_exact_rows(self) -> None:
-        """How many tokens per sequence one decode verifies exactly (speculative/exactness.py)."""
-        granted = self.cores.acquire(self.threads)
-        try:
-            lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
-            self._threads_set = granted
-            self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, self.spec.cfg.max_draft + 1)
-        finally:
-            self.cores.release(granted)
+        """How many tokens per sequence one decode verifies exactly (speculative/exactness.py);
+        measured once per model file, llama.cpp build and KV types, then read from the cache dir."""
+        max_rows = self.spec.cfg.max_draft + 1
+        key = (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v)
+        cached = file_facts.load(self.cache_dir, "exact-verify-rows", key)
+        if isinstance(cached, int) and 1 <= cached <= max_rows:
+            self.spec.exact_rows = cached
+        else:
+            granted = self.cores.acquire(self.threads)
+            try:
+                lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
+                self._threads_set = granted
+                self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows)
+            finally:
+                self.cores.release(granted)
+            file_facts.save(self.cache_dir, "exact-verify-rows", key, self.spec.exact_rows)
         log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name,
                  self.spec.exact_rows)
 
