@@ -669,14 +669,8 @@ class ModelRunner:
 
     def _decode(self, n_tokens: int) -> None:
         self._batch.n_tokens = n_tokens
-        granted = self.cores.acquire(self.threads)
-        try:
-            if granted != self._threads_set:
-                lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
-                self._threads_set = granted
-            rc = lc.llama_decode(self.loaded.ctx, self._batch)
-        finally:
-            self.cores.release(granted)
+        rc, self._threads_set = native.decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
+                                                         self._threads_set)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 

@@ -45,7 +45,7 @@ def state_dir(tmp_path_factory) -> Path:
 
 def spec_config(state_dir: Path) -> dict:
     return {
-        "server": {"state_dir": str(state_dir)},
+        "server": {"state_dir": str(state_dir), "cache_dir": str(state_dir)},  # shared by both servers
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("smollm2-135m", SMOLLM2, n_parallel=4), model_entry("gemma3-270m", GEMMA3)],
     }
