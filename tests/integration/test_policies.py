@@ -94,7 +94,8 @@ def test_estimates_are_checked_against_measurements(server_factory):
     for m in status["models"]:
         est, measured = m["estimate"]["total_bytes"], m["total_bytes"]
         assert 0.8 < est / measured < 1.25, (m["name"], est, measured)
-        assert m["estimate"]["kv_cache_bytes"] == m["kv_cache_bytes"]
+        # llama.cpp reports the KV buffer in MiB with 2 decimals
+        assert abs(m["estimate"]["kv_cache_bytes"] - m["kv_cache_bytes"]) <= 0.005 * 1024 * 1024
 
 
 def test_pinned_group_is_loaded_at_boot_and_never_evicted(server_factory):
