@@ -80,13 +80,11 @@ def shape_from_header(meta: dict[str, str], file_size: int) -> GgufShape:
 
 
 def kv_bytes(shape: GgufShape, cells: int, type_k: str, type_v: str) -> int:
-    """Bytes of a KV cache holding `cells` tokens with these K and V types, plus the float32 K
-    centre of each layer (the patch allocates one per layer; engine/k_centering.py)."""
+    """Bytes of a KV cache holding `cells` tokens with these K and V types."""
     per_cell = shape.n_layer * shape.n_head_kv * (
         shape.key_length * KV_BYTES_PER_VALUE[type_k] + shape.value_length * KV_BYTES_PER_VALUE[type_v]
     )
-    centres = shape.n_layer * shape.n_head_kv * shape.key_length * 4
-    return int(cells * per_cell) + centres
+    return int(cells * per_cell)
 
 
 def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type_v: str | None = None) -> Estimate:
