@@ -119,7 +119,7 @@ class ModelManager:
         history = draft = None
         if "history" in spec.sources:
             disk = self.config.kv_disk_dir(runner.cfg)
-            path = disk / "speculative" / f"{file_sha256(runner.path)[:32]}.history" if disk else None
+            path = disk / "speculative" / f"{file_sha256(runner.path, self.config.cache_dir())[:32]}.history" if disk else None
             history = HistoryIndex(path, max_tokens=spec.history_tokens)
         if "draft_model" in spec.sources and spec.draft_model != runner.name:  # (inherited by the draft itself)
             draft = DraftModel(self.config.draft_path(runner.cfg), runner.vocab,
