@@ -100,7 +100,7 @@ class SpeculativeConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # model_dir, or the name of a configured model whose file is used).
     draft_model: Annotated[str, Meta(min_length=1)] | None = None
     max_draft: Annotated[int, Meta(ge=1, le=64)] = 16
-    min_draft: Annotated[int, Meta(ge=1, le=64)] = 2
+    min_draft: Annotated[int, Meta(ge=1, le=64)] = 1
     # The history source keeps this many recent output tokens per model.
     history_tokens: Annotated[int, Meta(ge=256, le=16_777_216)] = 65536
 
@@ -606,7 +606,7 @@ def _spec_checks(at: str, inherited: dict[str, Any], own: dict[str, Any], proble
                         "model with the target's vocabulary)")
     if isinstance(model, str) and own.get("draft_model") == model and "draft_model" in sources:
         problems.append(f"{at}.draft_model: a model cannot be its own draft model")
-    lo, hi = spec.get("min_draft", 2), spec.get("max_draft", 16)
+    lo, hi = spec.get("min_draft", 1), spec.get("max_draft", 16)
     if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
         problems.append(f"{at}.min_draft: {lo} must not exceed max_draft ({hi})")
 

@@ -97,9 +97,14 @@ def free_port() -> int:
 class Server:
     def __init__(self, model: str, state: Path, sources: list[str], threads: int):
         self.port = free_port()
-        cfg = {"server": {"host": "127.0.0.1", "port": self.port, "state_dir": str(state)},
+        # No prefix cache: a restored prefix was prefilled in other chunks, so its KV (and a greedy
+        # answer) can differ in the last bits from a cold prefill, which would hide what
+        # speculation itself changes. The cache directory is the run's own (the history source).
+        cfg = {"server": {"host": "127.0.0.1", "port": self.port, "state_dir": str(state),
+                          "cache_dir": str(state / "cache")},
                "models": [{"name": "m", "path": str(ROOT / "models" / MODELS[model]), "n_ctx": 2048,
-                           "n_parallel": 4, "threads": threads, "speculative": {"sources": sources}}]}
+                           "n_parallel": 4, "threads": threads, "speculative": {"sources": sources},
+                           "kv_cache": {"prefix": {"enabled": False}}}]}
         path = state / f"bench-{self.port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.log = open(state / f"bench-{self.port}.log", "wb")
@@ -207,7 +212,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sources", default="ngram")
+    ap.add_argument("--sources", default="ngram,history")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--streams", default="1,4", help="concurrent streams to measure, e.g. 1,4")

@@ -541,12 +541,16 @@ class ModelRunner:
                 seq.pos += 1
             t0 = time.perf_counter()
             self._decode(n)
-            self._decode_times.append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            self._decode_times.append(took)
             self.stats["decode_tokens"] += n
+            if self.spec is not None:
+                self.spec.cost.observe(n, took)
+            drafted = n > len(decoding)
             emitted = self._sample(decoding)
             if speculating:
-                self.spec.controller.record(len(decoding), speculate, time.perf_counter() - t_step, emitted)
-                self.spec.stats["spec_steps" if speculate else "plain_steps"] += 1
+                self.spec.controller.record(len(decoding), drafted, time.perf_counter() - t_step, emitted)
+                self.spec.stats["spec_steps" if drafted else "plain_steps"] += 1
         budget = self.batch_cap
         for seq in list(self._active):  # prompt chunks, oldest request first
             remaining = len(seq.req.prompt) - seq.n_prefilled
@@ -581,7 +585,7 @@ class ModelRunner:
             if seq.rng is None:  # greedy: only as many rows as the kernels compute exactly
                 room = min(room, self.spec.exact_rows - 1)
             jobs.append((seq.seq_id, seq.spec, room))
-        self.spec.propose(jobs)
+        self.spec.propose(jobs, len(decoding))
 
     def _prefix_start(self, seq: _Sequence) -> None:
         """Find the prompt's cached prefix: in a live sequence, or saved (RAM, then disk)."""

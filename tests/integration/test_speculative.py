@@ -122,7 +122,7 @@ def draft_gguf(tmp_path_factory) -> Path:
     return path
 
 
-def test_a_layer_truncated_draft_model_is_exact_and_the_controller_turns_it_off(server_factory, draft_gguf):
+def test_a_layer_truncated_draft_model_is_exact_and_speculation_stops_where_it_does_not_pay(server_factory, draft_gguf):
     srv = server_factory({"models": [model_entry("m", SMOLLM2, speculative={
         "sources": ["draft_model"], "draft_model": str(draft_gguf)})]}, "spec-draft")
     prompt = "Tell me about the history of the bicycle in a few paragraphs."
@@ -130,8 +130,9 @@ def test_a_layer_truncated_draft_model_is_exact_and_the_controller_turns_it_off(
     chat(srv, "m", PROMPTS["story"], 112)  # no repetition: 4 of 30 layers draft poorly
     stats = spec_status(srv, "m")
     assert stats["draft_model_drafted"] > 0 and stats["acceptance_rate"] < 0.3, stats
-    assert stats["controller"]["switches_off"] >= 1 and not stats["controller_on"], stats
-    assert stats["plain_steps"] > stats["spec_steps"], stats
+    # the planner declines drafts that do not pay (the controller would switch off what it misses)
+    assert stats["declined"] > 0 or not stats["controller_on"], stats
+    assert stats["plain_steps"] > 3 * stats["spec_steps"], stats
     srv.stop()
 
 

@@ -1,8 +1,5 @@
-"""Self-regulation: per-sequence draft length, and a per-model switch that keeps speculation on
-only where it pays.
-
-`DraftLength` grows the draft after a fully accepted one and shrinks it to just past the
-accepted part after a rejection, within [min_draft, max_draft].
+"""Self-regulation, per model: a switch that keeps speculation on only where it pays (the draft
+lengths themselves come from planner.py).
 
 `Controller` compares the time per emitted token of steps that speculate with steps that do
 not, measured on the same runner at the same number of decoding sequences (a batched runner
@@ -16,22 +13,6 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-
-
-class DraftLength:
-    __slots__ = ("k", "lo", "hi")
-
-    def __init__(self, lo: int, hi: int):
-        self.lo, self.hi = lo, hi
-        self.k = lo
-
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        if accepted >= drafted:
-            self.k = min(self.hi, max(self.k, drafted) * 2)
-        else:
-            self.k = max(self.lo, min(self.k, accepted + 1))
 
 
 @dataclass
@@ -54,7 +35,7 @@ class _Arm:
 
 class Controller:
     def __init__(self, probe_every: int = 16, probe_steps: int = 8, reprobe_after: int = 64,
-                 max_reprobe: int = 2048, min_samples: int = 4, margin: float = 0.03):
+                 max_reprobe: int = 2048, min_samples: int = 8, margin: float = 0.03):
         self.probe_every = probe_every
         self.probe_steps = probe_steps
         self.reprobe_after = reprobe_after

@@ -1,32 +1,51 @@
 """One model's speculative decoding: its draft sources chained in the configured order, the
-per-sequence draft lengths, the controller and the counters the status endpoints show."""
+per-sequence acceptance estimates, the step planner (planner.py), the controller and the
+counters the status endpoints show."""
 
 from __future__ import annotations
 
 import collections
+import itertools
+import time
 
 from ...config import SpeculativeConfig
-from .controller import Controller, DraftLength
+from .controller import Controller
 from .draft_model import DraftModel
 from .history import HistoryIndex
 from .ngram import NgramIndex
+from .planner import Acceptance, Candidate, StepCost, plan, survival
 
 SOURCES = ("ngram", "history", "draft_model")
+
+# A sequence's estimate for a source mixes in this many observations of its model's, and the
+# model's, per position, this many of its own estimate over all positions (which starts at
+# PRIOR_HAZARD), so that a few drafts do not decide alone.
+SEQ_PRIOR_WEIGHT = 4.0
+MODEL_PRIOR_WEIGHT = 2.0
+PRIOR_HAZARD = 0.3
 
 
 class SeqDrafts:
     """A sequence's speculative state: its tokens (prompt and output), prompt-lookup index and
-    draft length; the runner fills `tokens` and reads `pending` after a step."""
+    acceptance per source; the runner fills `tokens` and reads `pending` after a step.
 
-    __slots__ = ("tokens", "n_prompt", "index", "length", "pending", "source")
+    A lookup's whole draft is kept as `shadow` and scored by the tokens the sequence then
+    generates, also the part the plan did not verify: acceptance stays measured at every
+    position, while drafting does not pay too."""
 
-    def __init__(self, prompt: list[int], lo: int, hi: int):
+    __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "shadow", "shadow_at",
+                 "shadow_source")
+
+    def __init__(self, prompt: list[int], sources: list[str], positions: int):
         self.tokens = list(prompt)
         self.n_prompt = len(prompt)
         self.index = NgramIndex()
-        self.length = DraftLength(lo, hi)
+        self.accept = {s: Acceptance(positions, decay=0.8) for s in sources}
         self.pending: list[int] = []  # drafts being verified this step
         self.source = ""
+        self.shadow: list[int] = []
+        self.shadow_at = 0
+        self.shadow_source = ""
 
 
 class Speculator:
@@ -36,38 +55,96 @@ class Speculator:
         self.history = history
         self.draft = draft
         self.controller = Controller()
+        self.cost = StepCost()
+        self.accept = {s: Acceptance(cfg.max_draft, decay=0.98) for s in self.sources}
+        self.draft_seconds = 0.0  # a draft model's time per drafted token (moving average)
         # tokens of one sequence one decode verifies exactly (speculative/exactness.py; set at load)
         self.exact_rows = cfg.max_draft + 1
-        self.stats = {"drafted": 0, "accepted": 0, "spec_steps": 0, "plain_steps": 0,
+        self.stats = {"drafted": 0, "accepted": 0, "spec_steps": 0, "plain_steps": 0, "declined": 0,
                       **{f"{s}_drafted": 0 for s in self.sources}, **{f"{s}_accepted": 0 for s in self.sources}}
         self._lengths: collections.deque[int] = collections.deque(maxlen=256)  # recent draft lengths
 
     def new_sequence(self, prompt: list[int]) -> SeqDrafts:
-        return SeqDrafts(prompt, self.cfg.min_draft, self.cfg.max_draft)
+        return SeqDrafts(prompt, self.sources, self.cfg.max_draft)
 
-    def propose(self, seqs: list[tuple[int, SeqDrafts, int]]) -> None:
-        """Fill `pending` of each (seq id, state, room) with up to min(room, its length) drafts,
-        trying the sources in order; a sequence keeps the first source that has any."""
-        todo = [(sid, st, min(room, st.length.k)) for sid, st, room in seqs]
-        todo = [t for t in todo if t[2] > 0]
-        for st in (t[1] for t in seqs):
+    def model_hazards(self, source: str) -> list[float]:
+        a = self.accept[source]
+        pooled = (sum(a.fail) + MODEL_PRIOR_WEIGHT * PRIOR_HAZARD) / (sum(a.reach) + MODEL_PRIOR_WEIGHT)
+        return a.hazards([pooled] * len(a.reach), MODEL_PRIOR_WEIGHT)
+
+    def gains(self, st: SeqDrafts, source: str, n: int) -> list[float]:
+        """The chance that each of the next n drafts from `source` is accepted, for this sequence."""
+        return survival(st.accept[source].hazards(self.model_hazards(source), SEQ_PRIOR_WEIGHT), n)
+
+    def propose(self, seqs: list[tuple[int, SeqDrafts, int]], base_rows: int) -> None:
+        """Fill `pending` of each (seq id, state, room) with the drafts worth verifying in a step
+        whose plain decode has `base_rows` rows. Each lookup source listed before draft_model
+        is asked; the sequence takes the draft with the most expected accepted tokens (ties:
+        the configured order), or the draft model's where no lookup has one. The planner then
+        sets how many of them to verify, within room and max_draft."""
+        for _, st, _ in seqs:
             st.pending, st.source = [], ""
-        for source in self.sources:
-            if not todo:
-                break
-            if source == "draft_model":
-                found = self.draft.draft([(sid, st.tokens, k) for sid, st, k in todo])
-            elif source == "ngram":
-                found = [st.index.lookup(st.tokens, k) for _, st, k in todo]
-            else:
-                found = [self.history.lookup(st.tokens, k) for _, st, k in todo]
-            rest = []
-            for (sid, st, k), drafts in zip(todo, found):
-                if drafts:
-                    st.pending, st.source = list(drafts), source
-                else:
-                    rest.append((sid, st, k))
-            todo = rest
+            self._score_shadow(st)
+        todo = [(sid, st, min(room, self.cfg.max_draft)) for sid, st, room in seqs]
+        todo = [t for t in todo if t[2] > 0]
+        chosen: list[tuple[int, SeqDrafts, str, list[int] | None, int]] = []  # (sid, st, source, drafts, cap)
+        lookups = list(itertools.takewhile(lambda src: src != "draft_model", self.sources))
+        for sid, st, k in todo:
+            best, best_gain = None, 0.0
+            for source in lookups:  # the lookup whose draft promises the most; ties: configured order
+                found = st.index.lookup(st.tokens, k) if source == "ngram" else self.history.lookup(st.tokens, k)
+                if found:
+                    gain = sum(self.gains(st, source, len(found)))
+                    if best is None or gain > best_gain:
+                        best, best_gain = (sid, st, source, list(found), len(found)), gain
+            if best is not None:
+                chosen.append(best)
+            elif "draft_model" in self.sources:
+                chosen.append((sid, st, "draft_model", None, k))
+        if not chosen:
+            return
+        cands = [Candidate(self.gains(st, src, cap), self.draft_seconds if src == "draft_model" else 0.0)
+                 for _, st, src, _, cap in chosen]
+        counts = plan(base_rows, cands, self.cost)
+        jobs = []
+        for (sid, st, src, drafts, cap), k in zip(chosen, counts):
+            if k > 0:
+                k = min(cap, max(k, self.cfg.min_draft))
+            if k == 0:
+                self.stats["declined"] += 1
+            if src == "draft_model":
+                if k > 0:
+                    jobs.append((sid, st, k))
+                continue
+            if k > 0:
+                st.pending, st.source = drafts[:k], src
+            if not st.shadow:
+                st.shadow, st.shadow_at, st.shadow_source = drafts, len(st.tokens), src
+        if jobs:
+            t0 = time.perf_counter()
+            found = self.draft.draft([(sid, st.tokens, k) for sid, st, k in jobs])
+            n = sum(len(d) for d in found)
+            if n:
+                per = (time.perf_counter() - t0) / n
+                self.draft_seconds = per if self.draft_seconds == 0 else self.draft_seconds * 0.8 + per * 0.2
+            for (_, st, _), drafts in zip(jobs, found):
+                st.pending, st.source = list(drafts), "draft_model"
+
+    def _score_shadow(self, st: SeqDrafts) -> None:
+        """Score a kept lookup draft against the tokens generated since (once it is decided)."""
+        shadow = st.shadow
+        if not shadow:
+            return
+        got = st.tokens[st.shadow_at : st.shadow_at + len(shadow)]
+        m = 0
+        while m < len(got) and got[m] == shadow[m]:
+            m += 1
+        if m == len(got) < len(shadow):
+            return  # all matched so far: wait for more tokens
+        drafted = len(shadow) if m == len(shadow) else m + 1
+        st.accept[st.shadow_source].update(drafted, m)
+        self.accept[st.shadow_source].update(drafted, m)
+        st.shadow = []
 
     def verified(self, st: SeqDrafts, accepted: int) -> None:
         drafted = len(st.pending)
@@ -78,7 +155,9 @@ class Speculator:
         self.stats[f"{st.source}_drafted"] += drafted
         self.stats[f"{st.source}_accepted"] += accepted
         self._lengths.append(drafted)
-        st.length.update(drafted, accepted)
+        if st.source == "draft_model":  # (lookup drafts are scored as shadows, in full)
+            st.accept[st.source].update(drafted, accepted)
+            self.accept[st.source].update(drafted, accepted)
         st.pending = []
 
     def finished(self, seq_id: int, st: SeqDrafts | None) -> None:
@@ -94,14 +173,17 @@ class Speculator:
             self.draft.free()
 
     def snapshot(self) -> dict:
-        """Plain counters (for the status endpoint and, later, /metrics)."""
+        """Plain counters (for the status endpoint and /metrics)."""
         drafted, accepted = self.stats["drafted"], self.stats["accepted"]
         lengths = sorted(self._lengths)
         return {
             **self.stats,
             "sources": list(self.sources),
             "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+            "expected_run": {s: round(sum(survival(self.model_hazards(s), self.cfg.max_draft)), 2)
+                             for s in self.sources},
             "median_draft_length": lengths[len(lengths) // 2] if lengths else None,
+            "step_ms_by_rows": self.cost.snapshot(),
             "controller_on": self.controller.on,
             "controller": self.controller.snapshot(),
             "history_tokens": self.history.n_tokens if self.history is not None else None,

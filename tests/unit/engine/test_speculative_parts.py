@@ -1,5 +1,5 @@
 """Speculative decoding's pieces on their own: the rejection rule (statistically, fixed seed),
-prompt lookup, the history index and its file, draft lengths, the controller, config errors."""
+prompt lookup, the history index and its file, the draft planner, the controller, config errors."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 
 from appliance.config import ConfigError, parse_config
-from appliance.engine.speculative.controller import Controller, DraftLength
+from appliance.config import SpeculativeConfig
+from appliance.engine.speculative.controller import Controller
 from appliance.engine.speculative.history import HistoryIndex
 from appliance.engine.speculative.ngram import NgramIndex
+from appliance.engine.speculative.planner import Acceptance, Candidate, StepCost, plan, survival
+from appliance.engine.speculative.speculator import Speculator
 from appliance.engine.speculative.rejection import accept_or_resample, draw
 
 P = np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])  # the target's distribution
@@ -91,18 +94,73 @@ def test_history_index_is_bounded_and_ignores_a_foreign_file(tmp_path):
     assert HistoryIndex(bad).n_tokens == 0
 
 
-def test_draft_length_grows_on_acceptance_and_shrinks_on_rejection():
-    d = DraftLength(2, 16)
-    d.update(2, 2)
-    assert d.k == 4
-    d.update(4, 4)
-    d.update(8, 8)
-    d.update(16, 16)
-    assert d.k == 16
-    d.update(16, 3)
-    assert d.k == 4
-    d.update(4, 0)
-    assert d.k == 2
+def cpu_like_cost(per_row: float = 0.5, base: float = 0.016) -> StepCost:
+    """A cost table measured as on 2 cores: each extra row adds half a one-row decode."""
+    cost = StepCost()
+    for rows in range(1, 40):
+        cost.observe(rows, base * (1 + per_row * (rows - 1)))
+    return cost
+
+
+def geometric(a: float, n: int = 16) -> list[float]:
+    return [a ** j for j in range(1, n + 1)]
+
+
+def test_the_plan_drafts_more_the_likelier_drafts_are_accepted():
+    cost = cpu_like_cost()
+    lengths = [plan(1, [Candidate(geometric(a))], cost)[0] for a in (0.3, 0.6, 0.8, 0.9, 0.97)]
+    assert lengths[0] == 0  # a draft rarely accepted costs more than it brings
+    assert lengths == sorted(lengths) and lengths[-1] >= 5
+    # where verifying is cheap, the same acceptance is worth longer drafts
+    assert plan(1, [Candidate(geometric(0.8))], cpu_like_cost(per_row=0.1))[0] > lengths[2]
+    # runs that, once started, go on (a rewrite copying its text) are worth drafting in full
+    assert plan(1, [Candidate([0.8] + [0.79] * 15)], cost)[0] == 16
+
+
+def test_the_plan_takes_the_best_rows_across_sequences_and_none_that_do_not_pay():
+    cost = cpu_like_cost()
+    k = plan(3, [Candidate(geometric(0.95)), Candidate(geometric(0.2)), Candidate(geometric(0.9, 3))], cost)
+    assert k[0] > 0 and k[1] == 0 and 0 < k[2] <= 3
+    tokens = 3 + sum(0.95 ** j for j in range(1, k[0] + 1)) + sum(0.9 ** j for j in range(1, k[2] + 1))
+    assert tokens / cost.time(3 + k[0] + k[2]) > 3 / cost.time(3)
+    assert plan(1, [Candidate(geometric(0.99), draft_cost=0.05)], cost) == [0]  # a draft model slower than the target
+    assert plan(1, [Candidate(geometric(0.9))], StepCost()) == [0]  # nothing measured yet: no plan
+
+
+def test_step_cost_interpolates_and_extrapolates_with_the_prior_slope():
+    cost = StepCost(prior_row_cost=0.5)
+    cost.observe(1, 0.010)
+    assert cost.time(3) == pytest.approx(0.020)
+    cost.observe(5, 0.040)
+    assert cost.time(3) == pytest.approx(0.025)
+    assert cost.time(7) == pytest.approx(0.055)
+    cost.observe(1, 0.020)  # moving average
+    assert 0.010 < cost.time(1) < 0.020
+
+
+def test_acceptance_counts_each_position_a_draft_reached_and_where_it_failed():
+    a = Acceptance(positions=8, decay=1.0)
+    a.update(4, 4)
+    a.update(4, 1)
+    a.update(8, 0)
+    assert a.reach[1:6] == [3, 2, 1, 1, 0] and a.fail[1:4] == [1, 1, 0]
+    h = a.hazards([0.5] * 9, weight=0)[:4]
+    assert h[1:] == [pytest.approx(1 / 3), pytest.approx(1 / 2), 0.0]
+    assert survival(h, 3) == [pytest.approx(2 / 3), pytest.approx(1 / 3), pytest.approx(1 / 3)]
+    assert Acceptance(8, decay=1.0).hazards([0.3] * 9, weight=4)[5] == pytest.approx(0.3)  # no data: the prior
+
+
+def test_lookup_drafts_are_scored_in_full_by_what_the_sequence_generates():
+    spec = Speculator(SpeculativeConfig(sources=["ngram"]))
+    for rows in range(1, 20):
+        spec.cost.observe(rows, 0.01 * rows)  # verification as dear as decoding: nothing pays
+    st = spec.new_sequence([1, 2, 3, 4, 5, 9, 1, 2, 3])
+    spec.propose([(0, st, 16)], 1)
+    assert st.pending == [] and st.shadow == [4, 5, 9, 1, 2, 3]
+    st.tokens += [4, 5, 7]  # generated: the first two drafts were right, the third not
+    spec.propose([(0, st, 16)], 1)
+    assert st.accept["ngram"].reach[1:5] == [1, 1, 1, 0] and st.accept["ngram"].fail[3] == 1
+    assert spec.accept["ngram"].reach[3] == 1
 
 
 def drive(c: Controller, steps: int, spec_rate: float, plain_rate: float, batch: int = 1) -> list[bool]:
