@@ -18,7 +18,7 @@ from ..config import Config, ModelConfig
 from ..policy import Candidate, make_policy
 from ..resources import file_facts, memory
 from ..resources.cores import CoreBudget
-from ..resources.estimate import Estimate, GgufShape, estimate, shape_from_header
+from ..resources.estimate import Estimate, GgufShape, draft_estimate, estimate, shape_from_header
 from ..kv.adaptive import Change, Controller, ModelKv, Pressure
 from ..resources.estimate import KV_BYTES_PER_VALUE
 from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label, ladder
@@ -353,18 +353,39 @@ class ModelManager:
         runner = self.runners[name]
         if self._estimated.get(name) != runner.cfg:  # a new runner may have other KV types (auto)
             try:
-                self.estimates[name] = estimate(shape_of(runner.path, self.config.cache_dir()), runner.cfg)
+                est = estimate(shape_of(runner.path, self.config.cache_dir()), runner.cfg)
+                draft = self._draft_path(runner)
+                if draft is not None:
+                    est = dataclasses.replace(
+                        est, draft_model=draft_estimate(shape_of(draft, self.config.cache_dir()), runner.cfg))
+                self.estimates[name] = est
             except (OSError, ValueError):
                 self.estimates[name] = None  # unreadable: the load itself reports why
             self._estimated[name] = runner.cfg
         return self.estimates[name]
 
+    def _draft_path(self, runner: ModelRunner) -> Path | None:
+        """The GGUF of the runner's speculative draft model, when it has one."""
+        spec = runner.cfg.speculative
+        if "draft_model" not in spec.sources or spec.draft_model in (None, runner.name):
+            return None
+        return self.config.draft_path(runner.cfg)
+
     @staticmethod
-    def measured(runner: ModelRunner) -> int:
+    def draft_measured(runner: ModelRunner) -> int:
+        """Bytes of the runner's draft model (weights, KV, compute), 0 without one."""
+        spec = runner.spec
+        if spec is None or spec.draft is None:
+            return 0
+        b = spec.draft.loaded.buffers
+        return b.weights + b.kv + b.compute + b.output
+
+    @classmethod
+    def measured(cls, runner: ModelRunner) -> int:
         if runner.loaded is None:
             return 0
         b = runner.loaded.buffers
-        return b.weights + b.kv + b.compute + b.output
+        return b.weights + b.kv + b.compute + b.output + cls.draft_measured(runner)
 
     def _held(self, name: str) -> int:
         """Memory a model holds now: measured when loaded, estimated while loading."""

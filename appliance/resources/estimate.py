@@ -25,10 +25,11 @@ class Estimate:
     weights: int
     kv: int
     compute: int
+    draft_model: int = 0  # a speculative draft model's weights, KV and compute (its own context)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute
+        return self.weights + self.kv + self.compute + self.draft_model
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,9 @@ def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type
     activations = n_batch * (8 * shape.n_embd + 3 * shape.n_ff) * 4
     outputs = cfg.n_parallel * shape.n_vocab * 4
     return Estimate(weights=shape.tensor_bytes, kv=kv, compute=logits + activations + outputs)
+
+
+def draft_estimate(shape: GgufShape, cfg: ModelConfig) -> int:
+    """What the draft model of `cfg` takes: its context holds the target's sequences (n_ctx ×
+    n_parallel cells, f16 KV) with the target's batch size (engine/speculative/draft_model.py)."""
+    return estimate(shape, cfg, "f16", "f16").total

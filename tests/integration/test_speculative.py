@@ -133,6 +133,13 @@ def test_a_layer_truncated_draft_model_is_exact_and_speculation_stops_where_it_d
     # the planner declines drafts that do not pay (the controller would switch off what it misses)
     assert stats["declined"] > 0 or not stats["controller_on"], stats
     assert stats["plain_steps"] > 3 * stats["spec_steps"], stats
+    # the draft model's memory is the model's too: measured, estimated before the load, in the total
+    entry = next(m for m in httpx.get(srv.base + "/v1/admin/vram/status").json()["models"] if m["name"] == "m")
+    measured, est = entry["draft_model_bytes"], entry["estimate"]["draft_model_bytes"]
+    assert measured > draft_gguf.stat().st_size * 0.9 and abs(est - measured) < 0.15 * measured, entry
+    assert entry["total_bytes"] == (entry["weights_bytes"] + entry["kv_cache_bytes"] + entry["compute_bytes"]
+                                    + measured), entry
+    assert entry["estimate"]["total_bytes"] > entry["estimate"]["weights_bytes"] + est, entry
     srv.stop()
 
 

@@ -12,58 +12,56 @@ second, and none unless that beats the plain step by `margin`.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 
 class StepCost:
-    """Wall time of a decode by its number of rows, learned from the runner's own decodes
-    (exponential average per row count; linear in between; a prior slope beyond)."""
+    """Wall time of a decode by its number of rows, t(n) = a + b·(n − 1), fitted by least squares
+    to the runner's own decodes (older ones fade by `forget` each). The slope is shrunk towards
+    `prior_row_cost`·a as if `prior_weight` decodes one row apart had shown it, so a few noisy
+    wide decodes cannot make drafts look dear for good (the plan would never try them again),
+    and before any wide decode the prior stands."""
 
-    def __init__(self, prior_row_cost: float = 0.6, alpha: float = 0.25):
-        self.prior_row_cost = prior_row_cost  # an extra row's cost over a one-row decode, before it is measured
-        self.alpha = alpha
-        self._rows: list[int] = []
-        self._time: dict[int, float] = {}
+    def __init__(self, prior_row_cost: float = 0.6, forget: float = 0.995, prior_weight: float = 4.0):
+        self.prior_row_cost = prior_row_cost
+        self.forget = forget
+        self.prior_weight = prior_weight
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0:
             return
-        old = self._time.get(rows)
-        if old is None:
-            bisect.insort(self._rows, rows)
-            self._time[rows] = seconds
-        else:
-            self._time[rows] = old + self.alpha * (seconds - old)
+        f, x = self.forget, rows - 1
+        self._w = self._w * f + 1
+        self._x = self._x * f + x
+        self._y = self._y * f + seconds
+        self._xx = self._xx * f + x * x
+        self._xy = self._xy * f + x * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b): a one-row decode's seconds and each further row's; None before any decode."""
+        w = self._w
+        if w <= 0:
+            return None
+        mx, my = self._x / w, self._y / w
+        prior_b = self.prior_row_cost * my / (1 + self.prior_row_cost * mx)
+        sxx = self._xx - w * mx * mx
+        sxy = self._xy - w * mx * my
+        b = (sxy + self.prior_weight * prior_b) / (sxx + self.prior_weight)
+        a = my - b * mx
+        if a <= 0:  # (noise) keep the rows' average cost, from a one-row decode upwards
+            b = my / (1 + mx)
+            a = b
+        return a, max(b, 0.0)
 
     def time(self, rows: int) -> float | None:
         """Expected seconds of a decode with `rows` rows (None before any decode was seen)."""
-        known = self._rows
-        if not known:
-            return None
-        t = self._time.get(rows)
-        if t is not None:
-            return t
-        i = bisect.bisect_left(known, rows)
-        if 0 < i < len(known):  # between two measured sizes
-            lo, hi = known[i - 1], known[i]
-            w = (rows - lo) / (hi - lo)
-            return self._time[lo] * (1 - w) + self._time[hi] * w
-        if i == 0:  # below the smallest measured size: scale it down by the prior slope
-            hi = known[0]
-            per_row = self._time[hi] * self.prior_row_cost / (1 + self.prior_row_cost * (hi - 1))
-            return max(self._time[hi] - per_row * (hi - rows), per_row)
-        top = known[-1]
-        if len(known) >= 2:  # beyond: the slope of the two largest sizes, at least the prior's
-            prev = known[-2]
-            slope = (self._time[top] - self._time[prev]) / (top - prev)
-        else:
-            slope = 0.0
-        prior = self._time[known[0]] * self.prior_row_cost / (1 + self.prior_row_cost * (known[0] - 1))
-        return self._time[top] + max(slope, prior) * (rows - top)
+        ab = self.fit()
+        return None if ab is None else ab[0] + ab[1] * (rows - 1)
 
     def snapshot(self) -> dict[str, float]:
-        return {str(r): round(self._time[r] * 1000, 2) for r in self._rows}
+        ab = self.fit()
+        return {} if ab is None else {"one_row_ms": round(ab[0] * 1000, 2), "per_extra_row_ms": round(ab[1] * 1000, 2)}
 
 
 class Acceptance:

@@ -23,18 +23,18 @@ SOURCES = ("ngram", "history", "draft_model")
 SEQ_PRIOR_WEIGHT = 4.0
 MODEL_PRIOR_WEIGHT = 2.0
 PRIOR_HAZARD = 0.3
+MAX_WATCHED = 24  # lookup drafts of a sequence waiting to be scored
 
 
 class SeqDrafts:
     """A sequence's speculative state: its tokens (prompt and output), prompt-lookup index and
     acceptance per source; the runner fills `tokens` and reads `pending` after a step.
 
-    A lookup's whole draft is kept as `shadow` and scored by the tokens the sequence then
+    Every lookup's whole draft is kept in `watch` and scored by the tokens the sequence then
     generates, also the part the plan did not verify: acceptance stays measured at every
     position, while drafting does not pay too."""
 
-    __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "shadow", "shadow_at",
-                 "shadow_source")
+    __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch")
 
     def __init__(self, prompt: list[int], sources: list[str], positions: int):
         self.tokens = list(prompt)
@@ -43,9 +43,7 @@ class SeqDrafts:
         self.accept = {s: Acceptance(positions, decay=0.8) for s in sources}
         self.pending: list[int] = []  # drafts being verified this step
         self.source = ""
-        self.shadow: list[int] = []
-        self.shadow_at = 0
-        self.shadow_source = ""
+        self.watch: list[tuple[list[int], int, str]] = []  # (draft, where in tokens it starts, source)
 
 
 class Speculator:
@@ -84,7 +82,8 @@ class Speculator:
         sets how many of them to verify, within room and max_draft."""
         for _, st, _ in seqs:
             st.pending, st.source = [], ""
-            self._score_shadow(st)
+            if st.watch:
+                st.watch = [w for w in st.watch if not self._score(st, *w)]
         todo = [(sid, st, min(room, self.cfg.max_draft)) for sid, st, room in seqs]
         todo = [t for t in todo if t[2] > 0]
         chosen: list[tuple[int, SeqDrafts, str, list[int] | None, int]] = []  # (sid, st, source, drafts, cap)
@@ -94,6 +93,8 @@ class Speculator:
             for source in lookups:  # the lookup whose draft promises the most; ties: configured order
                 found = st.index.lookup(st.tokens, k) if source == "ngram" else self.history.lookup(st.tokens, k)
                 if found:
+                    if len(st.watch) < MAX_WATCHED:  # every source's draft is scored, chosen or not
+                        st.watch.append((list(found), len(st.tokens), source))
                     gain = sum(self.gains(st, source, len(found)))
                     if best is None or gain > best_gain:
                         best, best_gain = (sid, st, source, list(found), len(found)), gain
@@ -118,8 +119,6 @@ class Speculator:
                 continue
             if k > 0:
                 st.pending, st.source = drafts[:k], src
-            if not st.shadow:
-                st.shadow, st.shadow_at, st.shadow_source = drafts, len(st.tokens), src
         if jobs:
             t0 = time.perf_counter()
             found = self.draft.draft([(sid, st.tokens, k) for sid, st, k in jobs])
@@ -130,21 +129,18 @@ class Speculator:
             for (_, st, _), drafts in zip(jobs, found):
                 st.pending, st.source = list(drafts), "draft_model"
 
-    def _score_shadow(self, st: SeqDrafts) -> None:
-        """Score a kept lookup draft against the tokens generated since (once it is decided)."""
-        shadow = st.shadow
-        if not shadow:
-            return
-        got = st.tokens[st.shadow_at : st.shadow_at + len(shadow)]
+    def _score(self, st: SeqDrafts, draft: list[int], at: int, source: str) -> bool:
+        """Score a watched lookup draft against the tokens generated since; False while undecided."""
+        got = st.tokens[at : at + len(draft)]
         m = 0
-        while m < len(got) and got[m] == shadow[m]:
+        while m < len(got) and got[m] == draft[m]:
             m += 1
-        if m == len(got) < len(shadow):
-            return  # all matched so far: wait for more tokens
-        drafted = len(shadow) if m == len(shadow) else m + 1
-        st.accept[st.shadow_source].update(drafted, m)
-        self.accept[st.shadow_source].update(drafted, m)
-        st.shadow = []
+        if m == len(got) < len(draft):
+            return False  # all matched so far: wait for more tokens
+        drafted = len(draft) if m == len(draft) else m + 1
+        st.accept[source].update(drafted, m)
+        self.accept[source].update(drafted, m)
+        return True
 
     def verified(self, st: SeqDrafts, accepted: int) -> None:
         drafted = len(st.pending)

@@ -127,15 +127,17 @@ def test_the_plan_takes_the_best_rows_across_sequences_and_none_that_do_not_pay(
     assert plan(1, [Candidate(geometric(0.9))], StepCost()) == [0]  # nothing measured yet: no plan
 
 
-def test_step_cost_interpolates_and_extrapolates_with_the_prior_slope():
-    cost = StepCost(prior_row_cost=0.5)
+def test_step_cost_fits_a_line_and_starts_from_the_prior_slope():
+    cost = StepCost(prior_row_cost=0.5, forget=1.0)
     cost.observe(1, 0.010)
-    assert cost.time(3) == pytest.approx(0.020)
-    cost.observe(5, 0.040)
-    assert cost.time(3) == pytest.approx(0.025)
-    assert cost.time(7) == pytest.approx(0.055)
-    cost.observe(1, 0.020)  # moving average
-    assert 0.010 < cost.time(1) < 0.020
+    assert cost.time(3) == pytest.approx(0.020)  # only one-row decodes seen: the prior slope
+    for _ in range(50):
+        cost.observe(1, 0.010)
+        cost.observe(9, 0.030)  # each further row costs 2.5 ms
+    a, b = cost.fit()
+    assert a == pytest.approx(0.010, rel=0.05) and b == pytest.approx(0.0025, rel=0.1)
+    cost.observe(5, 0.5)  # one stalled decode does not make wide decodes look dear
+    assert cost.time(17) < 0.06
 
 
 def test_acceptance_counts_each_position_a_draft_reached_and_where_it_failed():
@@ -156,7 +158,7 @@ def test_lookup_drafts_are_scored_in_full_by_what_the_sequence_generates():
         spec.cost.observe(rows, 0.01 * rows)  # verification as dear as decoding: nothing pays
     st = spec.new_sequence([1, 2, 3, 4, 5, 9, 1, 2, 3])
     spec.propose([(0, st, 16)], 1)
-    assert st.pending == [] and st.shadow == [4, 5, 9, 1, 2, 3]
+    assert st.pending == [] and st.watch == [([4, 5, 9, 1, 2, 3], 9, "ngram")]
     st.tokens += [4, 5, 7]  # generated: the first two drafts were right, the third not
     spec.propose([(0, st, 16)], 1)
     assert st.accept["ngram"].reach[1:5] == [1, 1, 1, 0] and st.accept["ngram"].fail[3] == 1
