@@ -61,11 +61,15 @@ class HistoryIndex:
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the longest match of the suffix of `tokens` in the history."""
-        at = longest_match(self._maps, tokens)
-        if at is None:
-            return []
-        out = self._flat[at : at + k]
-        return out[: out.index(-1)] if -1 in out else out
+        return self.lookup_match(tokens, k)[0]
+
+    def lookup_match(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        """The draft (as `lookup`) and the length of the n-gram it matched (0: none)."""
+        hit = longest_match(self._maps, tokens)
+        if hit is None or k <= 0:
+            return [], 0
+        out = self._flat[hit[0] : hit[0] + k]
+        return (out[: out.index(-1)] if -1 in out else out), hit[1]
 
     def _rebuild(self) -> None:
         self._flat = []

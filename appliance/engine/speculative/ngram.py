@@ -22,13 +22,13 @@ def add_ngrams(maps: NgramMaps, tokens: list[int], lo: int, hi: int, offset: int
                 table[tuple(tokens[i + 1 - n : i + 1])] = offset + i + 1
 
 
-def longest_match(maps: NgramMaps, tokens: list[int]) -> int | None:
-    """Where the continuation of the longest indexed suffix of `tokens` starts, or None."""
+def longest_match(maps: NgramMaps, tokens: list[int]) -> tuple[int, int] | None:
+    """(where the continuation starts, n) for the longest indexed n-gram suffix of `tokens`, or None."""
     for n, table in maps.items():  # longest first
         if len(tokens) >= n:
             at = table.get(tuple(tokens[-n:]))
             if at is not None:
-                return at
+                return at, n
     return None
 
 
@@ -47,10 +47,14 @@ class NgramIndex:
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the longest earlier match of the suffix of `tokens`."""
+        return self.lookup_match(tokens, k)[0]
+
+    def lookup_match(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        """The draft (as `lookup`) and the length of the n-gram it matched (0: none)."""
         if k <= 0 or len(tokens) < 2:
-            return []
+            return [], 0
         # index only n-grams that have a following token, so the suffix never matches itself
         add_ngrams(self._maps, tokens, self._upto, len(tokens) - 1)
         self._upto = max(self._upto, len(tokens) - 1)
-        at = longest_match(self._maps, tokens)
-        return [] if at is None else tokens[at : at + k]
+        hit = longest_match(self._maps, tokens)
+        return ([], 0) if hit is None else (tokens[hit[0] : hit[0] + k], hit[1])

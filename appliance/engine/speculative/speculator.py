@@ -24,11 +24,13 @@ SEQ_PRIOR_WEIGHT = 4.0
 MODEL_PRIOR_WEIGHT = 2.0
 PRIOR_HAZARD = 0.3
 MAX_WATCHED = 24  # lookup drafts of a sequence waiting to be scored
+DRAFT_MODEL_RETRY_AFTER = 64  # declined draft-model plans before one short draft is verified anyway
 
 
 class SeqDrafts:
     """A sequence's speculative state: its tokens (prompt and output), prompt-lookup index and
-    acceptance per source; the runner fills `tokens` and reads `pending` after a step.
+    acceptance per kind of draft (a lookup source and the length of the n-gram it matched, or
+    the draft model); the runner fills `tokens` and reads `pending` after a step.
 
     Every lookup's whole draft is kept in `watch` and scored by the tokens the sequence then
     generates, also the part the plan did not verify: acceptance stays measured at every
@@ -36,14 +38,26 @@ class SeqDrafts:
 
     __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch")
 
-    def __init__(self, prompt: list[int], sources: list[str], positions: int):
+    def __init__(self, prompt: list[int], positions: int):
         self.tokens = list(prompt)
         self.n_prompt = len(prompt)
         self.index = NgramIndex()
-        self.accept = {s: Acceptance(positions, decay=0.8) for s in sources}
+        self.accept = _Estimates(positions, decay=0.8)
         self.pending: list[int] = []  # drafts being verified this step
         self.source = ""
-        self.watch: list[tuple[list[int], int, str]] = []  # (draft, where in tokens it starts, source)
+        self.watch: list[tuple[list[int], int, str]] = []  # (draft, where in tokens it starts, kind)
+
+
+class _Estimates(dict):
+    """Acceptance per kind of draft, made on first use."""
+
+    def __init__(self, positions: int, decay: float):
+        super().__init__()
+        self.positions, self.decay = positions, decay
+
+    def __missing__(self, kind: str) -> Acceptance:
+        a = self[kind] = Acceptance(self.positions, self.decay)
+        return a
 
 
 class Speculator:
@@ -54,8 +68,9 @@ class Speculator:
         self.draft = draft
         self.controller = Controller()
         self.cost = StepCost()
-        self.accept = {s: Acceptance(cfg.max_draft, decay=0.98) for s in self.sources}
+        self.accept = _Estimates(cfg.max_draft, decay=0.98)
         self.draft_seconds = 0.0  # a draft model's time per drafted token (moving average)
+        self._draft_declines = 0
         # tokens of one sequence one decode verifies exactly (speculative/exactness.py; set at load)
         self.exact_rows = cfg.max_draft + 1
         self.stats = {"drafted": 0, "accepted": 0, "spec_steps": 0, "plain_steps": 0, "declined": 0,
@@ -63,16 +78,16 @@ class Speculator:
         self._lengths: collections.deque[int] = collections.deque(maxlen=256)  # recent draft lengths
 
     def new_sequence(self, prompt: list[int]) -> SeqDrafts:
-        return SeqDrafts(prompt, self.sources, self.cfg.max_draft)
+        return SeqDrafts(prompt, self.cfg.max_draft)
 
-    def model_hazards(self, source: str) -> list[float]:
-        a = self.accept[source]
+    def model_hazards(self, kind: str) -> list[float]:
+        a = self.accept[kind]
         pooled = (sum(a.fail) + MODEL_PRIOR_WEIGHT * PRIOR_HAZARD) / (sum(a.reach) + MODEL_PRIOR_WEIGHT)
         return a.hazards([pooled] * len(a.reach), MODEL_PRIOR_WEIGHT)
 
-    def gains(self, st: SeqDrafts, source: str, n: int) -> list[float]:
-        """The chance that each of the next n drafts from `source` is accepted, for this sequence."""
-        return survival(st.accept[source].hazards(self.model_hazards(source), SEQ_PRIOR_WEIGHT), n)
+    def gains(self, st: SeqDrafts, kind: str, n: int) -> list[float]:
+        """The chance that each of the next n drafts of this kind is accepted, for this sequence."""
+        return survival(st.accept[kind].hazards(self.model_hazards(kind), SEQ_PRIOR_WEIGHT), n)
 
     def propose(self, seqs: list[tuple[int, SeqDrafts, int]], base_rows: int) -> None:
         """Fill `pending` of each (seq id, state, room) with the drafts worth verifying in a step
@@ -86,33 +101,38 @@ class Speculator:
                 st.watch = [w for w in st.watch if not self._score(st, *w)]
         todo = [(sid, st, min(room, self.cfg.max_draft)) for sid, st, room in seqs]
         todo = [t for t in todo if t[2] > 0]
-        chosen: list[tuple[int, SeqDrafts, str, list[int] | None, int]] = []  # (sid, st, source, drafts, cap)
+        chosen: list[tuple[int, SeqDrafts, str, str, list[int] | None, int]] = []  # (sid, st, source, kind, drafts, cap)
         lookups = list(itertools.takewhile(lambda src: src != "draft_model", self.sources))
         for sid, st, k in todo:
             best, best_gain = None, 0.0
             for source in lookups:  # the lookup whose draft promises the most; ties: configured order
-                found = st.index.lookup(st.tokens, k) if source == "ngram" else self.history.lookup(st.tokens, k)
+                found, n = (st.index if source == "ngram" else self.history).lookup_match(st.tokens, k)
                 if found:
+                    kind = f"{source}:{n}"  # a longer match is a surer draft
                     if len(st.watch) < MAX_WATCHED:  # every source's draft is scored, chosen or not
-                        st.watch.append((list(found), len(st.tokens), source))
-                    gain = sum(self.gains(st, source, len(found)))
+                        st.watch.append((list(found), len(st.tokens), kind))
+                    gain = sum(self.gains(st, kind, len(found)))
                     if best is None or gain > best_gain:
-                        best, best_gain = (sid, st, source, list(found), len(found)), gain
+                        best, best_gain = (sid, st, source, kind, list(found), len(found)), gain
             if best is not None:
                 chosen.append(best)
             elif "draft_model" in self.sources:
-                chosen.append((sid, st, "draft_model", None, k))
+                chosen.append((sid, st, "draft_model", "draft_model", None, k))
         if not chosen:
             return
-        cands = [Candidate(self.gains(st, src, cap), self.draft_seconds if src == "draft_model" else 0.0)
-                 for _, st, src, _, cap in chosen]
+        cands = [Candidate(self.gains(st, kind, cap), self.draft_seconds if src == "draft_model" else 0.0)
+                 for _, st, src, kind, _, cap in chosen]
         counts = plan(base_rows, cands, self.cost)
         jobs = []
-        for (sid, st, src, drafts, cap), k in zip(chosen, counts):
+        for (sid, st, src, _, drafts, cap), k in zip(chosen, counts):
             if k > 0:
                 k = min(cap, max(k, self.cfg.min_draft))
             if k == 0:
                 self.stats["declined"] += 1
+                if src == "draft_model":  # its estimate moves only with verified drafts: try it now and then
+                    self._draft_declines += 1
+                    if self._draft_declines >= DRAFT_MODEL_RETRY_AFTER:
+                        self._draft_declines, k = 0, min(cap, 2)
             if src == "draft_model":
                 if k > 0:
                     jobs.append((sid, st, k))
@@ -129,7 +149,7 @@ class Speculator:
             for (_, st, _), drafts in zip(jobs, found):
                 st.pending, st.source = list(drafts), "draft_model"
 
-    def _score(self, st: SeqDrafts, draft: list[int], at: int, source: str) -> bool:
+    def _score(self, st: SeqDrafts, draft: list[int], at: int, kind: str) -> bool:
         """Score a watched lookup draft against the tokens generated since; False while undecided."""
         got = st.tokens[at : at + len(draft)]
         m = 0
@@ -138,8 +158,8 @@ class Speculator:
         if m == len(got) < len(draft):
             return False  # all matched so far: wait for more tokens
         drafted = len(draft) if m == len(draft) else m + 1
-        st.accept[source].update(drafted, m)
-        self.accept[source].update(drafted, m)
+        st.accept[kind].update(drafted, m)
+        self.accept[kind].update(drafted, m)
         return True
 
     def verified(self, st: SeqDrafts, accepted: int) -> None:
@@ -176,8 +196,8 @@ class Speculator:
             **self.stats,
             "sources": list(self.sources),
             "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-            "expected_run": {s: round(sum(survival(self.model_hazards(s), self.cfg.max_draft)), 2)
-                             for s in self.sources},
+            "expected_run": {kind: round(sum(survival(self.model_hazards(kind), self.cfg.max_draft)), 2)
+                             for kind in sorted(self.accept)},
             "median_draft_length": lengths[len(lengths) // 2] if lengths else None,
             "step_ms_by_rows": self.cost.snapshot(),
             "controller_on": self.controller.on,

@@ -158,11 +158,11 @@ def test_lookup_drafts_are_scored_in_full_by_what_the_sequence_generates():
         spec.cost.observe(rows, 0.01 * rows)  # verification as dear as decoding: nothing pays
     st = spec.new_sequence([1, 2, 3, 4, 5, 9, 1, 2, 3])
     spec.propose([(0, st, 16)], 1)
-    assert st.pending == [] and st.watch == [([4, 5, 9, 1, 2, 3], 9, "ngram")]
+    assert st.pending == [] and st.watch == [([4, 5, 9, 1, 2, 3], 9, "ngram:3")]  # a 3-gram matched
     st.tokens += [4, 5, 7]  # generated: the first two drafts were right, the third not
     spec.propose([(0, st, 16)], 1)
-    assert st.accept["ngram"].reach[1:5] == [1, 1, 1, 0] and st.accept["ngram"].fail[3] == 1
-    assert spec.accept["ngram"].reach[3] == 1
+    assert st.accept["ngram:3"].reach[1:5] == [1, 1, 1, 0] and st.accept["ngram:3"].fail[3] == 1
+    assert spec.accept["ngram:3"].reach[3] == 1
 
 
 def drive(c: Controller, steps: int, spec_rate: float, plain_rate: float, batch: int = 1) -> list[bool]:
