@@ -544,8 +544,9 @@ class ModelRunner:
             took = time.perf_counter() - t0
             self._decode_times.append(took)
             self.stats["decode_tokens"] += n
-            if self.spec is not None:
-                self.spec.cost.observe(n, took)
+            if self.spec is not None and n % len(decoding) == 0 and all(
+                    len(s.spec.pending if s.spec is not None else ()) == n // len(decoding) - 1 for s in decoding):
+                self.spec.cost.observe(n, took)  # one pass over the weights (passes_time): the cost line's data
             drafted = n > len(decoding)
             emitted = self._sample(decoding)
             if speculating:

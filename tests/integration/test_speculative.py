@@ -79,6 +79,19 @@ def test_concurrent_speculating_streams_give_the_solo_answers(spec_server):
     assert spec_status(spec_server, model)["drafted"] > before
 
 
+def test_turbo_kv_verifies_exactly_across_attention_chunks(server_factory):
+    # TurboQuant flash attention splits a decode's cells into chunks of 256: a prompt of ~400
+    # tokens spans two, and verifying drafts must still compute what decoding alone does
+    srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=2, kv_cache={"mode": "turbo3"},
+                                                 speculative={"sources": ["ngram"]})]}, "spec-turbo")
+    assert spec_status(srv, "m")["exact_verify_rows"] == 17  # every probed width is exact
+    prompt = f"Correct the spelling mistakes and write the text out again in full:\n\n{TEXT} {TEXT} {TEXT}"
+    plain = chat(srv, "m", prompt, 96, speculative=False)
+    assert chat(srv, "m", prompt, 96) == plain
+    assert spec_status(srv, "m")["accepted"] > 0
+    srv.stop()
+
+
 def test_sampled_requests_speculate_through_the_rejection_rule(server_factory):
     # a fresh controller speculates from the first step (other tests may have turned it off here)
     srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=1, speculative={"sources": ["ngram"]})]},

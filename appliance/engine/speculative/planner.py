@@ -5,9 +5,9 @@ decode by the number of rows in it.
 On a CPU a decode's time grows with its rows almost linearly (SmolLM2 Q4_1 on 2 cores: 2 rows
 1.6×, 4 rows 2.7×, 16 rows 7.5× one row), so a draft pays only where it is likely to be accepted.
 The j-th draft of a sequence adds the chance that it and the j − 1 before it are accepted
-(estimated per source and position, `Acceptance`). Sorting every candidate draft of the step by
-that gain, the best set of m rows is the first m; the plan takes the m with the most tokens per
-second, and none unless that beats the plain step by `margin`.
+(estimated per source and position, `Acceptance`). A lone sequence verifies the number of drafts
+with the most tokens per second, none unless that beats the plain step by `margin`. Several
+sequences draft the same number each or none (`_plan_streams`: unequal drafts cost extra passes).
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, margin: fl
     t0 = cost.time(base_rows)
     if t0 is None or not candidates:
         return counts
+    if base_rows > 1:
+        return _plan_streams(base_rows, candidates, cost, t0, margin)
     gains = []  # (gain, seq index, draft cost); a sequence's gains never grow with position
     for i, c in enumerate(candidates):
         gains += [(g, i, c.draft_cost) for g in c.gains if g >= 1e-3]
@@ -138,3 +140,21 @@ def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, margin: fl
     for _, i, _ in gains[:best_m]:
         counts[i] += 1
     return counts
+
+
+def _plan_streams(base_rows: int, candidates: list[Candidate], cost: StepCost, t0: float, margin: float) -> list[int]:
+    """Several sequences: llama.cpp splits a batch over several KV streams into ubatches with the
+    same number of tokens of every sequence in them (and consecutive sequence ids), so unequal
+    drafts cost whole extra passes over the weights: rows 7, 1, 1, 1 take a pass of 4 rows and
+    one of 6. The plan drafts only when every decoding sequence has a draft, the same number
+    for each (at most the shortest), one pass: the number with the most expected tokens per second."""
+    if len(candidates) < base_rows:
+        return [0] * len(candidates)
+    best_rate, best_k = base_rows / t0 * (1 + margin), 0
+    for k in range(1, min(len(c.gains) for c in candidates) + 1):
+        tokens = base_rows + sum(sum(c.gains[:k]) for c in candidates)
+        drafting = sum(c.draft_cost * k for c in candidates)
+        rate = tokens / (cost.time(base_rows * (1 + k)) + drafting)
+        if rate > best_rate:
+            best_rate, best_k = rate, k
+    return [best_k] * len(candidates)

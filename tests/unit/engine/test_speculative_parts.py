@@ -117,14 +117,21 @@ def test_the_plan_drafts_more_the_likelier_drafts_are_accepted():
     assert plan(1, [Candidate([0.8] + [0.79] * 15)], cost)[0] == 16
 
 
-def test_the_plan_takes_the_best_rows_across_sequences_and_none_that_do_not_pay():
+def test_a_lone_sequence_drafts_only_what_pays():
     cost = cpu_like_cost()
-    k = plan(3, [Candidate(geometric(0.95)), Candidate(geometric(0.2)), Candidate(geometric(0.9, 3))], cost)
-    assert k[0] > 0 and k[1] == 0 and 0 < k[2] <= 3
-    tokens = 3 + sum(0.95 ** j for j in range(1, k[0] + 1)) + sum(0.9 ** j for j in range(1, k[2] + 1))
-    assert tokens / cost.time(3 + k[0] + k[2]) > 3 / cost.time(3)
     assert plan(1, [Candidate(geometric(0.99), draft_cost=0.05)], cost) == [0]  # a draft model slower than the target
     assert plan(1, [Candidate(geometric(0.9))], StepCost()) == [0]  # nothing measured yet: no plan
+
+
+def test_several_sequences_draft_equally_in_one_pass_or_not_at_all():
+    cost = cpu_like_cost(per_row=0.2)
+    k = plan(3, [Candidate(geometric(0.95)), Candidate(geometric(0.95, 2)), Candidate(geometric(0.9))], cost)
+    assert k == [2, 2, 2]  # the same for each, at most the shortest draft
+    rows = 3 * (1 + 2)
+    assert (3 + 2 * (0.95 + 0.95 ** 2) + 0.9 + 0.81) / cost.time(rows) > 3 / cost.time(3)
+    # a sequence without a draft would cost a second pass: none drafts
+    assert plan(4, [Candidate(geometric(0.95)), Candidate(geometric(0.95)), Candidate(geometric(0.95))], cost) == [0, 0, 0]
+    assert plan(2, [Candidate(geometric(0.3)), Candidate(geometric(0.3))], cost) == [0, 0]
 
 
 def test_step_cost_fits_a_line_and_starts_from_the_prior_slope():
