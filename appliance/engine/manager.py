@@ -193,9 +193,15 @@ class ModelManager:
 
     def _kv_input(self, cfg: ModelConfig) -> KvInput:
         try:
-            return KvInput(cfg, shape_of(self.config.model_path(cfg), self.config.cache_dir()))
+            shape = shape_of(self.config.model_path(cfg), self.config.cache_dir())
         except (OSError, ValueError) as e:
             return KvInput(cfg, None, str(e))
+        draft = self._draft_path(cfg)
+        try:
+            extra = draft_estimate(shape_of(draft, self.config.cache_dir()), cfg) if draft is not None else 0
+        except (OSError, ValueError):
+            extra = 0  # unreadable: the draft model's load reports why
+        return KvInput(cfg, shape, extra_bytes=extra)
 
     def kv_status(self, name: str) -> dict:
         """How the model's KV cache types came about, for /v1/admin/vram/status."""
@@ -354,7 +360,7 @@ class ModelManager:
         if self._estimated.get(name) != runner.cfg:  # a new runner may have other KV types (auto)
             try:
                 est = estimate(shape_of(runner.path, self.config.cache_dir()), runner.cfg)
-                draft = self._draft_path(runner)
+                draft = self._draft_path(runner.cfg)
                 if draft is not None:
                     est = dataclasses.replace(
                         est, draft_model=draft_estimate(shape_of(draft, self.config.cache_dir()), runner.cfg))
@@ -364,12 +370,12 @@ class ModelManager:
             self._estimated[name] = runner.cfg
         return self.estimates[name]
 
-    def _draft_path(self, runner: ModelRunner) -> Path | None:
-        """The GGUF of the runner's speculative draft model, when it has one."""
-        spec = runner.cfg.speculative
-        if "draft_model" not in spec.sources or spec.draft_model in (None, runner.name):
+    def _draft_path(self, cfg: ModelConfig) -> Path | None:
+        """The GGUF of the model's speculative draft model, when it has one."""
+        spec = cfg.speculative
+        if "draft_model" not in spec.sources or spec.draft_model in (None, cfg.name):
             return None
-        return self.config.draft_path(runner.cfg)
+        return self.config.draft_path(cfg)
 
     @staticmethod
     def draft_measured(runner: ModelRunner) -> int:

@@ -31,6 +31,7 @@ class KvInput:
     cfg: ModelConfig  # as configured (inference.kv_cache already merged in); mode may be "auto"
     shape: GgufShape | None  # None: the GGUF header could not be read
     error: str | None = None  # why the header could not be read
+    extra_bytes: int = 0  # memory the model brings besides its own estimate (a speculative draft model)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def choose_kv(
         return estimate(m.shape, m.cfg, *types(m)).kv if m.shape else 0
 
     def total() -> int:
-        return sum(estimate(m.shape, m.cfg, *types(m)).total for m in models if m.shape)
+        return sum(estimate(m.shape, m.cfg, *types(m)).total + m.extra_bytes for m in models if m.shape)
 
     while usable is not None and total() > usable:
         steppable = [m for m in auto if m.shape and at[m.cfg.name] < len(rungs[m.cfg.name]) - 1]

@@ -55,6 +55,13 @@ def test_one_auto_model_takes_the_least_compressed_type_that_fits(usable, expect
         assert c.reason.endswith("; GQA 1 < 6 so K follows V")
 
 
+def test_a_draft_models_memory_counts_against_the_budget():
+    alone = models(AUTO)[0]
+    with_draft = KvInput(alone.cfg, alone.shape, extra_bytes=F16 - Q8)  # a draft as big as f16 saves over q8_0
+    assert choose_kv([alone], F16, BUDGET)["a"].type_v == "f16"
+    assert choose_kv([with_draft], F16, BUDGET)["a"].type_v == "q8_0"
+
+
 def test_gqa_of_6_or_more_keeps_k_at_q8_0_past_q8_0():
     gqa6 = shape(n_head=12, n_head_kv=2)  # 512 bytes a cell at f16
     inputs = models(AUTO, shapes={"a": gqa6})
