@@ -121,8 +121,9 @@ class ModelManager:
             disk = self.config.kv_disk_dir(runner.cfg)
             path = disk / "speculative" / f"{file_sha256(runner.path, self.config.cache_dir())[:32]}.history" if disk else None
             history = HistoryIndex(path, max_tokens=spec.history_tokens)
-        if "draft_model" in spec.sources and spec.draft_model != runner.name:  # (inherited by the draft itself)
-            draft = DraftModel(self.config.draft_path(runner.cfg), runner.vocab,
+        draft_path = self._draft_path(runner.cfg)
+        if draft_path is not None:
+            draft = DraftModel(draft_path, runner.vocab,
                                what=f"models[{index}].speculative.draft_model ({spec.draft_model!r} for "
                                     f"model {runner.name!r})",
                                n_seq_max=runner.cfg.n_parallel, n_ctx_total=runner.cfg.n_ctx * runner.cfg.n_parallel,
@@ -196,9 +197,8 @@ class ModelManager:
             shape = shape_of(self.config.model_path(cfg), self.config.cache_dir())
         except (OSError, ValueError) as e:
             return KvInput(cfg, None, str(e))
-        draft = self._draft_path(cfg)
         try:
-            extra = draft_estimate(shape_of(draft, self.config.cache_dir()), cfg) if draft is not None else 0
+            extra = self._draft_estimate(cfg)
         except (OSError, ValueError):
             extra = 0  # unreadable: the draft model's load reports why
         return KvInput(cfg, shape, extra_bytes=extra)
@@ -360,38 +360,37 @@ class ModelManager:
         if self._estimated.get(name) != runner.cfg:  # a new runner may have other KV types (auto)
             try:
                 est = estimate(shape_of(runner.path, self.config.cache_dir()), runner.cfg)
-                draft = self._draft_path(runner.cfg)
-                if draft is not None:
-                    est = dataclasses.replace(
-                        est, draft_model=draft_estimate(shape_of(draft, self.config.cache_dir()), runner.cfg))
-                self.estimates[name] = est
+                self.estimates[name] = dataclasses.replace(est, draft_model=self._draft_estimate(runner.cfg))
             except (OSError, ValueError):
                 self.estimates[name] = None  # unreadable: the load itself reports why
             self._estimated[name] = runner.cfg
         return self.estimates[name]
 
     def _draft_path(self, cfg: ModelConfig) -> Path | None:
-        """The GGUF of the model's speculative draft model, when it has one."""
+        """The GGUF of the model's speculative draft model, when it has one (a model inheriting
+        itself as draft model has none)."""
         spec = cfg.speculative
         if "draft_model" not in spec.sources or spec.draft_model in (None, cfg.name):
             return None
         return self.config.draft_path(cfg)
 
+    def _draft_estimate(self, cfg: ModelConfig) -> int:
+        """What the model's draft model will take (0 without one); OSError/ValueError when its
+        GGUF cannot be read."""
+        draft = self._draft_path(cfg)
+        return draft_estimate(shape_of(draft, self.config.cache_dir()), cfg) if draft is not None else 0
+
     @staticmethod
     def draft_measured(runner: ModelRunner) -> int:
         """Bytes of the runner's draft model (weights, KV, compute), 0 without one."""
         spec = runner.spec
-        if spec is None or spec.draft is None:
-            return 0
-        b = spec.draft.loaded.buffers
-        return b.weights + b.kv + b.compute + b.output
+        return spec.draft.loaded.buffers.total if spec is not None and spec.draft is not None else 0
 
     @classmethod
     def measured(cls, runner: ModelRunner) -> int:
         if runner.loaded is None:
             return 0
-        b = runner.loaded.buffers
-        return b.weights + b.kv + b.compute + b.output + cls.draft_measured(runner)
+        return runner.loaded.buffers.total + cls.draft_measured(runner)
 
     def _held(self, name: str) -> int:
         """Memory a model holds now: measured when loaded, estimated while loading."""

@@ -101,6 +101,10 @@ class BufferSizes:
     compute: int = 0
     output: int = 0
 
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.output
+
 
 def parse_buffer_sizes(lines: list[str]) -> BufferSizes:
     sizes = {"model": 0, "KV": 0, "RS": 0, "compute": 0, "output": 0}

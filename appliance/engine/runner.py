@@ -527,8 +527,10 @@ class ModelRunner:
                 self._propose(decoding, speculating)
             tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
             n = 0
+            widths = set()  # rows per sequence: unequal ones make llama.cpp split the batch
             for seq in decoding:  # ascending ids: consecutive ids share one ubatch
                 drafts = seq.spec.pending if seq.spec is not None else ()
+                widths.add(1 + len(drafts))
                 seq.out_index = n
                 seq.decoded.append(seq.last_token)
                 # the regular token, then the drafts after it: verified in this same decode
@@ -544,9 +546,8 @@ class ModelRunner:
             took = time.perf_counter() - t0
             self._decode_times.append(took)
             self.stats["decode_tokens"] += n
-            if self.spec is not None and n % len(decoding) == 0 and all(
-                    len(s.spec.pending if s.spec is not None else ()) == n // len(decoding) - 1 for s in decoding):
-                self.spec.cost.observe(n, took)  # one pass over the weights (passes_time): the cost line's data
+            if self.spec is not None and len(widths) == 1:
+                self.spec.cost.observe(n, took)  # one pass over the weights: the cost line's data (planner.py)
             drafted = n > len(decoding)
             emitted = self._sample(decoding)
             if speculating:

@@ -15,8 +15,6 @@ from .history import HistoryIndex
 from .ngram import NgramIndex
 from .planner import Acceptance, Candidate, StepCost, plan, survival
 
-SOURCES = ("ngram", "history", "draft_model")
-
 # A sequence's estimate for a source mixes in this many observations of its model's, and the
 # model's, per position, this many of its own estimate over all positions (which starts at
 # PRIOR_HAZARD), so that a few drafts do not decide alone.
@@ -101,7 +99,8 @@ class Speculator:
                 st.watch = [w for w in st.watch if not self._score(st, *w)]
         todo = [(sid, st, min(room, self.cfg.max_draft)) for sid, st, room in seqs]
         todo = [t for t in todo if t[2] > 0]
-        chosen: list[tuple[int, SeqDrafts, str, str, list[int] | None, int]] = []  # (sid, st, source, kind, drafts, cap)
+        # (sid, st, source, drafts or None for the draft model, gains of each further draft)
+        chosen: list[tuple[int, SeqDrafts, str, list[int] | None, list[float]]] = []
         lookups = list(itertools.takewhile(lambda src: src != "draft_model", self.sources))
         for sid, st, k in todo:
             best, best_gain = None, 0.0
@@ -111,20 +110,20 @@ class Speculator:
                     kind = f"{source}:{n}"  # a longer match is a surer draft
                     if len(st.watch) < MAX_WATCHED:  # every source's draft is scored, chosen or not
                         st.watch.append((list(found), len(st.tokens), kind))
-                    gain = sum(self.gains(st, kind, len(found)))
-                    if best is None or gain > best_gain:
-                        best, best_gain = (sid, st, source, kind, list(found), len(found)), gain
+                    gains = self.gains(st, kind, len(found))
+                    if best is None or sum(gains) > best_gain:
+                        best, best_gain = (sid, st, source, list(found), gains), sum(gains)
             if best is not None:
                 chosen.append(best)
             elif "draft_model" in self.sources:
-                chosen.append((sid, st, "draft_model", "draft_model", None, k))
+                chosen.append((sid, st, "draft_model", None, self.gains(st, "draft_model", k)))
         if not chosen:
             return
-        cands = [Candidate(self.gains(st, kind, cap), self.draft_seconds if src == "draft_model" else 0.0)
-                 for _, st, src, kind, _, cap in chosen]
+        cands = [Candidate(gains, self.draft_seconds if src == "draft_model" else 0.0) for _, _, src, _, gains in chosen]
         counts = plan(base_rows, cands, self.cost)
         jobs = []
-        for (sid, st, src, _, drafts, cap), k in zip(chosen, counts):
+        for (sid, st, src, drafts, gains), k in zip(chosen, counts):
+            cap = len(gains)
             if k > 0:
                 k = min(cap, max(k, self.cfg.min_draft))
             if k == 0:
