@@ -17,56 +17,26 @@ import argparse
 import concurrent.futures
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import yaml
+from eie_server import EieServer
 
 ROOT = Path(__file__).resolve().parent.parent
-EIE = Path(sys.executable).parent / "eie"
 TEXT = Path("/usr/share/common-licenses/GPL-3").read_text()
 MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(EieServer):
     def __init__(self, model: str, state: Path, prefix: bool, threads: int):
-        self.port = free_port()
-        cfg = {"server": {"host": "127.0.0.1", "port": self.port, "state_dir": str(state), "cache_dir": str(state)},
-               "models": [{"name": "m", "path": str(ROOT / "models" / MODELS[model]), "n_ctx": 4096,
-                           "n_parallel": 4, "threads": threads,
-                           "kv_cache": {"prefix": {"enabled": prefix}}}]}
-        self.cfg_path = state / f"bench-{self.port}.yaml"
-        self.cfg_path.write_text(yaml.safe_dump(cfg))
-        self.log = open(state / f"bench-{self.port}.log", "wb")
-        self.proc = subprocess.Popen([str(EIE), "serve", "--config", str(self.cfg_path)], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        self.base = f"http://127.0.0.1:{self.port}"
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not become healthy")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
-        self.log.close()
+        super().__init__({"server": {"state_dir": str(state), "cache_dir": str(state)},
+                          "models": [{"name": "m", "path": str(ROOT / "models" / MODELS[model]), "n_ctx": 4096,
+                                      "n_parallel": 4, "threads": threads,
+                                      "kv_cache": {"prefix": {"enabled": prefix}}}]}, state, start_timeout=120)
 
 
 def ttft(base: str, system: str, question: str) -> float:

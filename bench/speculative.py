@@ -21,19 +21,16 @@ import concurrent.futures
 import json
 import os
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import yaml
+from eie_server import EieServer
 
 ROOT = Path(__file__).resolve().parent.parent
-EIE = Path(sys.executable).parent / "eie"
 GPL = Path("/usr/share/common-licenses/GPL-3").read_text()
 MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
 
@@ -88,45 +85,15 @@ def story_prompt(k: int) -> str:
 TASKS = {"rewrite": (rewrite_prompt, 480), "json": (json_prompt, 200), "story": (story_prompt, 160)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(EieServer):
     def __init__(self, model: str, state: Path, sources: list[str], threads: int):
-        self.port = free_port()
         # No prefix cache: a restored prefix was prefilled in other chunks, so its KV (and a greedy
         # answer) can differ in the last bits from a cold prefill, which would hide what
         # speculation itself changes. The cache directory is the run's own (the history source).
-        cfg = {"server": {"host": "127.0.0.1", "port": self.port, "state_dir": str(state),
-                          "cache_dir": str(state / "cache")},
-               "models": [{"name": "m", "path": str(ROOT / "models" / MODELS[model]), "n_ctx": 2048,
-                           "n_parallel": 4, "threads": threads, "speculative": {"sources": sources},
-                           "kv_cache": {"prefix": {"enabled": False}}}]}
-        path = state / f"bench-{self.port}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        self.log = open(state / f"bench-{self.port}.log", "wb")
-        self.proc = subprocess.Popen([str(EIE), "serve", "--config", str(path)], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        self.base = f"http://127.0.0.1:{self.port}"
-        end = time.monotonic() + 180
-        while time.monotonic() < end:
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited")
-            time.sleep(0.2)
-        raise TimeoutError("server did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-        self.log.close()
+        super().__init__({"server": {"state_dir": str(state), "cache_dir": str(state / "cache")},
+                          "models": [{"name": "m", "path": str(ROOT / "models" / MODELS[model]), "n_ctx": 2048,
+                                      "n_parallel": 4, "threads": threads, "speculative": {"sources": sources},
+                                      "kv_cache": {"prefix": {"enabled": False}}}]}, state)
 
     def spec(self) -> dict:
         return httpx.get(self.base + "/v1/admin/scheduling/status").json()["models"]["m"]["speculative"]
