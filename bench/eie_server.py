@@ -13,6 +13,8 @@ import httpx
 import yaml
 
 EIE = Path(sys.executable).parent / "eie"
+# Where EIE runs from a checkout without being installed (bench/cuda_check.sh on a bare host).
+EIE_CMD = [str(EIE)] if EIE.exists() else [sys.executable, "-m", "appliance"]
 
 
 def free_port() -> int:
@@ -30,7 +32,7 @@ class EieServer:
         self.cfg_path = state / f"bench-{self.port}.yaml"
         self.cfg_path.write_text(yaml.safe_dump(config))
         self.log = open(state / f"bench-{self.port}.log", "wb")
-        self.proc = subprocess.Popen([str(EIE), "serve", "--config", str(self.cfg_path)], stdout=self.log,
+        self.proc = subprocess.Popen([*EIE_CMD, "serve", "--config", str(self.cfg_path)], stdout=self.log,
                                      stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{self.port}"
         end = time.monotonic() + start_timeout

@@ -43,15 +43,22 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-"$python" -m pip download --no-deps --no-binary :all: -d "$work/sdist" "llama-cpp-python==$version" >&2
-tar xzf "$work"/sdist/llama_cpp_python-*.tar.gz -C "$work"
+# LLAMA_CPP_PYTHON_SDIST: a local copy of the sdist (any tar compression), for hosts without an index.
+if [ -n "${LLAMA_CPP_PYTHON_SDIST:-}" ]; then
+  tar xf "$LLAMA_CPP_PYTHON_SDIST" -C "$work"
+else
+  "$python" -m pip download --no-deps --no-binary :all: -d "$work/sdist" "llama-cpp-python==$version" >&2
+  tar xzf "$work"/sdist/llama_cpp_python-*.tar.gz -C "$work"
+fi
 src="$(echo "$work"/llama_cpp_python-*/)"
 "$here/prepare-llama-source.sh" "$src/vendor/llama.cpp" >&2
 
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export CMAKE_ARGS="$cmake_args"
 echo "building llama-cpp-python $version (CMAKE_ARGS=$CMAKE_ARGS, $CMAKE_BUILD_PARALLEL_LEVEL jobs)" >&2
-"$python" -m pip wheel --no-deps -w "$work/wheel" "$src" >&2
+# EIE_PIP_WHEEL_ARGS: e.g. --no-build-isolation where the build backend is installed and no index is.
+# shellcheck disable=SC2086
+"$python" -m pip wheel --no-deps ${EIE_PIP_WHEEL_ARGS:-} -w "$work/wheel" "$src" >&2
 mkdir -p "$dest.tmp"
 cp "$work"/wheel/llama_cpp_python-*.whl "$dest.tmp/"
 # What native/build-test-backend-ops.sh needs to build llama.cpp's op tests against this wheel.

@@ -1,0 +1,103 @@
+"""Serve SmolLM2 from the GPU with a CUDA build of EIE and report what it did (bench/cuda_check.sh serve).
+
+Starts a real `eie serve` (fixed-appliance: SmolLM2 with an f16 KV cache and SmolLM2 with q8_0),
+times exec to /health 200, saves /health, /v1/admin/vram/status, a greedy chat completion and the
+memory/KV lines of /metrics, times decoding with 1 and 4 streams (median of 3), and checks that a
+TurboQuant KV cache is refused at load on the GPU with a clear message. Writes cuda.json and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from eie_server import EieServer
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def config(model_dir: Path, cache_dir: Path, kv_modes: dict[str, str]) -> dict:
+    return {
+        "policy": {"strategy": "fixed-appliance"},
+        "model_dir": str(model_dir),
+        "server": {"cache_dir": str(cache_dir), "state_dir": str(cache_dir / "state")},
+        "models": [{"name": name, "path": MODEL, "n_ctx": 4096, "n_parallel": 4, "kv_cache": {"mode": mode}}
+                   for name, mode in kv_modes.items()],
+    }
+
+
+def decode_rate(base: str, model: str, streams: int) -> float:
+    """Generated tokens per second of `streams` concurrent greedy 256-token completions."""
+    body = {"model": model, "prompt": "Write a long story about a lighthouse keeper.\n", "max_tokens": 256,
+            "temperature": 0, "speculative": False}
+
+    def one(_: int) -> int:
+        r = httpx.post(base + "/v1/completions", json=body, timeout=300)
+        r.raise_for_status()
+        return r.json()["usage"]["completion_tokens"]
+
+    with ThreadPoolExecutor(streams) as pool:
+        t = time.perf_counter()
+        tokens = sum(pool.map(one, range(streams)))
+        return tokens / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model-dir", type=Path, required=True)
+    ap.add_argument("--results", type=Path, required=True)
+    args = ap.parse_args()
+    args.results.mkdir(parents=True, exist_ok=True)
+    state = Path(tempfile.mkdtemp(prefix="eie-cuda-"))
+    report: dict = {}
+
+    t = time.perf_counter()
+    srv = EieServer(config(args.model_dir, state / "cache", {"smollm2-f16": "f16", "smollm2-q8": "q8_0"}), state)
+    report["health_s"] = round(time.perf_counter() - t, 2)
+    try:
+        for path, name in (("/health", "health"), ("/v1/admin/vram/status", "vram-status")):
+            (args.results / f"{name}.json").write_text(json.dumps(httpx.get(srv.base + path, timeout=30).json(), indent=2))
+        chat = httpx.post(srv.base + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2-f16", "temperature": 0, "max_tokens": 48,
+            "messages": [{"role": "user", "content": "Name three colours of the rainbow."}]}).json()
+        (args.results / "chat.json").write_text(json.dumps(chat, indent=2))
+        report["chat_answer"] = chat["choices"][0]["message"]["content"]
+        rates: dict[str, dict[str, float]] = {}
+        for model in ("smollm2-f16", "smollm2-q8"):
+            decode_rate(srv.base, model, 1)  # warm-up
+            for streams in (1, 4):
+                runs = [decode_rate(srv.base, model, streams) for _ in range(3)]
+                rates[f"{model} x{streams}"] = {"median_tok_s": round(statistics.median(runs), 1),
+                                                "runs": [round(r, 1) for r in runs]}
+        report["decode"] = rates
+        metrics = httpx.get(srv.base + "/metrics", timeout=30).text.splitlines()
+        (args.results / "metrics.txt").write_text(
+            "\n".join(line for line in metrics if line.startswith(("eie_memory", "eie_model", "eie_kv"))) + "\n")
+    finally:
+        srv.stop()
+
+    try:
+        EieServer(config(args.model_dir, state / "cache", {"smollm2-turbo3": "turbo3"}), state, start_timeout=120).stop()
+        report["turbo3_on_gpu"] = "served"
+    except (RuntimeError, TimeoutError) as e:
+        log = Path(str(e).split("log: ")[-1].rstrip(")")).read_text(errors="replace").splitlines()
+        report["turbo3_on_gpu"] = next((line for line in reversed(log) if "turbo3" in line), log[-1] if log else str(e))
+
+    (args.results / "cuda.json").write_text(json.dumps(report, indent=2))
+    print(f"exec to /health 200: {report['health_s']} s\nanswer: {report['chat_answer']!r}")
+    print(f"{'model x streams':<20} {'median tok/s':>12}  runs")
+    for k, v in report["decode"].items():
+        print(f"{k:<20} {v['median_tok_s']:>12}  {v['runs']}")
+    print(f"turbo3 on the GPU: {report['turbo3_on_gpu']}")
+
+
+if __name__ == "__main__":
+    main()
