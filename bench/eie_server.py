@@ -3,6 +3,7 @@ waited for until /health answers 200, stopped with SIGTERM."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -24,32 +25,41 @@ def free_port() -> int:
 
 
 class EieServer:
-    """`eie serve` on `config` (its server.host/port are set here) with its log in `state`."""
+    """`cmd serve` on `config` (its server.host/port are set here) with its log in `state`.
 
-    def __init__(self, config: dict, state: Path, start_timeout: float = 180):
+    `started_s`: seconds from exec to the first /health 200 (polled every `poll_s`).
+    """
+
+    def __init__(self, config: dict, state: Path, start_timeout: float = 180, *, cmd: list[str] | None = None,
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None, cwd: str | None = None,
+                 poll_s: float = 0.1):
         self.port = free_port()
         config = {**config, "server": {**config.get("server", {}), "host": "127.0.0.1", "port": self.port}}
         self.cfg_path = state / f"bench-{self.port}.yaml"
         self.cfg_path.write_text(yaml.safe_dump(config))
         self.log = open(state / f"bench-{self.port}.log", "wb")
-        self.proc = subprocess.Popen([*EIE_CMD, "serve", "--config", str(self.cfg_path)], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([*(cmd or EIE_CMD), "serve", "--config", str(self.cfg_path), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         self.base = f"http://127.0.0.1:{self.port}"
-        end = time.monotonic() + start_timeout
+        end = t0 + start_timeout
         while time.monotonic() < end:
             try:
                 if httpx.get(self.base + "/health", timeout=2).status_code == 200:
+                    self.started_s = time.monotonic() - t0
                     return
             except httpx.TransportError:
                 pass
             if self.proc.poll() is not None:
                 self.log.close()
                 raise RuntimeError(f"eie serve exited with {self.proc.returncode} (log: {self.log.name})")
-            time.sleep(0.1)
+            time.sleep(poll_s)
         self.stop()
         raise TimeoutError(f"eie serve did not become healthy in {start_timeout:.0f} s (log: {self.log.name})")
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+    def stop(self) -> int:
+        """SIGTERM, then the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
         self.log.close()
+        return code

@@ -13,51 +13,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from eie_server import EieServer
 
 ROOT = Path(__file__).resolve().parent.parent
-EIE = ROOT / ".venv" / "bin" / "eie"
 MEMBERS = [("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
            ("smollm2-135m-b", "SmolLM2-135M-Instruct.Q4_1.gguf")]
 PROMPT = [{"role": "user", "content": "Write a short paragraph about lighthouses and the sea."}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def config(port: int, threads: int) -> dict:
+def config(threads: int) -> dict:
     return {
-        "server": {"host": "127.0.0.1", "port": port},
         "model_dir": str(ROOT / "models"),
         "models": [{"name": n, "path": p, "n_ctx": 1024, "n_parallel": 1, "threads": threads} for n, p in MEMBERS],
         "groups": [{"name": "core", "models": [n for n, _ in MEMBERS], "type": "parallel"}],
     }
-
-
-def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError("eie exited during start-up")
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError("eie did not become ready")
 
 
 def group_once(client: httpx.Client, max_tokens: int) -> tuple[float, int]:
@@ -89,17 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "group_parallel.json")
     args = ap.parse_args(argv)
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "bench.yaml"
-        cfg.write_text(json.dumps(config(port, args.threads)))
-        proc = subprocess.Popen([str(EIE), "serve", "--config", str(cfg), "--log-level", "warning"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        srv = EieServer(config(args.threads), Path(tmp), 120, args=("--log-level", "warning"))
         try:
-            wait_ready(base, proc)
             group_walls, seq_walls, tokens = [], [], set()
-            with httpx.Client(base_url=base, timeout=600) as client:
+            with httpx.Client(base_url=srv.base, timeout=600) as client:
                 group_once(client, 8)  # warm-up
                 sequential_once(client, 8)
                 for i in range(args.repeats):
@@ -109,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                         (group_walls if label == "group" else seq_walls).append(wall)
                         tokens.add((label, n))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            srv.stop()
 
     g, s = statistics.median(group_walls), statistics.median(seq_walls)
     result = {

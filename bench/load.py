@@ -19,8 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,16 +32,12 @@ import httpx
 import psutil
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when tests import this file
+from eie_server import EIE_CMD, EieServer  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-EIE = Path(sys.executable).parent / "eie"
 PROMPTS = ["Write a haiku about the sea.", "What is 17 times 3?", "Name three colours.",
            "Explain what a cache is in one sentence.", "Say hello in French."]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Tally:
@@ -152,26 +146,12 @@ def run(preset: Path, clients: int, seconds: float, max_tokens: int, workdir: Pa
     kv = inference.setdefault("kv_cache", {})
     kv["prefix"] = {**kv.get("prefix", {}), "ram_mb": prefix_ram_mb}
     config["model_dir"] = str((preset.parent / config.get("model_dir", ".")).resolve())
-    port = free_port()
-    config["server"] = {**config.get("server", {}), "host": "127.0.0.1", "port": port,
-                        "state_dir": str(workdir / "state"), "cache_dir": str(workdir / "cache")}
+    config["server"] = {**config.get("server", {}), "state_dir": str(workdir / "state"),
+                        "cache_dir": str(workdir / "cache")}
     config["audit"] = {"path": "audit.log"}
-    cfg_path = workdir / "load.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
-    log = open(workdir / "server.log", "wb")
-    proc = subprocess.Popen([str(EIE), "serve", "--config", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    srv = EieServer(config, workdir)
+    proc, base = srv.proc, srv.base
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not come up: {(workdir / 'server.log').read_text()[-3000:]}")
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
         models = [m["name"] for m in config["models"]]
         t = Tally()
         rss: list[tuple[float, int]] = []
@@ -187,10 +167,8 @@ def run(preset: Path, clients: int, seconds: float, max_tokens: int, workdir: Pa
         lat = scrape(base)
         rss_1, rss_2 = rss_at(rss, seconds / 2), rss_at(rss, seconds)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-        log.close()
-    verify = subprocess.run([str(EIE), "audit", "verify", str(workdir / "state" / "audit.log")],
+        code = srv.stop()
+    verify = subprocess.run([*EIE_CMD, "audit", "verify", str(workdir / "state" / "audit.log")],
                             capture_output=True, text=True)
     done = sum(t.status.values())
     server_errors = sum(n for s, n in t.status.items() if s.startswith("5") and s != "503")

@@ -18,7 +18,6 @@ import concurrent.futures
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

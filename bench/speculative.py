@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
-import re
 import statistics
 import sys
 import tempfile

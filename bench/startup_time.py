@@ -13,49 +13,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import yaml
+from eie_server import EieServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def time_to_health(cmd: list[str], config: dict, env: dict[str, str] | None) -> float:
-    port = free_port()
-    cfg = {**config, "server": {**config.get("server", {}), "host": "127.0.0.1", "port": port}}
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(cfg, f)
-    t0 = time.monotonic()
-    proc = subprocess.Popen([*cmd, "serve", "--config", f.name], cwd="/", env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.TransportError:
-                pass
-            time.sleep(0.01)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        os.unlink(f.name)
+    with tempfile.TemporaryDirectory() as state:
+        srv = EieServer(config, Path(state), cmd=cmd, env=env, cwd="/", poll_s=0.01)
+        srv.stop()
+        return srv.started_s
 
 
 def main() -> None:

@@ -1,6 +1,9 @@
 """llama.cpp's own op test (tests/test-backend-ops.cpp, built by `make setup` against the
 installed ggml) on the TurboQuant cases the patch adds: SET_ROWS, GET_ROWS, CPY and
-FLASH_ATTN_EXT with turbo4/3/2 K and V, and K q8_0 with V turbo.
+FLASH_ATTN_EXT with turbo4/3/2 K and V, and K q8_0 with V turbo; and on MUL_MAT with Q4_1
+weights, where patch 0002 adds a tiled x86 kernel (the reference mode skips llamafile's tiled
+kernels, so there it is compared with ggml's vec_dot; a 2% error in its min term fails it,
+checked by hand).
 
 On a CPU-only build test-backend-ops compares the CPU backend with the CPU backend in its
 reference mode (`ggml_backend_cpu_set_use_ref`): for flash attention that is the patch's
@@ -24,16 +27,30 @@ import pytest
 BINARY = Path(sys.executable).parent / "test-backend-ops"
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_turbo_ops_pass_test_backend_ops(threads):
+def run_cases(args: list[str], threads: int) -> str:
+    """test-backend-ops in test mode on the CPU with `threads`; asserts every case it ran passed."""
     assert BINARY.is_file(), f"{BINARY} is missing: run `make setup`"
     # GGML_TEST_THREADS: the patch lets the test set the backend's thread count (default: half the cores)
-    proc = subprocess.run([str(BINARY), "test", "-b", "CPU", "-p", "turbo"], capture_output=True, text=True,
+    proc = subprocess.run([str(BINARY), "test", "-b", "CPU", *args], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "GGML_TEST_THREADS": str(threads)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     m = re.search(r"(\d+)/(\d+) tests passed", out)
     assert m and m.group(1) == m.group(2), out[-4000:]
-    assert int(m.group(2)) >= 100  # the turbo cases ran (not filtered away)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_turbo_ops_pass_test_backend_ops(threads):
+    out = run_cases(["-p", "turbo"], threads)
+    assert int(re.search(r"(\d+) tests passed", out).group(1)) >= 100  # the turbo cases ran (not filtered away)
     for op in ("SET_ROWS", "GET_ROWS", "CPY", "FLASH_ATTN_EXT"):
         assert re.search(rf"{op}\(.*turbo", out), op
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_q4_1_tiled_matmul_matches_vec_dot(threads):
+    out = run_cases(["-o", "MUL_MAT", "-p", "type_a=q4_1"], threads)
+    # one-row, few-row and prefill shapes (n = 1..16, broadcast, permuted)
+    assert int(re.search(r"(\d+) tests passed", out).group(1)) >= 40
+    assert re.search(r"MUL_MAT\(type_a=q4_1,type_b=f32,m=16,n=1,", out)

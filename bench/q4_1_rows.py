@@ -1,0 +1,109 @@
+"""What a batch of n rows costs with Q4_1 weights: patch 0002's tiled x86 kernel against upstream's
+one-row vec_dot (EIE_Q4_1_TILES=0), side by side in one run.
+
+For SmolLM2-135M (Q4_1 layers, Q8_0 embeddings) after a 300-token context: llama_decode time of
+one sequence with n new tokens, logits for every row (what a speculative verification or n
+decoding sequences cost), and the prefill of 512 tokens. Each (kernel, repeat) runs in its own
+process (the switch is read once), kernels alternate, medians of the repeats.
+Usage: .venv/bin/python bench/q4_1_rows.py [--repeats 3] [--threads 2]
+Prints a table and writes bench/results/q4_1_rows.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+ROWS = (1, 2, 3, 4, 8, 16)
+CONTEXT = 300
+
+
+def measure(threads: int, reps: int) -> dict[str, float]:
+    """One process: decode times (ms, median of `reps`) by rows, and the 512-token prefill."""
+    import llama_cpp as lc
+
+    sys.path.insert(0, str(ROOT))
+    from appliance.engine import native
+
+    native.init_backend()  # loads the CPU backend module as serving does
+    model = lc.llama_model_load_from_file(str(MODEL).encode(), lc.llama_model_default_params())
+    cp = lc.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 2048, 512, 512, threads, threads
+    ctx = lc.llama_init_from_model(model, cp)
+    mem = lc.llama_get_memory(ctx)
+
+    def decode(tokens: list[int], pos0: int) -> float:
+        b = lc.llama_batch_init(len(tokens), 0, 1)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos0 + i, 1, 1
+            b.seq_id[i][0] = 0
+        b.n_tokens = len(tokens)
+        t0 = time.perf_counter()
+        rc = lc.llama_decode(ctx, b)
+        dt = time.perf_counter() - t0
+        lc.llama_batch_free(b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        return dt * 1000
+
+    out: dict[str, float] = {}
+    prefill = []
+    for r in range(reps):
+        lc.llama_memory_seq_rm(mem, 0, 0, -1)
+        prefill.append(decode([100 + (r + i) % 1000 for i in range(512)], 0))
+    out["prefill_512"] = statistics.median(prefill)
+    lc.llama_memory_seq_rm(mem, 0, 0, -1)
+    decode([100 + i % 1000 for i in range(CONTEXT)], 0)
+    for n in ROWS:
+        times = []
+        for r in range(reps):
+            times.append(decode([200 + (r + i) % 500 for i in range(n)], CONTEXT))
+            lc.llama_memory_seq_rm(mem, 0, CONTEXT, -1)
+        out[str(n)] = statistics.median(times)
+    lc.llama_free(ctx)
+    lc.llama_model_free(model)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3, help="processes per kernel")
+    ap.add_argument("--reps", type=int, default=30, help="timed decodes per row count in a process")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.threads, args.reps)))
+        return 0
+    runs: dict[str, list[dict[str, float]]] = {"tiled": [], "vec_dot": []}
+    for _ in range(args.repeats):
+        for kernel, flag in (("tiled", "1"), ("vec_dot", "0")):
+            proc = subprocess.run([sys.executable, __file__, "--child", "--threads", str(args.threads),
+                                   "--reps", str(args.reps)], env={**os.environ, "EIE_Q4_1_TILES": flag},
+                                  capture_output=True, text=True, check=True)
+            runs[kernel].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    med = {k: {key: round(statistics.median(r[key] for r in v), 2) for key in v[0]} for k, v in runs.items()}
+    print(f"SmolLM2-135M Q4_1, {args.threads} threads, context {CONTEXT}, median of {args.repeats} processes")
+    print("| rows | vec_dot (upstream) ms | x one row | tiled (patch 0002) ms | x one row | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for n in map(str, ROWS):
+        u, t = med["vec_dot"][n], med["tiled"][n]
+        print(f"| {n} | {u} | {u / med['vec_dot']['1']:.2f} | {t} | {t / med['tiled']['1']:.2f} | {u / t:.2f}x |")
+    u, t = med["vec_dot"]["prefill_512"], med["tiled"]["prefill_512"]
+    print(f"| prefill 512 | {u} | | {t} | | {u / t:.2f}x |")
+    out = ROOT / "bench" / "results" / "q4_1_rows.json"
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "context": CONTEXT,
+                               "repeats": args.repeats, "median_ms": med, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
