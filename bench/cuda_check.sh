@@ -10,8 +10,18 @@
 # host), MODEL_DIR (holds SmolLM2-135M-Instruct.Q4_1.gguf), CUDA_ARCHITECTURES (default 90),
 # RESULTS (where the reports go, default bench/results/cuda), PYTHON (the interpreter whose environment
 # gets EIE, default python3: a lent machine starts bare, so its own environment is used as is).
+#   bench/cuda_check.sh pack    (here, with an index) what a bare host needs, under .dev/ (ignored):
+#                               .dev/a: a trimmed sdist and the first half of SmolLM2, .dev/b: the
+#                               second half, .dev/wheels: EIE's dependencies for the host's Python
+#                               (HOST_PY, default 3.12), each part under the 64 MiB a call carries
+# On a lent machine (the device tool: 10 minutes a command, 30 s warm between calls), e.g.:
+#   call 1, carry [.dev/a, .dev/wheels]: mkdir -p /tmp/m /tmp/cr; cp .dev/a/* /tmp/m/;
+#     setsid nohup env SDIST=/tmp/m/llama-src.tar.xz WHEELS=$PWD/.dev/wheels RESULTS=/tmp/cr \
+#       bash -c 'bench/cuda_check.sh build > /tmp/cr/out 2>&1; echo $? > /tmp/cr/rc' &  (returns at once)
+#   call 2 at once, carry [.dev/b]: cat /tmp/m/smol.a .dev/b/smol.b > /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf;
+#     wait for /tmp/cr/rc; MODEL_DIR=/tmp/m RESULTS=/tmp/sr bench/cuda_check.sh serve; tar czf $OUT/r.tgz /tmp/cr /tmp/sr
 set -euo pipefail
-phase="${1:?usage: bench/cuda_check.sh build|serve}"
+phase="${1:?usage: bench/cuda_check.sh pack|build|serve}"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 results="${RESULTS:-$repo/bench/results/cuda}"
 py="${PYTHON:-python3}"
@@ -19,6 +29,28 @@ model_dir="${MODEL_DIR:-$repo/models}"
 mkdir -p "$results"
 cd "$repo"
 export PATH="$PATH:/usr/local/cuda/bin"
+
+pack() {
+  local version=0.3.36 tmp half model="models/SmolLM2-135M-Instruct.Q4_1.gguf"
+  tmp="$(mktemp -d)"
+  mkdir -p .dev/a .dev/b .dev/wheels
+  python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$version"
+  tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
+  # what the wheel build does not read: vocab files, docs, tools other than mtmd, git objects
+  (cd "$tmp"/llama_cpp_python-$version/vendor/llama.cpp &&
+    rm -rf models docs media benches .github examples pocs conversion gguf-py .devops .git tools/mtmd/*.mp4 &&
+    find tools -mindepth 1 -maxdepth 1 ! -name mtmd -exec rm -rf {} +)
+  rm -rf "$tmp"/llama_cpp_python-$version/.git
+  tar cJf .dev/a/llama-src.tar.xz -C "$tmp" "llama_cpp_python-$version"
+  rm -rf "$tmp"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${HOST_PY:-3.12}" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .dev/wheels msgspec httptools uvicorn gguf
+  half=$(( $(stat -c %s "$model") / 2 ))
+  head -c "$half" "$model" > .dev/a/smol.a
+  tail -c +"$(( half + 1 ))" "$model" > .dev/b/smol.b
+  du -sh .dev/a .dev/b .dev/wheels
+}
 
 build() {
   command -v patch > /dev/null || { echo "patch(1) is needed (native/prepare-llama-source.sh)" >&2; exit 1; }
