@@ -1,5 +1,11 @@
 """An n-gram index over recent outputs of one model, for workloads that repeat across requests.
 
+Two lookups: the most recent occurrence of the longest suffix match (`lookup_at`), and the
+aligned one (`lookup_aligned`): the nearest occurrence after a cursor, a position in one
+earlier output that the sequence has been following. Structured answers (JSON, forms, code)
+repeat their skeleton with other values: after a value the skeleton's next piece follows the
+cursor, while the most recent occurrence of, say, `",\n  "` is some other key.
+
 Bounded (`max_tokens` tokens, oldest outputs dropped first) and persisted next to the prefix
 cache's disk tier, in a file named after the GGUF's content hash, so it is scoped per model and
 survives restarts. Written atomically (temp file, fsync, rename); an unreadable file is ignored.
@@ -7,6 +13,7 @@ survives restarts. Written atomically (temp file, fsync, rename); an unreadable 
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import os
@@ -19,6 +26,7 @@ from .ngram import NGRAM_SIZES, NgramMaps, add_ngrams, longest_match, new_maps
 
 log = logging.getLogger("eie.speculative")
 _MAGIC = b"EIEHIST1"
+ALIGN_WINDOW = 64  # how far after the cursor an aligned match may lie (tokens)
 
 
 class HistoryIndex:
@@ -32,6 +40,9 @@ class HistoryIndex:
         self._n_tokens = 0
         self._flat: list[int] = []  # outputs joined, -1 between them
         self._maps: NgramMaps = {}
+        self._all: dict[int, dict[tuple[int, ...], list[int]]] = {}  # n-gram -> every continuation start
+        self._ends: list[int] = []  # where each output's -1 separator is in _flat
+        self.generation = 0  # changes whenever positions in _flat do (cursors of older ones are void)
         self._dirty = 0
         self._lock = threading.Lock()
         if path is not None:
@@ -65,23 +76,56 @@ class HistoryIndex:
 
     def lookup_match(self, tokens: list[int], k: int) -> tuple[list[int], int]:
         """The draft (as `lookup`) and the length of the n-gram it matched (0: none)."""
+        return self.lookup_at(tokens, k)[:2]
+
+    def lookup_at(self, tokens: list[int], k: int) -> tuple[list[int], int, int]:
+        """(draft, n, where the draft starts in the history) for the most recent occurrence of
+        the longest suffix match; ([], 0, -1) when there is none."""
         hit = longest_match(self._maps, tokens)
         if hit is None or k <= 0:
-            return [], 0
-        out = self._flat[hit[0] : hit[0] + k]
-        return (out[: out.index(-1)] if -1 in out else out), hit[1]
+            return [], 0, -1
+        return self._draft(hit[0], k), hit[1], hit[0]
+
+    def lookup_aligned(self, tokens: list[int], k: int, cursor: int) -> tuple[list[int], int, int]:
+        """As `lookup_at`, but the nearest occurrence after `cursor` (a position `lookup_at` or this
+        returned, of this `generation`, for a shorter sequence), in the same output and within
+        ALIGN_WINDOW."""
+        if k <= 0 or not 0 <= cursor < len(self._flat):
+            return [], 0, -1
+        end = self._ends[bisect.bisect_left(self._ends, cursor)]  # the cursor's output ends here
+        for n, table in self._all.items():  # longest first
+            if len(tokens) < n:
+                continue
+            where = table.get(tuple(tokens[-n:]))
+            if where:
+                i = bisect.bisect_right(where, cursor)
+                if i < len(where) and where[i] < end and where[i] - cursor <= ALIGN_WINDOW:
+                    return self._draft(where[i], k), n, where[i]
+        return [], 0, -1
+
+    def _draft(self, at: int, k: int) -> list[int]:
+        out = self._flat[at : at + k]
+        return out[: out.index(-1)] if -1 in out else out
 
     def _rebuild(self) -> None:
         self._flat = []
+        self._ends = []
         self._maps = new_maps(self.sizes)
+        self._all = {n: {} for n in self.sizes}
+        self.generation += 1
         for output in self._outputs:
             self._index(output)
 
     def _index(self, output: list[int]) -> None:
         base = len(self._flat)
         self._flat.extend(output)
+        self._ends.append(len(self._flat))
         self._flat.append(-1)
         add_ngrams(self._maps, output, 0, len(output) - 1, base)  # each followed by a token of the output
+        for i in range(len(output) - 1):
+            for n, table in self._all.items():
+                if i + 1 >= n:
+                    table.setdefault(tuple(output[i + 1 - n : i + 1]), []).append(base + i + 1)
 
     # ---- persistence -----------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ class SeqDrafts:
     generates, also the part the plan did not verify: acceptance stays measured at every
     position, while drafting does not pay too."""
 
-    __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch")
+    __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch", "cursor")
 
     def __init__(self, prompt: list[int], positions: int):
         self.tokens = list(prompt)
@@ -44,6 +44,7 @@ class SeqDrafts:
         self.pending: list[int] = []  # drafts being verified this step
         self.source = ""
         self.watch: list[tuple[list[int], int, str]] = []  # (draft, where in tokens it starts, kind)
+        self.cursor: tuple[int, int] | None = None  # (history generation, position) it follows
 
 
 class _Estimates(dict):
@@ -105,9 +106,7 @@ class Speculator:
         for sid, st, k in todo:
             best, best_gain = None, 0.0
             for source in lookups:  # the lookup whose draft promises the most; ties: configured order
-                found, n = (st.index if source == "ngram" else self.history).lookup_match(st.tokens, k)
-                if found:
-                    kind = f"{source}:{n}"  # a longer match is a surer draft
+                for kind, found in self._lookups(source, st, k):
                     if len(st.watch) < MAX_WATCHED:  # every source's draft is scored, chosen or not
                         st.watch.append((list(found), len(st.tokens), kind))
                     gains = self.gains(st, kind, len(found))
@@ -147,6 +146,29 @@ class Speculator:
                 self.draft_seconds = per if self.draft_seconds == 0 else self.draft_seconds * 0.8 + per * 0.2
             for (_, st, _), drafts in zip(jobs, found):
                 st.pending, st.source = list(drafts), "draft_model"
+
+    def _lookups(self, source: str, st: SeqDrafts, k: int) -> list[tuple[str, list[int]]]:
+        """A lookup source's drafts for a sequence, each with its kind: the source and the length
+        of the n-gram it matched (a longer match is a surer draft). The history gives its most
+        recent match and, where the sequence follows an earlier output, the match aligned with
+        that output ("aligned:n"), which then moves the sequence's cursor."""
+        if source == "ngram":
+            found, n = st.index.lookup_match(st.tokens, k)
+            return [(f"ngram:{n}", found)] if found else []
+        h = self.history
+        out = []
+        found, n, at = h.lookup_at(st.tokens, k)
+        if found:
+            out.append((f"history:{n}", found))
+        cursor = st.cursor[1] if st.cursor is not None and st.cursor[0] == h.generation else -1
+        aligned, an, aat = h.lookup_aligned(st.tokens, k, cursor)
+        if aligned:
+            at = aat
+            if aligned != found:
+                out.append((f"aligned:{an}", aligned))
+        if at >= 0:
+            st.cursor = (h.generation, at)
+        return out
 
     def _score(self, st: SeqDrafts, draft: list[int], at: int, kind: str) -> bool:
         """Score a watched lookup draft against the tokens generated since; False while undecided."""

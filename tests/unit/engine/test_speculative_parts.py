@@ -94,6 +94,41 @@ def test_history_index_is_bounded_and_ignores_a_foreign_file(tmp_path):
     assert HistoryIndex(bad).n_tokens == 0
 
 
+# A structured answer: keys 10.., ":" 1, values 50.., separator 2 3 (as `",\n  "` in JSON)
+SKELETON = [10, 1, 50, 2, 3, 11, 1, 51, 2, 3, 12, 1, 52, 2, 3, 13, 1, 53]
+
+
+def test_aligned_history_lookup_follows_the_skeleton_of_an_earlier_output():
+    h = HistoryIndex(None)
+    h.add(SKELETON)
+    h.add([7, 2, 3, 99])  # a later output where the separator is followed by something else
+    now = [10, 1, 60, 2, 3]  # the same skeleton with another first value
+    assert h.lookup_at(now, 3)[0] == [99]  # the most recent occurrence: the wrong continuation
+    draft, n, at = h.lookup_aligned(now, 3, cursor=0)
+    assert (draft, n) == ([11, 1, 51], 2) and at == 5  # the next key of the earlier output
+    # after the second value, the nearest occurrence after the cursor is the third key
+    assert h.lookup_aligned([10, 1, 60, 2, 3, 11, 1, 61, 2, 3], 2, cursor=at)[0] == [12, 1]
+    assert h.lookup_aligned(now, 3, cursor=len(SKELETON) - 1)[0] == []  # only in the next output
+    far = HistoryIndex(None)
+    far.add(list(range(100, 180)) + [2, 3, 42])
+    assert far.lookup_aligned([2, 3], 1, cursor=0)[0] == []  # beyond the alignment window
+    assert far.lookup_aligned([2, 3], 1, cursor=20)[0] == [42]
+
+
+def test_a_sequence_follows_its_history_cursor_and_offers_the_aligned_draft():
+    h = HistoryIndex(None)
+    h.add(SKELETON)
+    h.add([7, 2, 3, 99])
+    spec = Speculator(SpeculativeConfig(sources=["history"]), history=h)
+    st = spec.new_sequence([5, 10, 1])
+    assert spec._lookups("history", st, 4) == [("history:2", [50, 2, 3, 11])]  # cursor set here
+    st.tokens += [60, 2, 3]  # another value, then the separator
+    assert spec._lookups("history", st, 3) == [("history:2", [99]), ("aligned:2", [11, 1, 51])]
+    h.add([1, 2])  # more history: positions stay, so does the cursor
+    st.tokens += [11, 1, 61, 2, 3]
+    assert ("aligned:2", [12, 1, 52]) in spec._lookups("history", st, 3)
+
+
 def cpu_like_cost(per_row: float = 0.5, base: float = 0.016) -> StepCost:
     """A cost table measured as on 2 cores: each extra row adds half a one-row decode."""
     cost = StepCost()
