@@ -181,6 +181,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--streams", default="1,4", help="concurrent streams to measure, e.g. 1,4")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "speculative.json")
     args = ap.parse_args()
     t0 = time.time()
     rows = []
@@ -193,7 +194,7 @@ def main() -> int:
     for r in table:
         print(f"| {r['model']} | {r['task']} | {r['streams']} | {r['plain_tok_s']} | {r['spec_tok_s']} | "
               f"{r['speedup']} | {r['acceptance']} | {r['median_draft_length']} | {r['identical_outputs']} |")
-    out = ROOT / "bench" / "results" / "speculative.json"
+    out = args.out
     runs = json.loads(out.read_text()).get("runs", {}) if out.is_file() else {}
     for model in args.models.split(","):  # one entry per model: running one model keeps the other's
         runs[model] = {"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": args.repeats, "sources": args.sources,

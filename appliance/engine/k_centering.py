@@ -35,6 +35,7 @@ from ..kv import state as kv_state
 from ..kv.migrate import read_sequence
 from ..resources import file_facts
 from ..resources.cores import CoreBudget
+from .decode import decode_with_cores
 from .prefix import build_id
 
 
@@ -104,6 +105,7 @@ def measure(model: lc.llama_model_p, n_threads: int, cores: CoreBudget | None = 
     if not ctx:
         raise CenteringError("llama.cpp could not create the calibration context")
     batch = lc.llama_batch_init(_CHUNK, 0, 1)
+    threads_set = n_threads
     try:
         for start in range(0, len(tokens), _CHUNK):
             chunk = tokens[start : start + _CHUNK]
@@ -112,13 +114,7 @@ def measure(model: lc.llama_model_p, n_threads: int, cores: CoreBudget | None = 
                 batch.seq_id[i][0] = 0
             batch.logits[len(chunk) - 1] = 1
             batch.n_tokens = len(chunk)
-            granted = cores.acquire(n_threads) if cores else n_threads  # never more busy threads than cores
-            try:
-                lc.llama_set_n_threads(ctx, granted, granted)
-                rc = lc.llama_decode(ctx, batch)
-            finally:
-                if cores:
-                    cores.release(granted)
+            rc, threads_set = decode_with_cores(ctx, batch, cores, n_threads, threads_set)
             if rc != 0:
                 raise CenteringError("llama_decode failed on the calibration text")
         parsed = kv_state.parse(read_sequence(ctx, 0))

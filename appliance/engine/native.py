@@ -314,20 +314,6 @@ def load(
         _router.stop_capture()
 
 
-def decode_with_cores(ctx: lc.llama_context_p, batch: lc.llama_batch, cores: CoreBudget, want: int,
-                      threads_set: int) -> tuple[int, int]:
-    """llama_decode with its threads taken from the process core budget (never more busy ggml
-    threads than cores). Returns llama_decode's result and the thread count now set on `ctx`."""
-    granted = cores.acquire(want)
-    try:
-        if granted != threads_set:
-            lc.llama_set_n_threads(ctx, granted, granted)
-            threads_set = granted
-        return lc.llama_decode(ctx, batch), threads_set
-    finally:
-        cores.release(granted)
-
-
 def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: CoreBudget | None,
             lines: list[str]) -> None:
     """Measure (or read) the K means and apply them to the context; off, with a log line, where

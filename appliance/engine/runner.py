@@ -29,6 +29,7 @@ from .prefix import PrefixCache, build_id
 from ..resources import file_facts
 from ..resources.cores import CoreBudget
 from . import native
+from .decode import decode_with_cores
 from .chat_template import ChatTemplate, default_template
 from .sampling import SamplingParams, build_chain, free_chain
 from .speculative.exactness import exact_rows
@@ -675,7 +676,7 @@ class ModelRunner:
 
     def _decode(self, n_tokens: int) -> None:
         self._batch.n_tokens = n_tokens
-        rc, self._threads_set = native.decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
+        rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
                                                          self._threads_set)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...resources.cores import CoreBudget
 from .. import native
+from ..decode import decode_with_cores
 
 
 class VocabMismatch(ValueError):
@@ -132,7 +133,7 @@ class DraftModel:
 
     def _decode(self, n_tokens: int) -> None:
         self._batch.n_tokens = n_tokens
-        rc, self._threads_set = native.decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
+        rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
                                                          self._threads_set)
         if rc != 0:
             raise RuntimeError(f"draft model: llama_decode returned {rc}")
