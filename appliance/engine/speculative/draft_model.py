@@ -134,7 +134,7 @@ class DraftModel:
     def _decode(self, n_tokens: int) -> None:
         self._batch.n_tokens = n_tokens
         rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
-                                                         self._threads_set)
+                                                  self._threads_set)
         if rc != 0:
             raise RuntimeError(f"draft model: llama_decode returned {rc}")
 

@@ -18,11 +18,12 @@ import collections
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from .ngram import NGRAM_SIZES, NgramMaps, add_ngrams, longest_match, new_maps
+from .ngram import NGRAM_SIZES
 
 log = logging.getLogger("eie.speculative")
 _MAGIC = b"EIEHIST1"
@@ -39,8 +40,8 @@ class HistoryIndex:
         self._outputs: collections.deque[list[int]] = collections.deque()
         self._n_tokens = 0
         self._flat: list[int] = []  # outputs joined, -1 between them
-        self._maps: NgramMaps = {}
-        self._all: dict[int, dict[tuple[int, ...], list[int]]] = {}  # n-gram -> every continuation start
+        # n -> n-gram -> every position that followed it, ascending (the last: the most recent)
+        self._all: dict[int, dict[tuple[int, ...], list[int]]] = {}
         self._ends: list[int] = []  # where each output's -1 separator is in _flat
         self.generation = 0  # changes whenever positions in _flat do (cursors of older ones are void)
         self._dirty = 0
@@ -81,10 +82,10 @@ class HistoryIndex:
     def lookup_at(self, tokens: list[int], k: int) -> tuple[list[int], int, int]:
         """(draft, n, where the draft starts in the history) for the most recent occurrence of
         the longest suffix match; ([], 0, -1) when there is none."""
-        hit = longest_match(self._maps, tokens)
-        if hit is None or k <= 0:
-            return [], 0, -1
-        return self._draft(hit[0], k), hit[1], hit[0]
+        if k > 0:
+            for n, where in self._occurrences(tokens):
+                return self._draft(where[-1], k), n, where[-1]
+        return [], 0, -1
 
     def lookup_aligned(self, tokens: list[int], k: int, cursor: int) -> tuple[list[int], int, int]:
         """As `lookup_at`, but the nearest occurrence after `cursor` (a position `lookup_at` or this
@@ -93,15 +94,19 @@ class HistoryIndex:
         if k <= 0 or not 0 <= cursor < len(self._flat):
             return [], 0, -1
         end = self._ends[bisect.bisect_left(self._ends, cursor)]  # the cursor's output ends here
-        for n, table in self._all.items():  # longest first
-            if len(tokens) < n:
-                continue
-            where = table.get(tuple(tokens[-n:]))
-            if where:
-                i = bisect.bisect_right(where, cursor)
-                if i < len(where) and where[i] < end and where[i] - cursor <= ALIGN_WINDOW:
-                    return self._draft(where[i], k), n, where[i]
+        for n, where in self._occurrences(tokens):
+            i = bisect.bisect_right(where, cursor)
+            if i < len(where) and where[i] < end and where[i] - cursor <= ALIGN_WINDOW:
+                return self._draft(where[i], k), n, where[i]
         return [], 0, -1
+
+    def _occurrences(self, tokens: list[int]) -> Iterator[tuple[int, list[int]]]:
+        """(n, positions) for each indexed suffix n-gram of `tokens`, the longest first."""
+        for n, table in self._all.items():
+            if len(tokens) >= n:
+                where = table.get(tuple(tokens[-n:]))
+                if where:
+                    yield n, where
 
     def _draft(self, at: int, k: int) -> list[int]:
         out = self._flat[at : at + k]
@@ -110,7 +115,6 @@ class HistoryIndex:
     def _rebuild(self) -> None:
         self._flat = []
         self._ends = []
-        self._maps = new_maps(self.sizes)
         self._all = {n: {} for n in self.sizes}
         self.generation += 1
         for output in self._outputs:
@@ -121,8 +125,7 @@ class HistoryIndex:
         self._flat.extend(output)
         self._ends.append(len(self._flat))
         self._flat.append(-1)
-        add_ngrams(self._maps, output, 0, len(output) - 1, base)  # each followed by a token of the output
-        for i in range(len(output) - 1):
+        for i in range(len(output) - 1):  # n-grams followed by a token of the output
             for n, table in self._all.items():
                 if i + 1 >= n:
                     table.setdefault(tuple(output[i + 1 - n : i + 1]), []).append(base + i + 1)

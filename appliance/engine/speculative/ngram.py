@@ -13,13 +13,13 @@ NGRAM_SIZES = (5, 4, 3, 2)
 NgramMaps = dict[int, dict[tuple[int, ...], int]]
 
 
-def add_ngrams(maps: NgramMaps, tokens: list[int], lo: int, hi: int, offset: int = 0) -> None:
+def add_ngrams(maps: NgramMaps, tokens: list[int], lo: int, hi: int) -> None:
     """Index the n-grams of `tokens` ending at positions lo..hi-1: each maps to the position
-    after it (+ offset), the later occurrence replacing the earlier."""
+    after it, the later occurrence replacing the earlier."""
     for i in range(lo, hi):
         for n, table in maps.items():
             if i + 1 >= n:
-                table[tuple(tokens[i + 1 - n : i + 1])] = offset + i + 1
+                table[tuple(tokens[i + 1 - n : i + 1])] = i + 1
 
 
 def longest_match(maps: NgramMaps, tokens: list[int]) -> tuple[int, int] | None:
