@@ -18,6 +18,14 @@ EIE = Path(sys.executable).parent / "eie"
 EIE_CMD = [str(EIE)] if EIE.exists() else [sys.executable, "-m", "appliance"]
 
 
+class StartFailed(RuntimeError):
+    """`eie serve` exited or stayed unhealthy during start-up; `log` is its output file."""
+
+    def __init__(self, what: str, log: Path):
+        super().__init__(f"{what} (log: {log})")
+        self.log = log
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,10 +60,10 @@ class EieServer:
                 pass
             if self.proc.poll() is not None:
                 self.log.close()
-                raise RuntimeError(f"eie serve exited with {self.proc.returncode} (log: {self.log.name})")
+                raise StartFailed(f"eie serve exited with {self.proc.returncode}", Path(self.log.name))
             time.sleep(poll_s)
         self.stop()
-        raise TimeoutError(f"eie serve did not become healthy in {start_timeout:.0f} s (log: {self.log.name})")
+        raise StartFailed(f"eie serve did not become healthy in {start_timeout:.0f} s", Path(self.log.name))
 
     def stop(self) -> int:
         """SIGTERM, then the exit status."""
