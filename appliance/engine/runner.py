@@ -487,8 +487,10 @@ class ModelRunner:
         self._by_id = sorted(self._active, key=lambda s: s.seq_id)
 
     def _finish(self, seq: _Sequence, event: Event) -> None:
-        if (self.prefix is not None and isinstance(event, Finished) and seq.req.save_conversation
-                and self.cfg.kv_cache.prefix.save_on_finish):
+        save = (self.prefix is not None and isinstance(event, Finished) and seq.req.save_conversation
+                and self.cfg.kv_cache.prefix.save_on_finish)
+        if save:
+            seq.sink(event)  # the answer goes out first; the save below is off its path
             try:
                 self._save_conversation(seq)
             except Exception:  # never lose the answer over the cache
@@ -503,7 +505,8 @@ class ModelRunner:
             self._by_id.remove(seq)
             heapq.heappush(self._free_ids, seq.seq_id)
         self.last_finished = time.monotonic()
-        seq.sink(event)
+        if not save:
+            seq.sink(event)
 
     def _step(self) -> None:
         """One scheduling step: a decode call for every decoding sequence, then prompt chunks.

@@ -53,13 +53,13 @@ def rotation_sizes(metadata: dict[str, str]) -> tuple[int, int]:
     return rot_k, rot_v
 
 
-def read_sequence(ctx: lc.llama_context_p, seq_id: int) -> bytes:
+def read_sequence(ctx: lc.llama_context_p, seq_id: int) -> bytearray:
     size = lc.llama_state_seq_get_size(ctx, seq_id)
-    buf = (ctypes.c_uint8 * size)()
-    got = lc.llama_state_seq_get_data(ctx, buf, size, seq_id)
+    buf = bytearray(size)  # llama.cpp writes straight into it: one copy of the state, not two
+    got = lc.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id)
     if got != size:
         raise MigrationError(f"llama.cpp wrote {got} of {size} bytes of sequence {seq_id}'s state")
-    return bytes(buf)
+    return buf
 
 
 def write_sequence(ctx: lc.llama_context_p, seq_id: int, data: bytes) -> None:

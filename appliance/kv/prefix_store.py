@@ -66,7 +66,8 @@ class PrefixStore:
     """One model's saved prefixes. Thread-safe; disk writes happen on its own thread.
 
     `encode`/`decode` turn a state into its stored form and back (e.g. TurboQuant compression
-    for f16/q8_0 states); identity by default.
+    for f16/q8_0 states); identity by default. `wait_quiet`, when given, is called before each
+    disk write (encode, hash, write): it blocks while the box is busy decoding.
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class PrefixStore:
         encode: Callable[[bytes], bytes] | None = None,
         decode: Callable[[bytes], bytes] | None = None,
         codec: str = "raw",
+        wait_quiet: Callable[[], object] | None = None,
     ):
         self.identity = identity
         self.block = block
@@ -88,6 +90,7 @@ class PrefixStore:
         self.codec = codec
         self._encode = encode or (lambda b: b)
         self._decode = decode or (lambda b: b)
+        self._wait_quiet = wait_quiet
         self._lock = threading.RLock()
         self._ram: collections.OrderedDict[bytes, tuple[_Entry, bytes]] = collections.OrderedDict()
         self._ram_used = 0
@@ -307,6 +310,8 @@ class PrefixStore:
                 if item is None:
                     return
                 entry, state = item
+                if self._wait_quiet is not None:
+                    self._wait_quiet()
                 if self.disk_error is None:
                     self._write(entry, state)
             finally:

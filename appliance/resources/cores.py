@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import psutil
 
@@ -31,6 +32,7 @@ class CoreBudget:
         self.total = total if total is not None else usable_cores()
         self._free = self.total
         self._cond = threading.Condition()
+        self._last_held = 0.0  # time.monotonic() when a core was last given back
 
     def acquire(self, want: int) -> int:
         """Block until at least one core is free, then take up to `want` of them."""
@@ -47,7 +49,24 @@ class CoreBudget:
             self._free += n
             if self._free > self.total:
                 raise RuntimeError("core budget released more cores than it granted")
+            self._last_held = time.monotonic()
             self._cond.notify_all()
+
+    def wait_quiet(self, quiet_s: float, max_wait_s: float) -> bool:
+        """Block until no core has been held for `quiet_s` seconds (True), or `max_wait_s`
+        passed (False). Background work (the prefix cache's disk writes) waits here: on a small
+        box it would otherwise take a core from spinning ggml threads mid-decode. A runner
+        between two steps holds no core for a moment only, hence the quiet period."""
+        deadline = time.monotonic() + max_wait_s
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._free == self.total and now - self._last_held >= quiet_s:
+                    return True
+                if now >= deadline:
+                    return False
+                wake = deadline if self._free < self.total else min(deadline, self._last_held + quiet_s)
+                self._cond.wait(max(0.001, wake - now))
 
     @property
     def busy(self) -> int:

@@ -209,3 +209,17 @@ def test_flush_forgets_everything(tmp_path):
     s.flush()
     assert s.lookup(keys) is None and not list((tmp_path / ID.hex()).glob("*.kv"))
     s.close()
+
+
+def test_disk_writes_wait_until_the_box_is_quiet(tmp_path):
+    quiet = threading.Event()
+    s = store(tmp_path, wait_quiet=lambda: quiet.wait(10))
+    keys = block_keys(ID, list(range(8)), 4)
+    s.put(keys, b"state" * 100)
+    assert s.lookup(keys).tier == "ram"  # served from RAM meanwhile
+    s.drain(0.3)
+    assert not list((tmp_path / ID.hex()).glob("*.kv"))  # still busy: nothing written
+    quiet.set()
+    s.drain(10)
+    assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 1
+    s.close()
