@@ -23,6 +23,10 @@ llama-server without --cache-ram never clears idle slots, so with a unified KV c
 requests would attend over other slots' stale cells (slower), while EIE frees a sequence's KV when
 it ends. So that both start each measurement from an empty KV cache, the script erases every
 llama-server slot (POST /slots/N?action=erase, outside the timed window); --keep-stale-kv skips that.
+EIE runs with its prefix cache on, as shipped, but each measurement is a cold one: its saved
+prefixes are flushed before each measurement (POST /v1/admin/kv/flush, outside the timed window;
+a retried measurement would otherwise hit the first attempt's entry) and its disk tier lives in
+the run's own directory (an earlier run's entries would answer the same prompts).
 
 Run: .venv/bin/python bench/serve_vs_llama_server.py [--model smollm2-135m|gemma3-270m|all]
 The first run builds llama-server (minutes on 2 cores) and caches the binary under
@@ -274,6 +278,7 @@ class Server:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     erase_slots: int = 0  # llama-server: slots to erase before each measurement
+    flush_prefixes: bool = False  # EIE: flush the prefix cache before each measurement
     proc: subprocess.Popen | None = None
 
     @property
@@ -332,9 +337,9 @@ class Server:
         return self.proc.pid
 
 
-def eie_config_yaml(spec: ModelSpec, port: int) -> str:
+def eie_config_yaml(spec: ModelSpec, port: int, cache_dir: Path) -> str:
     return (
-        f"server: {{host: {HOST}, port: {port}}}\n"
+        f"server: {{host: {HOST}, port: {port}, cache_dir: {json.dumps(str(cache_dir))}}}\n"
         f"model_dir: {json.dumps(str(MODEL_DIR))}\n"
         "models:\n"
         f"  - {{name: {spec.name}, path: {json.dumps(spec.file)}, n_ctx: {spec.n_ctx}, "
@@ -373,12 +378,12 @@ def llama_server_flags(spec: ModelSpec, slot_dir: Path) -> list[str]:
 def make_servers(spec: ModelSpec, binary: Path, workdir: Path, erase_slots: bool = True) -> tuple[Server, Server]:
     eie_port, llama_port = free_port(), free_port()
     cfg = workdir / f"eie-{spec.name}.yaml"
-    cfg.write_text(eie_config_yaml(spec, eie_port))
+    cfg.write_text(eie_config_yaml(spec, eie_port, workdir / f"eie-cache-{spec.name}"))
     eie = Server(
         "eie",
         [str(REPO / ".venv" / "bin" / "eie"), "serve", "--config", str(cfg), "--port", str(eie_port),
          "--log-level", "warning"],
-        eie_port, workdir / f"eie-{spec.name}.log",
+        eie_port, workdir / f"eie-{spec.name}.log", flush_prefixes=True,
     )
     slot_dir = workdir / f"slots-{spec.name}"
     slot_dir.mkdir(exist_ok=True)
@@ -655,8 +660,13 @@ class ModelRun:
         self.samples.setdefault(figure, {}).setdefault(server, []).append(sample)
 
 
-async def erase_slots(client: httpx.AsyncClient, server: Server) -> None:
-    """Empty llama-server's KV cache (all slots), as EIE's is between requests."""
+async def empty_caches(client: httpx.AsyncClient, server: Server) -> None:
+    """Empty llama-server's KV cache (all slots), as EIE's is between requests; flush EIE's
+    saved prefixes, so that every measurement is a cold prompt on both."""
+    if server.flush_prefixes:
+        r = await client.post(f"{server.base}/v1/admin/kv/flush", json={})
+        if r.status_code != 200:
+            raise RuntimeError(f"{server.name}: flushing the prefix cache failed: {r.status_code} {r.text[:300]}")
     for slot in range(server.erase_slots):
         r = await client.post(f"{server.base}/slots/{slot}", params={"action": "erase"})
         if r.status_code != 200:
@@ -693,7 +703,7 @@ async def run_repeat(run: ModelRun, servers: list[Server], model: str, rep: int,
             for server in servers:
                 sample: Sample | None = None
                 for attempt in range(1, args.retries + 2):
-                    await erase_slots(client, server)
+                    await empty_caches(client, server)
                     await asyncio.sleep(args.pause)
                     # the whole machine, both servers included, should be idle before a measurement
                     await wait_for_quiet([], args.noise_limit, args.max_wait_quiet)

@@ -254,7 +254,7 @@ class AdminRoutes:
         names = [req.model] if req.model else [n for n, r in self.manager.runners.items() if r.prefix is not None]
         for name in names:
             runner = self._prefix_runner(name)
-            await asyncio.to_thread(runner.prefix.store.flush)
+            await asyncio.wrap_future(runner.flush_prefix_cache())
         await request.json(200, {"flushed": names})
 
     async def discover(self, request: Request) -> None:

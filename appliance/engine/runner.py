@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import llama_cpp as lc
 import numpy as np
@@ -37,6 +37,7 @@ from .speculative.rejection import accept_or_resample, draw
 from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
 
+T = TypeVar("T")
 log = logging.getLogger("eie.runner")
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
@@ -375,7 +376,27 @@ class ModelRunner:
         generation continues where it was. The future gets a record of the change, or the
         error that left the old context in place.
         """
-        fut: concurrent.futures.Future[dict] = concurrent.futures.Future()
+        def run() -> dict:
+            try:
+                return self._migrate(type_k, type_v, reason)
+            except Exception as e:  # the old context stays in place
+                log.error("model %s: KV change to %s/%s failed: %s", self.name, type_k, type_v, e)
+                raise
+
+        return self._between_steps(run)
+
+    def flush_prefix_cache(self) -> "concurrent.futures.Future[None]":
+        """Forget the saved prefixes, between two steps: a conversation saved after its answer
+        went out (see _finish) is saved before the flush, never after it."""
+        if self.prefix is None:
+            fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+            fut.set_exception(NotReady("the prefix cache is off for this model"))
+            return fut
+        return self._between_steps(self.prefix.store.flush)
+
+    def _between_steps(self, fn: Callable[[], T]) -> "concurrent.futures.Future[T]":
+        """Run `fn` on the runner thread between two steps; its result or error goes to the future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
         if self.state != "ready":
             fut.set_exception(NotReady(self.error or self.state))
             return fut
@@ -384,9 +405,8 @@ class ModelRunner:
             if not fut.set_running_or_notify_cancel():
                 return
             try:
-                fut.set_result(self._migrate(type_k, type_v, reason))
-            except Exception as e:  # the old context stays in place
-                log.error("model %s: KV change to %s/%s failed: %s", self.name, type_k, type_v, e)
+                fut.set_result(fn())
+            except Exception as e:
                 fut.set_exception(e)
 
         with self._cond:

@@ -101,6 +101,7 @@ class PrefixStore:
         self.disk_error: str | None = None
         self.dir = disk_dir / identity.hex() if disk_dir else None
         self._queue: queue.Queue = queue.Queue()
+        self._generation = 0  # bumped by flush(): queued writes of an older generation are dropped
         self._writer: threading.Thread | None = None
         if self.dir is not None:
             self._open_disk()
@@ -193,8 +194,9 @@ class PrefixStore:
                 return
             self._ram_put(entry, state)
             self.stats["saved"] += 1
+            generation = self._generation
         if self.dir is not None and self.disk_error is None:
-            self._queue.put((entry, state))
+            self._queue.put((generation, entry, state))
 
     @property
     def ram_used(self) -> int:
@@ -309,15 +311,15 @@ class PrefixStore:
             try:
                 if item is None:
                     return
-                entry, state = item
-                if self._wait_quiet is not None:
+                generation, entry, state = item
+                if generation == self._generation and self._wait_quiet is not None:
                     self._wait_quiet()
-                if self.disk_error is None:
-                    self._write(entry, state)
+                if self.disk_error is None and generation == self._generation:
+                    self._write(entry, state, generation)
             finally:
                 self._queue.task_done()
 
-    def _write(self, entry: _Entry, state: bytes) -> None:
+    def _write(self, entry: _Entry, state: bytes, generation: int) -> None:
         assert self.dir is not None
         try:
             payload = self._encode(state)
@@ -351,6 +353,9 @@ class PrefixStore:
             self._disable(e)
             return
         with self._lock:
+            if generation != self._generation:  # flushed while it was being written
+                final.unlink(missing_ok=True)
+                return
             stored = _Entry(entry.key, entry.n_blocks, entry.keys, len(data))
             self._disk[entry.key] = stored
             self._disk_used += len(data)
@@ -399,9 +404,9 @@ class PrefixStore:
             self._writer = None
 
     def flush(self) -> None:
-        """Forget every entry, in RAM and on disk."""
-        self.drain(30)
-        with self._lock:
+        """Forget every entry, in RAM and on disk (queued writes are dropped)."""
+        with self._lock:  # a write in flight sees the new generation and deletes its file
+            self._generation += 1
             for entry in list(self._disk.values()):
                 self._drop_disk(entry)
             self._ram.clear()

@@ -210,3 +210,27 @@ def test_compressed_disk_entries_restore_after_a_restart(server_factory, tmp_pat
     assert answer["choices"][0]["message"]["content"]
     assert kv(srv)["disk"]["hits"] >= 1 and kv(srv)["disk"]["codec"] == "turbo3"
     srv.stop()
+
+
+def test_a_flush_right_after_an_answer_leaves_nothing_saved(server_factory, tmp_path):
+    # the finished conversation is saved after its answer went out; the flush runs between two
+    # runner steps, so it can never come before that save
+    srv = server_factory(config(tmp_path / "flush"), "prefix-flush")
+    for question in ("What does this say about copying?", "Who may distribute it?"):
+        answer = chat(srv, question)
+        with httpx.stream("POST", srv.base + "/v1/chat/completions", timeout=120,
+                          json={"model": "m", "max_tokens": 24, "stream": True, "temperature": 0,
+                                "messages": [{"role": "system", "content": SYSTEM + GPL[4000:9000]},
+                                             {"role": "user", "content": question}]}) as r:
+            assert r.status_code == 200 and any("[DONE]" in line for line in r.iter_lines())
+        r = httpx.post(srv.base + "/v1/admin/kv/flush", json={"model": "m"}, timeout=60)
+        assert r.status_code == 200 and r.json() == {"flushed": ["m"]}
+        status = kv(srv)
+        assert status["ram"]["entries"] == 0 and status["disk"]["entries"] == 0, status
+        before = sched(srv)["prefill_tokens"]
+        again = chat(srv, question)  # cold again: the whole prompt is prefilled
+        assert sched(srv)["prefill_tokens"] - before == again["usage"]["prompt_tokens"]
+        assert again["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+        httpx.post(srv.base + "/v1/admin/kv/flush", json={"model": "m"}, timeout=60)
+    srv.stop()
+    assert not list((tmp_path / "flush").glob("*/*.kv"))  # queued writes were dropped, not written

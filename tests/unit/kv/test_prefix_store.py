@@ -223,3 +223,21 @@ def test_disk_writes_wait_until_the_box_is_quiet(tmp_path):
     s.drain(10)
     assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 1
     s.close()
+
+
+def test_flush_drops_writes_still_waiting_for_a_quiet_box(tmp_path):
+    quiet = threading.Event()
+    s = store(tmp_path, wait_quiet=lambda: quiet.wait(10))
+    first, second = block_keys(ID, list(range(8)), 4), block_keys(ID, list(range(100, 108)), 4)
+    s.put(first, b"a" * 100)
+    s.put(second, b"b" * 100)
+    s.flush()  # returns at once, though the writer is waiting
+    assert s.lookup(first) is None and s.lookup(second) is None
+    quiet.set()
+    s.drain(10)
+    assert not list((tmp_path / ID.hex()).glob("*.kv"))
+    assert s.status()["disk"]["entries"] == 0
+    s.put(first, b"c" * 100)  # a put after the flush is written
+    s.drain(10)
+    assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 1
+    s.close()
