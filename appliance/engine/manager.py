@@ -35,9 +35,10 @@ from .runner import ModelRunner, NotReady
 log = logging.getLogger("eie.manager")
 MIB = 1024 * 1024
 # Prefix-cache disk writes wait for this long without any decoding (between two steps of a
-# running request the cores are free for a moment only), but at most WRITE_MAX_DEFER_S.
+# running request the cores are free for a moment only), but at most WRITE_MAX_DEFER_S after
+# they were queued.
 WRITE_QUIET_S = 0.5
-WRITE_MAX_DEFER_S = 30.0
+WRITE_MAX_DEFER_S = 5.0
 
 
 class PolicyRefused(Exception):
@@ -155,7 +156,8 @@ class ModelManager:
             disk_bytes=disk.max_mb * MIB,
             encode=encode,
             codec=codec,
-            wait_quiet=lambda: self.cores.wait_quiet(WRITE_QUIET_S, WRITE_MAX_DEFER_S),
+            wait_quiet=lambda max_s: self.cores.wait_quiet(WRITE_QUIET_S, max_s),
+            max_defer_s=WRITE_MAX_DEFER_S,
         )
         return PrefixCache(store, rot, loaded.args.n_seq_max)
 

@@ -26,6 +26,7 @@ import os
 import queue
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,10 @@ class PrefixStore:
     """One model's saved prefixes. Thread-safe; disk writes happen on its own thread.
 
     `encode`/`decode` turn a state into its stored form and back (e.g. TurboQuant compression
-    for f16/q8_0 states); identity by default. `wait_quiet`, when given, is called before each
-    disk write (encode, hash, write): it blocks while the box is busy decoding.
+    for f16/q8_0 states); identity by default. `wait_quiet(max_seconds)`, when given, blocks
+    while the box is busy decoding (True once it is quiet); the writer calls it before each disk
+    write (encode, hash, write). A write waits at most `max_defer_s` from when it was queued,
+    and no longer once the queued states hold more than the RAM tier's size.
     """
 
     def __init__(
@@ -81,7 +84,8 @@ class PrefixStore:
         encode: Callable[[bytes], bytes] | None = None,
         decode: Callable[[bytes], bytes] | None = None,
         codec: str = "raw",
-        wait_quiet: Callable[[], object] | None = None,
+        wait_quiet: Callable[[float], bool] | None = None,
+        max_defer_s: float = 30.0,
     ):
         self.identity = identity
         self.block = block
@@ -91,6 +95,8 @@ class PrefixStore:
         self._encode = encode or (lambda b: b)
         self._decode = decode or (lambda b: b)
         self._wait_quiet = wait_quiet
+        self.max_defer_s = max_defer_s
+        self._queued_bytes = 0  # states waiting for the writer
         self._lock = threading.RLock()
         self._ram: collections.OrderedDict[bytes, tuple[_Entry, bytes]] = collections.OrderedDict()
         self._ram_used = 0
@@ -195,8 +201,11 @@ class PrefixStore:
             self._ram_put(entry, state)
             self.stats["saved"] += 1
             generation = self._generation
-        if self.dir is not None and self.disk_error is None:
-            self._queue.put((generation, entry, state))
+            queue_it = self.dir is not None and self.disk_error is None
+            if queue_it:
+                self._queued_bytes += len(state)
+        if queue_it:
+            self._queue.put((generation, entry, state, time.monotonic()))
 
     @property
     def ram_used(self) -> int:
@@ -311,13 +320,24 @@ class PrefixStore:
             try:
                 if item is None:
                     return
-                generation, entry, state = item
-                if generation == self._generation and self._wait_quiet is not None:
-                    self._wait_quiet()
+                generation, entry, state, queued_at = item
+                if self._wait_quiet is not None:
+                    self._wait_until_quiet(generation, queued_at + self.max_defer_s)
                 if self.disk_error is None and generation == self._generation:
                     self._write(entry, state, generation)
             finally:
+                if item is not None:
+                    with self._lock:
+                        self._queued_bytes -= len(item[2])
                 self._queue.task_done()
+
+    def _wait_until_quiet(self, generation: int, deadline: float) -> None:
+        """Wait (in short slices) for a quiet box, until the deadline, a flush, or the queue
+        holding more than the RAM tier's size."""
+        while generation == self._generation and self._queued_bytes <= self.ram_bytes:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wait_quiet(min(left, 0.25)):
+                return
 
     def _write(self, entry: _Entry, state: bytes, generation: int) -> None:
         assert self.dir is not None

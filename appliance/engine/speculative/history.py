@@ -23,15 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .ngram import NGRAM_SIZES
 
 log = logging.getLogger("eie.speculative")
 _MAGIC = b"EIEHIST1"
 ALIGN_WINDOW = 64  # how far after the cursor an aligned match may lie (tokens)
+# Not down to single tokens as in the prompt: over tens of thousands of earlier tokens a 1-gram
+# matches anywhere and says little about what follows.
+HISTORY_NGRAM_SIZES = (5, 4, 3, 2)
 
 
 class HistoryIndex:
-    def __init__(self, path: Path | None, max_tokens: int = 65536, sizes: tuple[int, ...] = NGRAM_SIZES,
+    def __init__(self, path: Path | None, max_tokens: int = 65536, sizes: tuple[int, ...] = HISTORY_NGRAM_SIZES,
                  save_every: int = 8):
         self.path = path
         self.max_tokens = max_tokens

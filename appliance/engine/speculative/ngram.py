@@ -7,7 +7,11 @@ draft. The index is incremental: each call adds the n-grams that gained a follow
 
 from __future__ import annotations
 
-NGRAM_SIZES = (5, 4, 3, 2)
+# Down to single tokens: a value copied from the prompt (a name, a code, an e-mail address) is
+# often preceded by a token the prompt does not have before it (a quote instead of a space), so
+# only its first token matches. Each n is a kind of its own with its own acceptance estimate, so
+# the planner verifies 1-gram drafts only where they pay.
+NGRAM_SIZES = (5, 4, 3, 2, 1)
 
 
 NgramMaps = dict[int, dict[tuple[int, ...], int]]

@@ -71,6 +71,14 @@ def test_prompt_lookup_takes_the_longest_most_recent_match_and_never_the_suffix_
     assert idx.lookup(tokens, 0) == []
 
 
+def test_prompt_lookup_drafts_from_a_single_matching_token():
+    # a value copied from the prompt after a token the prompt does not have before it
+    # (`"Maria` in the answer, ` Maria` in the prompt) matches on its own first token only
+    prompt = [50, 11, 12, 13, 51, 60]
+    assert NgramIndex().lookup_match(prompt + [70, 11], 3) == ([12, 13, 51], 1)
+    assert NgramIndex(sizes=(5, 4, 3, 2)).lookup_match(prompt + [70, 11], 3) == ([], 0)
+
+
 def test_history_index_drafts_across_outputs_and_survives_a_restart(tmp_path):
     path = tmp_path / "spec" / "model.history"
     h = HistoryIndex(path, max_tokens=1000, save_every=100)

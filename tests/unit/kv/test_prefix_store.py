@@ -213,7 +213,7 @@ def test_flush_forgets_everything(tmp_path):
 
 def test_disk_writes_wait_until_the_box_is_quiet(tmp_path):
     quiet = threading.Event()
-    s = store(tmp_path, wait_quiet=lambda: quiet.wait(10))
+    s = store(tmp_path, wait_quiet=lambda max_s: quiet.wait(max_s))
     keys = block_keys(ID, list(range(8)), 4)
     s.put(keys, b"state" * 100)
     assert s.lookup(keys).tier == "ram"  # served from RAM meanwhile
@@ -227,7 +227,7 @@ def test_disk_writes_wait_until_the_box_is_quiet(tmp_path):
 
 def test_flush_drops_writes_still_waiting_for_a_quiet_box(tmp_path):
     quiet = threading.Event()
-    s = store(tmp_path, wait_quiet=lambda: quiet.wait(10))
+    s = store(tmp_path, wait_quiet=lambda max_s: quiet.wait(max_s))
     first, second = block_keys(ID, list(range(8)), 4), block_keys(ID, list(range(100, 108)), 4)
     s.put(first, b"a" * 100)
     s.put(second, b"b" * 100)
@@ -240,4 +240,40 @@ def test_flush_drops_writes_still_waiting_for_a_quiet_box(tmp_path):
     s.put(first, b"c" * 100)  # a put after the flush is written
     s.drain(10)
     assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 1
+    s.close()
+
+
+def test_under_steady_load_each_write_waits_at_most_max_defer_from_its_queueing(tmp_path):
+    import time
+
+    never_quiet = threading.Event()
+    s = store(tmp_path, wait_quiet=lambda max_s: never_quiet.wait(max_s), max_defer_s=0.5)
+    t0 = time.monotonic()
+    for i in range(6):
+        s.put(block_keys(ID, list(range(i * 8, i * 8 + 8)), 4), b"s" * 100)
+    s.drain(10)
+    assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 6
+    assert time.monotonic() - t0 < 2.5  # not 6 x 0.5 s: the deadlines run from queueing, together
+    s.close()
+
+
+def test_writes_stop_waiting_once_the_queue_holds_more_than_the_ram_tier(tmp_path):
+    import time
+
+    never_quiet = threading.Event()
+    s = store(tmp_path, ram=1000, wait_quiet=lambda max_s: never_quiet.wait(max_s), max_defer_s=30)
+    s.put(block_keys(ID, list(range(8)), 4), b"s" * 600)
+    s.drain(0.5)
+    assert not list((tmp_path / ID.hex()).glob("*.kv"))  # 600 queued bytes: it waits
+    t0 = time.monotonic()
+    s.put(block_keys(ID, list(range(100, 108)), 4), b"t" * 600)  # 1200 queued bytes > 1000
+    while not list((tmp_path / ID.hex()).glob("*.kv")) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 1  # the first stopped waiting
+    assert time.monotonic() - t0 < 5
+    s.drain(0.5)
+    assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 1  # 600 bytes left: the second waits
+    never_quiet.set()
+    s.drain(10)
+    assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 2
     s.close()
