@@ -85,7 +85,7 @@ class PrefixStore:
         decode: Callable[[bytes], bytes] | None = None,
         codec: str = "raw",
         wait_quiet: Callable[[float], bool] | None = None,
-        max_defer_s: float = 30.0,
+        max_defer_s: float = 5.0,
     ):
         self.identity = identity
         self.block = block
