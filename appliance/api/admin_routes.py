@@ -232,7 +232,7 @@ class AdminRoutes:
             raise ApiError(504, "warming the prefix did not finish in time", code="timeout") from None
         except Exception as e:
             raise ApiError(500, f"warming failed: {e}", type="server_error", code="warm_failed") from None
-        runner.prefix.store.drain(30)
+        await asyncio.to_thread(runner.prefix.store.drain, 30)  # writes now wait for a quiet box: off the event loop
         await request.json(200, {"model": req.model, **result, "block_tokens": runner.prefix.block})
 
     async def kv_status(self, request: Request) -> None:
