@@ -3,6 +3,11 @@
 The last n tokens of the sequence (n from the longest to the shortest of `sizes`) are looked up
 among its earlier tokens; the tokens that followed their most recent earlier occurrence are the
 draft. The index is incremental: each call adds the n-grams that gained a following token.
+
+A match p tokens back says the sequence repeats with period p, so where the tokens after it
+run out (they reach the end of the sequence) the draft goes on with its own first tokens: a
+greedy small model that has fallen into a loop (`-00-00-00`) gets drafts of any length, not
+just one period.
 """
 
 from __future__ import annotations
@@ -61,4 +66,13 @@ class NgramIndex:
         add_ngrams(self._maps, tokens, self._upto, len(tokens) - 1)
         self._upto = max(self._upto, len(tokens) - 1)
         hit = longest_match(self._maps, tokens)
-        return ([], 0) if hit is None else (tokens[hit[0] : hit[0] + k], hit[1])
+        return ([], 0) if hit is None else (periodic_continuation(tokens, hit[0], k), hit[1])
+
+
+def periodic_continuation(tokens: list[int], at: int, k: int) -> list[int]:
+    """k tokens from tokens[at:], continued with period len(tokens) − at past the end."""
+    draft = tokens[at : at + k]
+    period = len(tokens) - at
+    while len(draft) < k:
+        draft.append(draft[len(draft) - period])
+    return draft

@@ -79,6 +79,15 @@ def test_prompt_lookup_drafts_from_a_single_matching_token():
     assert NgramIndex(sizes=(5, 4, 3, 2)).lookup_match(prompt + [70, 11], 3) == ([], 0)
 
 
+def test_prompt_lookup_continues_a_repeating_tail_past_the_end_of_the_sequence():
+    # the latest match of "0 -" is one period back: the tokens after it reach the end of the
+    # sequence, and the draft goes on with the same period instead of stopping there
+    loop = [7, 8, 0, 1, 0, 1, 0, 1]
+    assert NgramIndex(sizes=(2,)).lookup_match(loop, 5) == ([0, 1, 0, 1, 0], 2)
+    assert NgramIndex(sizes=(3,)).lookup_match([5, 6, 7, 1, 2, 3, 1, 2, 3], 4) == ([1, 2, 3, 1], 3)
+    assert NgramIndex(sizes=(2,)).lookup_match([4, 4, 4], 3) == ([4, 4, 4], 2)
+
+
 def test_history_index_drafts_across_outputs_and_survives_a_restart(tmp_path):
     path = tmp_path / "spec" / "model.history"
     h = HistoryIndex(path, max_tokens=1000, save_every=100)
@@ -208,7 +217,8 @@ def test_lookup_drafts_are_scored_in_full_by_what_the_sequence_generates():
         spec.cost.observe(rows, 0.01 * rows)  # verification as dear as decoding: nothing pays
     st = spec.new_sequence([1, 2, 3, 4, 5, 9, 1, 2, 3])
     spec.propose([(0, st, 16)], 1)
-    assert st.pending == [] and st.watch == [([4, 5, 9, 1, 2, 3], 9, "ngram:3")]  # a 3-gram matched
+    # a 3-gram matched six tokens back: the draft repeats those six (ngram.periodic_continuation)
+    assert st.pending == [] and st.watch == [(([4, 5, 9, 1, 2, 3] * 3)[:16], 9, "ngram:3")]
     st.tokens += [4, 5, 7]  # generated: the first two drafts were right, the third not
     spec.propose([(0, st, 16)], 1)
     assert st.accept["ngram:3"].reach[1:5] == [1, 1, 1, 0] and st.accept["ngram:3"].fail[3] == 1
