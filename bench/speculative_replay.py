@@ -1,0 +1,147 @@
+"""Offline replay of the speculative planner: where decode speed is lost on a task.
+
+Gets the model's greedy answers to a bench/speculative.py task from a real server (speculation
+off), then replays the real `Speculator` (ngram + history, history carried from answer to answer
+as in the bench) over them, step by step: each step's drafts are checked against the known
+answer, and its time is the measured decode cost of its rows (bench/results/q4_1_rows.json,
+SmolLM2 with patch 0002's kernel) plus 1 ms of Python. Two plans side by side:
+- `planned`: the draft counts the planner chooses (what the server does);
+- `exact`: the same chosen drafts, each verified to exactly as many tokens as turn out right
+  (the bound on what better acceptance estimates could give with these draft sources).
+Speed-up = answer tokens × one-row step time / replayed time.
+
+    .venv/bin/python bench/speculative_replay.py [--model smollm2-135m] [--task json] [--answers 4]
+Prints a table and writes bench/results/speculative_replay.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import speculative as S
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+STEP_OVERHEAD_MS = 1.0
+
+
+def row_costs() -> dict[int, float]:
+    medians = json.loads((ROOT / "bench" / "results" / "q4_1_rows.json").read_text())["median_ms"]["tiled"]
+    return {int(k): v for k, v in medians.items() if k.isdigit()}
+
+
+def step_ms(table: dict[int, float], rows: int) -> float:
+    """Decode time of `rows` rows, interpolated in the measured table (linear past its end)."""
+    ks = sorted(table)
+    for lo, hi in zip(ks, ks[1:]):
+        if lo <= rows <= hi:
+            return table[lo] + (table[hi] - table[lo]) * (rows - lo) / (hi - lo) + STEP_OVERHEAD_MS
+    lo, hi = ks[-2], ks[-1]
+    return table[hi] + (table[hi] - table[lo]) / (hi - lo) * (rows - hi) + STEP_OVERHEAD_MS
+
+
+def answers(model: str, task: str, n: int) -> list[str]:
+    make, max_tokens = S.TASKS[task]
+    with tempfile.TemporaryDirectory() as tmp:
+        server = S.Server(model, Path(tmp), ["ngram"], 2)
+        try:
+            return [S.stream(server.base, make(k), max_tokens, False)["text"] for k in range(n)]
+        finally:
+            server.stop()
+
+
+def replay(model: str, task: str, texts: list[str], exact: bool) -> list[float]:
+    import llama_cpp as lc
+
+    from appliance.config import SpeculativeConfig
+    from appliance.engine import native
+    from appliance.engine.speculative.history import HistoryIndex
+    from appliance.engine.speculative.speculator import Speculator
+
+    native.init_backend()
+    mp = lc.llama_model_default_params()
+    mp.vocab_only = True
+    vocab_model = lc.llama_model_load_from_file(str(ROOT / "models" / S.MODELS[model]).encode(), mp)
+    vocab = lc.llama_model_get_vocab(vocab_model)
+
+    def tokenize(text: str) -> list[int]:
+        raw = text.encode()
+        buf = (lc.llama_token * (len(raw) + 16))()
+        return list(buf[: lc.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, True)])
+
+    table = row_costs()
+    spec = Speculator(SpeculativeConfig(sources=["ngram", "history"]), history=HistoryIndex(None))
+    for _ in range(20):
+        spec.cost.observe(1, step_ms(table, 1) / 1000)
+    out = []
+    make = S.TASKS[task][0]
+    for k, text in enumerate(texts):
+        prompt, answer = tokenize(make(k)), tokenize(text)
+        st = spec.new_sequence(prompt)
+        i, spent = 0, 0.0
+        while i < len(answer):
+            room = min(len(answer) - i - 1, spec.cfg.max_draft)
+            if exact:
+                kind, drafts = chosen_lookup(spec, st, room)
+            else:
+                spec.propose([(0, st, room)], 1)
+                drafts = st.pending
+            right = 0
+            while right < len(drafts) and drafts[right] == answer[i + right]:
+                right += 1
+            if exact and drafts:  # what propose's scoring of the lookup would have learnt
+                for acc in (st.accept[kind], spec.accept[kind]):
+                    acc.update(len(drafts) if right == len(drafts) else right + 1, right)
+            verified = right if exact else len(drafts)
+            ms = step_ms(table, 1 + verified)
+            spec.cost.observe(1 + verified, ms / 1000)
+            if not exact:
+                spec.verified(st, right)
+            st.tokens += answer[i : i + right + 1]
+            i += right + 1
+            spent += ms
+        spec.finished(0, st)
+        out.append(len(answer) * step_ms(table, 1) / spent)
+    lc.llama_model_free(vocab_model)
+    return out
+
+
+def chosen_lookup(spec, st, room: int) -> tuple[str, list[int]]:
+    """The lookup draft (kind, tokens) the planner would take for this sequence, in full: the one
+    with the most expected accepted tokens, as `Speculator.propose` chooses it."""
+    best, best_gain = ("", []), -1.0
+    for source in spec.sources:
+        for kind, found in spec._lookups(source, st, room):
+            gain = sum(spec.gains(st, kind, len(found)))
+            if gain > best_gain:
+                best, best_gain = (kind, list(found)), gain
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--task", default="json", choices=list(S.TASKS))
+    ap.add_argument("--answers", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "speculative_replay.json")
+    args = ap.parse_args()
+    texts = answers(args.model, args.task, args.answers)
+    rows = {plan: replay(args.model, args.task, texts, plan == "exact") for plan in ("planned", "exact")}
+    print(f"\n| plan | {' | '.join(f'answer {k + 1}' for k in range(len(texts)))} |")
+    print("|---|" + "---|" * len(texts))
+    for plan, speedups in rows.items():
+        print(f"| {plan} | {' | '.join(f'{x:.2f}×' for x in speedups)} |")
+    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "task": args.task,
+                                    "speedup_by_answer": {p: [round(x, 3) for x in v] for p, v in rows.items()}},
+                                   indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
