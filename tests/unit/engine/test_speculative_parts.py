@@ -80,8 +80,8 @@ def test_prompt_lookup_drafts_from_a_single_matching_token():
 
 
 def test_prompt_lookup_continues_a_repeating_tail_past_the_end_of_the_sequence():
-    # the latest match of "0 -" is one period back: the tokens after it reach the end of the
-    # sequence, and the draft goes on with the same period instead of stopping there
+    # the latest earlier match of the suffix (0, 1) is one period back: the tokens after it reach
+    # the end of the sequence, and the draft goes on with the same period instead of stopping there
     loop = [7, 8, 0, 1, 0, 1, 0, 1]
     assert NgramIndex(sizes=(2,)).lookup_match(loop, 5) == ([0, 1, 0, 1, 0], 2)
     assert NgramIndex(sizes=(3,)).lookup_match([5, 6, 7, 1, 2, 3, 1, 2, 3], 4) == ([1, 2, 3, 1], 3)
