@@ -83,8 +83,17 @@ class AdminRoutes:
              "free_bytes": d.free_bytes, "source": d.source}
             for d in await asyncio.to_thread(memory.devices)  # NVML/CUDA probes stay off the loop
         ]
-        models = []
-        budgets = {}
+        # an estimate not made yet reads the GGUF (and hashes it): seconds, so off the loop too
+        models, budgets = await asyncio.to_thread(self._memory_by_model)
+        await request.json(200, {"devices": devices, "budgets": budgets, "models": models,
+                                 "watermarks": {"low_percent": self.config.vram.low_watermark,
+                                                "critical_percent": self.config.vram.critical_watermark,
+                                                "reserve_mb": self.config.vram.reserve_mb}})
+
+    def _memory_by_model(self) -> tuple[list[dict], dict[str, dict]]:
+        """Each model's memory (measured, estimated, KV) and each budget's use, for vram_status."""
+        models: list[dict] = []
+        budgets: dict[str, dict] = {}
         for name, r in self.manager.runners.items():
             b = r.loaded.buffers if r.loaded else None
             est = self.manager.estimate_for(name)
@@ -112,10 +121,7 @@ class AdminRoutes:
                 "n_parallel": r.cfg.n_parallel,
                 "n_ctx_total": r.loaded.n_ctx_total if r.loaded else 0,
             })
-        await request.json(200, {"devices": devices, "budgets": budgets, "models": models,
-                                 "watermarks": {"low_percent": self.config.vram.low_watermark,
-                                                "critical_percent": self.config.vram.critical_watermark,
-                                                "reserve_mb": self.config.vram.reserve_mb}})
+        return models, budgets
 
     async def scheduling_status(self, request: Request) -> None:
         models = {
