@@ -12,25 +12,44 @@ sequences draft the same number each or none (`_plan_streams`: unequal drafts co
 
 from __future__ import annotations
 
+import collections
+import statistics
 from dataclasses import dataclass
 
 
 class StepCost:
-    """Wall time of a decode by its number of rows, t(n) = a + b·(n − 1), fitted by least squares
-    to the runner's own decodes (older ones fade by `forget` each). The slope is shrunk towards
-    `prior_row_cost`·a as if `prior_weight` decodes one row apart had shown it, so a few noisy
-    wide decodes cannot make drafts look dear for good (the plan would never try them again),
-    and before any wide decode the prior stands."""
+    """Wall time of a decode by its number of rows: the median of the last `ROW_SAMPLES` decodes
+    with that many rows once `MIN_ROW_SAMPLES` were seen, else a line t(n) = a + b·(n − 1) fitted
+    by least squares to all the runner's decodes (older ones fade by `forget` each).
+
+    The cost is not a line: CPU matmul kernels work in tiles of rows, so a decode of 5 rows can
+    cost more than one of 8 (SmolLM2 on 2 cores: 4 rows 18 ms, 5 rows 32 ms, 8 rows 31 ms;
+    bench/q4_1_rows.py), and a GPU's cost is flat up to some width. The medians let the plan pick
+    the widths that are cheap here; a median shrugs off one stalled decode. The line's slope is
+    shrunk towards `prior_row_cost`·a as if `prior_weight` decodes one row apart had shown it, so
+    a few noisy wide decodes cannot make drafts look dear for good (the plan would never try them
+    again), and before any wide decode the prior stands."""
+
+    ROW_SAMPLES = 9
+    MIN_ROW_SAMPLES = 3
 
     def __init__(self, prior_row_cost: float = 0.6, forget: float = 0.995, prior_weight: float = 4.0):
         self.prior_row_cost = prior_row_cost
         self.forget = forget
         self.prior_weight = prior_weight
         self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._by_rows: dict[int, collections.deque[float]] = {}
+        self._medians: dict[int, float] = {}
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0:
             return
+        recent = self._by_rows.get(rows)
+        if recent is None:
+            recent = self._by_rows[rows] = collections.deque(maxlen=self.ROW_SAMPLES)
+        recent.append(seconds)
+        if len(recent) >= self.MIN_ROW_SAMPLES:
+            self._medians[rows] = statistics.median(recent)
         f, x = self.forget, rows - 1
         self._w = self._w * f + 1
         self._x = self._x * f + x
@@ -56,12 +75,19 @@ class StepCost:
 
     def time(self, rows: int) -> float | None:
         """Expected seconds of a decode with `rows` rows (None before any decode was seen)."""
+        measured = self._medians.get(rows)
+        if measured is not None:
+            return measured
         ab = self.fit()
         return None if ab is None else ab[0] + ab[1] * (rows - 1)
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self) -> dict:
+        """The fitted line and the measured median by rows, in ms."""
         ab = self.fit()
-        return {} if ab is None else {"one_row_ms": round(ab[0] * 1000, 2), "per_extra_row_ms": round(ab[1] * 1000, 2)}
+        if ab is None:
+            return {}
+        return {"one_row_ms": round(ab[0] * 1000, 2), "per_extra_row_ms": round(ab[1] * 1000, 2),
+                "measured_ms": {str(n): round(t * 1000, 2) for n, t in sorted(self._medians.items())}}
 
 
 class Acceptance:
