@@ -1,16 +1,19 @@
 """Offline replay of the speculative planner: where decode speed is lost on a task.
 
-Gets the model's greedy answers to a bench/speculative.py task from a real server (speculation
+Gets SmolLM2's greedy answers to a bench/speculative.py task from a real server (speculation
 off), then replays the real `Speculator` (ngram + history, history carried from answer to answer
 as in the bench) over them, step by step: each step's drafts are checked against the known
 answer, and its time is the measured decode cost of its rows (bench/results/q4_1_rows.json,
-SmolLM2 with patch 0002's kernel) plus 1 ms of Python. Two plans side by side:
-- `planned`: the draft counts the planner chooses (what the server does);
+SmolLM2 with patch 0002's kernel, every width from 1 to 17 rows) plus 1 ms of Python. SmolLM2
+only: that table is measured for its Q4_1 file. Two plans side by side:
+- `planned`: what the server does: the controller's plain and speculating steps, and in these
+  the draft counts the planner chooses;
 - `exact`: the same chosen drafts, each verified to exactly as many tokens as turn out right
-  (the bound on what better acceptance estimates could give with these draft sources).
+  (the bound on what better acceptance estimates could give with these draft sources; no
+  controller).
 Speed-up = answer tokens × one-row step time / replayed time.
 
-    .venv/bin/python bench/speculative_replay.py [--model smollm2-135m] [--task json] [--answers 4]
+    .venv/bin/python bench/speculative_replay.py [--task json] [--answers 4]
 Prints a table and writes bench/results/speculative_replay.json.
 """
 
@@ -28,6 +31,7 @@ import speculative as S
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 STEP_OVERHEAD_MS = 1.0
+MODEL = "smollm2-135m"  # the model bench/q4_1_rows.py measures
 
 
 def row_costs() -> dict[int, float]:
@@ -88,9 +92,11 @@ def replay(model: str, task: str, texts: list[str], exact: bool) -> list[float]:
             room = min(len(answer) - i - 1, spec.cfg.max_draft)
             if exact:
                 kind, drafts = chosen_lookup(spec, st, room)
-            else:
+            elif spec.controller.speculate(1):
                 spec.propose([(0, st, room)], 1)
                 drafts = st.pending
+            else:  # the controller's plain step
+                drafts = st.pending = []
             right = 0
             while right < len(drafts) and drafts[right] == answer[i + right]:
                 right += 1
@@ -101,6 +107,7 @@ def replay(model: str, task: str, texts: list[str], exact: bool) -> list[float]:
             ms = step_ms(table, 1 + verified)
             spec.cost.observe(1 + verified, ms / 1000)
             if not exact:
+                spec.controller.record(1, bool(drafts), ms / 1000, right + 1)
                 spec.verified(st, right)
             st.tokens += answer[i : i + right + 1]
             i += right + 1
@@ -125,18 +132,17 @@ def chosen_lookup(spec, st, room: int) -> tuple[str, list[int]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--task", default="json", choices=list(S.TASKS))
     ap.add_argument("--answers", type=int, default=4)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "speculative_replay.json")
     args = ap.parse_args()
-    texts = answers(args.model, args.task, args.answers)
-    rows = {plan: replay(args.model, args.task, texts, plan == "exact") for plan in ("planned", "exact")}
+    texts = answers(MODEL, args.task, args.answers)
+    rows = {plan: replay(MODEL, args.task, texts, plan == "exact") for plan in ("planned", "exact")}
     print(f"\n| plan | {' | '.join(f'answer {k + 1}' for k in range(len(texts)))} |")
     print("|---|" + "---|" * len(texts))
     for plan, speedups in rows.items():
         print(f"| {plan} | {' | '.join(f'{x:.2f}×' for x in speedups)} |")
-    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "task": args.task,
+    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "model": MODEL, "task": args.task,
                                     "speedup_by_answer": {p: [round(x, 3) for x in v] for p, v in rows.items()}},
                                    indent=1))
     print(f"wrote {args.out}")

@@ -5,8 +5,10 @@ lengths themselves come from planner.py).
 not, measured on the same runner at the same number of decoding sequences (a batched runner
 pays for drafts differently than a lone stream). While speculation is on, one step in
 `probe_every` runs without it so the baseline stays current; while it is off, a burst of
-`probe_steps` speculating steps is tried after `reprobe_after` steps, a wait that doubles after
-each failed probe (up to `max_reprobe`) and resets after a success.
+`probe_steps` steps with drafts is tried after `reprobe_after` steps, a wait that doubles after
+each failed probe (up to `max_reprobe`) and resets after a success. A probe lasts until the plan
+has verified drafts in `probe_steps` steps: the steps in it where the plan declines every draft
+are plain steps and cost nothing, and a probe cut short by them would judge on too little.
 
 It judges on the last `window` steps of each kind, and not before `min_samples` of each: the
 planner already declines drafts that its estimates say do not pay, so the controller is the
@@ -31,7 +33,7 @@ class _Arm:
     plain: collections.deque
     on: bool = True
     steps: int = 0
-    probing: int = 0  # speculating steps left in the current probe (while off)
+    probing: int = 0  # steps with drafts still to see in the current probe (while off)
     wait: int = 0  # steps until the next probe (while off)
     backoff: int = 0
 
@@ -73,11 +75,10 @@ class Controller:
             every = self.probe_every if len(arm.plain) >= self.min_samples else 4
             return arm.steps % every != 0
         if arm.probing > 0:
-            arm.probing -= 1
             return True
         arm.wait -= 1
         if arm.wait <= 0:
-            arm.probing = self.probe_steps - 1
+            arm.probing = self.probe_steps
             arm.spec.clear()  # judge the probe on fresh measurements
             return True
         return False
@@ -87,17 +88,20 @@ class Controller:
         if tokens <= 0 or seconds <= 0:
             return
         arm = self._arm(batch)
+        # `speculated`: drafts were verified; in a step the plan declined every draft it was not
         (arm.spec if speculated else arm.plain).append((seconds, tokens))
-        need = self.min_samples if arm.on else min(self.min_samples, self.probe_steps)  # a probe is judged whole
-        if len(arm.spec) < need or len(arm.plain) < self.min_samples:
-            return
         if arm.on:
+            if len(arm.spec) < self.min_samples or len(arm.plain) < self.min_samples:
+                return
             if arm.rate(arm.spec) < arm.rate(arm.plain) * (1 - self.margin):
                 arm.on = False
                 arm.wait = arm.backoff
                 arm.backoff = min(self.max_reprobe, arm.backoff * 2)
                 self.switches_off += 1
-        elif arm.probing == 0 and speculated:  # a probe just ended
+        elif arm.probing > 0 and speculated:
+            arm.probing -= 1
+            if arm.probing > 0 or len(arm.plain) < self.min_samples:
+                return
             if arm.rate(arm.spec) > arm.rate(arm.plain) * (1 + self.margin):
                 arm.on = True
                 arm.backoff = self.reprobe_after

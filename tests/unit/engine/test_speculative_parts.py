@@ -269,6 +269,29 @@ def test_controller_turns_speculation_off_where_it_does_not_pay_and_probes_again
     assert c.on and c.switches_on >= 1
 
 
+def test_a_probe_lasts_until_the_plan_has_verified_drafts_in_probe_steps_steps():
+    def drive_declining(c: Controller, steps: int, spec_rate: float, drafted_every: int) -> list[bool]:
+        chosen = []
+        for n in range(steps):
+            spec = c.speculate(1)
+            chosen.append(spec)
+            drafted = spec and n % drafted_every == 0  # the plan verified drafts in this step
+            c.record(1, drafted, 1.0 / (spec_rate if drafted else 90), 1)
+        return chosen
+
+    c = Controller(probe_every=16, probe_steps=16, reprobe_after=64)
+    drive(c, 64, spec_rate=60, plain_rate=90)
+    assert not c.on
+    # drafts that lose, verified in 1 step of 4: each probe takes 64 steps (16 with drafts), fails,
+    # and the wait before the next one doubles
+    chosen = drive_declining(c, 1000, spec_rate=30, drafted_every=4)
+    assert not c.on and c.switches_on == 0
+    assert 64 * 2 <= sum(chosen) <= 64 * 3  # (waits of 128, 256, 512 steps)
+    # drafts that pay, verified in 1 step of 8: the probe waits for 16 of them and turns it on
+    drive_declining(c, 1200, spec_rate=300, drafted_every=8)
+    assert c.on and c.switches_on == 1
+
+
 def test_controller_keeps_speculation_on_where_it_pays_and_keeps_a_baseline():
     c = Controller(probe_every=16)
     chosen = drive(c, 320, spec_rate=150, plain_rate=90)
