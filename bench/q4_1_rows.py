@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-ROWS = (1, 2, 3, 4, 8, 16)
+ROWS = tuple(range(1, 18))  # every width a verification with max_draft 16 can have
 CONTEXT = 300
 
 
@@ -63,6 +63,8 @@ def measure(threads: int, reps: int) -> dict[str, float]:
     lc.llama_memory_seq_rm(mem, 0, 0, -1)
     decode([100 + i % 1000 for i in range(CONTEXT)], 0)
     for n in ROWS:
+        decode([200 + i % 500 for i in range(n)], CONTEXT)  # untimed: the first decode of a width warms up
+        lc.llama_memory_seq_rm(mem, 0, CONTEXT, -1)
         times = []
         for r in range(reps):
             times.append(decode([200 + (r + i) % 500 for i in range(n)], CONTEXT))
