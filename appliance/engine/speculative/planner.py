@@ -18,17 +18,20 @@ from dataclasses import dataclass
 
 
 class StepCost:
-    """Wall time of a decode by its number of rows: the median of the last `ROW_SAMPLES` decodes
-    with that many rows once `MIN_ROW_SAMPLES` were seen, else a line t(n) = a + b·(n − 1) fitted
-    by least squares to all the runner's decodes (older ones fade by `forget` each).
+    """Wall time of a decode by its number of rows: a line t(n) = a + b·(n − 1) fitted by least
+    squares to the runner's decodes (older ones fade by `forget` each), times, for a width seen
+    `MIN_ROW_SAMPLES` times or more, the median of its last `ROW_SAMPLES` decodes over what the
+    line said for them.
 
     The cost is not a line: CPU matmul kernels work in tiles of rows, so a decode of 5 rows can
     cost more than one of 8 (SmolLM2 on 2 cores: 4 rows 18 ms, 5 rows 32 ms, 8 rows 31 ms;
-    bench/q4_1_rows.py), and a GPU's cost is flat up to some width. The medians let the plan pick
-    the widths that are cheap here; a median shrugs off one stalled decode. The line's slope is
-    shrunk towards `prior_row_cost`·a as if `prior_weight` decodes one row apart had shown it, so
-    a few noisy wide decodes cannot make drafts look dear for good (the plan would never try them
-    again), and before any wide decode the prior stands."""
+    bench/q4_1_rows.py), and a GPU's cost is flat up to some width. The per-width factors let the
+    plan pick the widths that are cheap here; a median shrugs off one stalled decode. They are
+    kept relative to the line, so when the machine as a whole gets slower or faster (another model
+    busy on the cores) the line follows and the shape stays, also for widths the plan then avoids.
+    The line's slope is shrunk towards `prior_row_cost`·a as if `prior_weight` decodes one row
+    apart had shown it, so a few noisy wide decodes cannot make drafts look dear for good (the
+    plan would never try them again), and before any wide decode the prior stands."""
 
     ROW_SAMPLES = 9
     MIN_ROW_SAMPLES = 3
@@ -38,18 +41,20 @@ class StepCost:
         self.forget = forget
         self.prior_weight = prior_weight
         self._w = self._x = self._y = self._xx = self._xy = 0.0
-        self._by_rows: dict[int, collections.deque[float]] = {}
-        self._medians: dict[int, float] = {}
+        self._by_rows: dict[int, collections.deque[float]] = {}  # recent decodes over the line's time
+        self._factors: dict[int, float] = {}  # their medians
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0:
             return
-        recent = self._by_rows.get(rows)
-        if recent is None:
-            recent = self._by_rows[rows] = collections.deque(maxlen=self.ROW_SAMPLES)
-        recent.append(seconds)
-        if len(recent) >= self.MIN_ROW_SAMPLES:
-            self._medians[rows] = statistics.median(recent)
+        line = self._line(rows)
+        if line is not None:
+            recent = self._by_rows.get(rows)
+            if recent is None:
+                recent = self._by_rows[rows] = collections.deque(maxlen=self.ROW_SAMPLES)
+            recent.append(seconds / line)
+            if len(recent) >= self.MIN_ROW_SAMPLES:
+                self._factors[rows] = statistics.median(recent)
         f, x = self.forget, rows - 1
         self._w = self._w * f + 1
         self._x = self._x * f + x
@@ -75,19 +80,20 @@ class StepCost:
 
     def time(self, rows: int) -> float | None:
         """Expected seconds of a decode with `rows` rows (None before any decode was seen)."""
-        measured = self._medians.get(rows)
-        if measured is not None:
-            return measured
+        line = self._line(rows)
+        return None if line is None else line * self._factors.get(rows, 1.0)
+
+    def _line(self, rows: int) -> float | None:
         ab = self.fit()
         return None if ab is None else ab[0] + ab[1] * (rows - 1)
 
     def snapshot(self) -> dict:
-        """The fitted line and the measured median by rows, in ms."""
+        """The fitted line, and the expected time of each width measured often enough, in ms."""
         ab = self.fit()
         if ab is None:
             return {}
         return {"one_row_ms": round(ab[0] * 1000, 2), "per_extra_row_ms": round(ab[1] * 1000, 2),
-                "measured_ms": {str(n): round(t * 1000, 2) for n, t in sorted(self._medians.items())}}
+                "measured_ms": {str(n): round(self.time(n) * 1000, 2) for n in sorted(self._factors)}}
 
 
 class Acceptance:
