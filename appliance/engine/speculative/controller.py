@@ -120,7 +120,8 @@ class Controller:
         return {
             "on": self.on,
             "by_batch": {
-                str(b): {"on": a.on, "spec_tok_s": round(a.rate(a.spec), 2), "plain_tok_s": round(a.rate(a.plain), 2)}
+                str(b): {"on": a.on, "probing": not a.on and a.probing > 0,
+                         "spec_tok_s": round(a.rate(a.spec), 2), "plain_tok_s": round(a.rate(a.plain), 2)}
                 for b, a in sorted(self._arms.items())
             },
             "switches_off": self.switches_off,

@@ -296,7 +296,13 @@ def test_a_probe_lasts_until_the_plan_has_verified_drafts_in_probe_steps_steps()
     assert 64 * 2 <= sum(chosen) <= 64 * 3  # (waits of 128, 256, 512 steps)
     # drafts that pay, verified in 1 step of 8: the probe waits for 16 of them and turns it on
     drive_declining(c, 1200, spec_rate=300, drafted_every=8)
-    assert c.on and c.switches_on == 1
+    assert c.on and c.switches_on == 1 and not c.snapshot()["by_batch"]["1"]["probing"]
+    # a plan that declines every draft: the probe goes on (those steps are plain), and says so
+    c = Controller(probe_every=16, probe_steps=16, reprobe_after=64)
+    drive(c, 64, spec_rate=60, plain_rate=90)
+    chosen = drive_declining(c, 300, spec_rate=300, drafted_every=10**9)
+    assert chosen[-200:] == [True] * 200 and c.snapshot()["by_batch"]["1"] == {
+        "on": False, "probing": True, "spec_tok_s": 0.0, "plain_tok_s": 90.0}
 
 
 def test_controller_keeps_speculation_on_where_it_pays_and_keeps_a_baseline():
