@@ -14,8 +14,9 @@ It judges on the last `window` steps of each kind, and not before `min_samples` 
 planner already declines drafts that its estimates say do not pay, so the controller is the
 safety net for a wrong cost model, not a second regulator of local acceptance. Judged on a
 short window it switched speculation off in a hard stretch of an answer (a JSON's invented
-values) and then missed the copyable stretches after it (replayed over SmolLM2's JSON answers:
-1.35× with a window of 24, 1.52× with 64, 1.51× without the controller).
+values) and then missed the copyable stretches after it (replayed over SmolLM2's JSON answers
+with a fixed cost by width: 1.35× with a window of 24, 1.52× with 64, 1.51× without the
+controller).
 """
 
 from __future__ import annotations
