@@ -23,6 +23,23 @@ GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
 EIE = Path(sys.executable).parent / "eie"
 
 
+# Tests check what the server answers, not how fast: httpx's default of 5 s turned one stall of
+# this 2-core VM (an admin GET that took 6.8 s once in a full run, 25 ms alone) into a failure.
+# Calls that pass their own timeout keep it.
+HTTP_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def patient_http() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("get", "post", "put", "delete", "request", "stream"):
+            def patient(*args: Any, _call: Any = getattr(httpx, name), **kwargs: Any) -> Any:
+                kwargs.setdefault("timeout", HTTP_TIMEOUT_S)
+                return _call(*args, **kwargs)
+            mp.setattr(httpx, name, patient)
+        yield
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
