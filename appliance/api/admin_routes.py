@@ -83,7 +83,7 @@ class AdminRoutes:
              "free_bytes": d.free_bytes, "source": d.source}
             for d in await asyncio.to_thread(memory.devices)  # NVML/CUDA probes stay off the loop
         ]
-        # an estimate not made yet reads the GGUF (and hashes it): seconds, so off the loop too
+        # an estimate not made yet reads the GGUF header (a vocab-only load, seconds): off the loop too
         models, budgets = await asyncio.to_thread(self._memory_by_model)
         await request.json(200, {"devices": devices, "budgets": budgets, "models": models,
                                  "watermarks": {"low_percent": self.config.vram.low_watermark,
