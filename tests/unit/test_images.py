@@ -48,6 +48,15 @@ def test_copy_sources_exist(path):
     assert "make release" in path.read_text()
 
 
+@pytest.mark.parametrize("path", CONTAINERFILES, ids=lambda p: p.name)
+def test_build_stage_has_what_pyinstaller_needs(path):
+    """PyInstaller freezes against the shared libpython, which Debian and Ubuntu ship apart from
+    the interpreter; without it `make release` stops at the freeze (found by building the CPU
+    image, images/smoke-test.sh)."""
+    build_stage = path.read_text().split("make release")[0]
+    assert re.search(r"\blibpython3\.11\b", build_stage), f"{path.name}: the build stage must install libpython3.11"
+
+
 def test_shellcheck():
     assert SCRIPTS, "no scripts found"
     out = subprocess.run([_tool("shellcheck"), "--severity=warning", *map(str, SCRIPTS)], capture_output=True, text=True, timeout=120)
