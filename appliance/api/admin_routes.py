@@ -19,6 +19,7 @@ from ..resources.estimate import estimate
 from .errors import ApiError, from_validation
 from .generation import manager_error
 from .http import Request
+from .probes import run_probe
 
 
 class ModelAction(msgspec.Struct, frozen=True):
@@ -81,10 +82,10 @@ class AdminRoutes:
         devices = [
             {"device": d.device, "kind": d.kind, "total_bytes": d.total_bytes, "used_bytes": d.used_bytes,
              "free_bytes": d.free_bytes, "source": d.source}
-            for d in await asyncio.to_thread(memory.devices)  # NVML/CUDA probes stay off the loop
+            for d in await run_probe(memory.devices)  # NVML/CUDA probes stay off the loop
         ]
         # an estimate not made yet reads the GGUF header (a vocab-only load, seconds): off the loop too
-        models, budgets = await asyncio.to_thread(self._memory_by_model)
+        models, budgets = await run_probe(self._memory_by_model)
         await request.json(200, {"devices": devices, "budgets": budgets, "models": models,
                                  "watermarks": {"low_percent": self.config.vram.low_watermark,
                                                 "critical_percent": self.config.vram.critical_watermark,
@@ -158,7 +159,7 @@ class AdminRoutes:
     async def load(self, request: Request) -> None:
         name = await self._model_action(request)
         try:
-            runner = await asyncio.to_thread(self.manager.load, name)
+            runner = await self.manager.load_async(name)
         except (PolicyRefused, InsufficientMemory, PluginError) as e:
             raise manager_error(e) from None
         status = 200 if runner.state == "ready" else 500

@@ -20,6 +20,7 @@ from ..observability.metrics import CONTENT_TYPE, Metrics
 from ..resources import memory
 from . import openapi
 from .admin_routes import AdminRoutes
+from .probes import run_probe
 from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
 from .group_routes import GroupRoutes
@@ -281,7 +282,7 @@ class App:
     # ---- operations endpoints --------------------------------------------------------------
 
     async def serve_metrics(self, request: Request) -> None:
-        body = await asyncio.to_thread(self.metrics.render)  # device probes stay off the loop
+        body = await run_probe(self.metrics.render)  # device probes stay off the loop
         await request.respond(200, body, CONTENT_TYPE.encode())
 
     async def serve_openapi(self, request: Request) -> None:

@@ -94,6 +94,10 @@ class ModelManager:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._loading: dict[str, threading.Event] = {}  # loads in flight, set when done
+        # Loads on demand run here, one shared future per model, so requests waiting for a load
+        # hold no thread of the event loop's default executor (see load_async).
+        self._demand_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="model-load-demand")
+        self._demand: dict[str, concurrent.futures.Future[ModelRunner]] = {}
         self._group_of = {}
         for g in config.groups:
             for m in g.models:
@@ -353,6 +357,7 @@ class ModelManager:
 
     def stop(self) -> None:
         self._stop.set()
+        self._demand_pool.shutdown(wait=True, cancel_futures=True)
         self.wait_booted(timeout=120)
         for r in self.runners.values():
             r.stop()
@@ -501,6 +506,18 @@ class ModelManager:
                 self._loading.pop(name).set()
         return runner
 
+    async def load_async(self, name: str, timeout: float | None = None) -> ModelRunner:
+        """`load` without holding a thread while waiting: every caller for a model awaits one
+        shared load. Waiting in `load` itself would take a thread of the default executor per
+        caller, and a dozen requests for a loading model would then stall everything else that
+        runs there (chat templates of other models' requests, memory probes) for the whole load.
+        A caller's timeout or cancellation leaves the load running for the others."""
+        with self._lock:
+            fut = self._demand.get(name)
+            if fut is None or fut.done():
+                fut = self._demand[name] = self._demand_pool.submit(self.load, name)
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), timeout)
+
     def _warm_prefixes(self, runner: ModelRunner) -> None:
         """Prefill and save the configured system prompts (kv_cache.prefix.warm), in the background."""
         if runner.prefix is None:
@@ -563,7 +580,7 @@ class ModelManager:
             raise NotReady("loading")
         if not self.policy.loads_on_demand:
             raise NotReady(f"not loaded; policy {self.policy.name} loads models at boot only")
-        runner = await asyncio.wait_for(asyncio.to_thread(self.load, name), self.config.policy.load_timeout_s)
+        runner = await self.load_async(name, self.config.policy.load_timeout_s)
         if runner.state != "ready":
             raise NotReady(runner.error or runner.state)
         self.last_used[name] = time.monotonic()
