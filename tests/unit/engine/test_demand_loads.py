@@ -19,22 +19,34 @@ from conftest import SMOLLM2, model_entry
 WAITERS = 40
 
 
-def test_requests_waiting_for_a_load_share_it_and_leave_the_default_executor_free(real_models):
+def _run_with_gated_load(scenario, gate: threading.Event, calls: list[str] | None = None) -> None:
+    """A generic-strategy manager for SmolLM2 whose real load waits for `gate`; runs
+    `scenario(manager)` on a fresh event loop, then stops the manager."""
     config = parse_config({"policy": {"strategy": "generic"},
                            "models": [model_entry("smollm2-135m", SMOLLM2, n_parallel=1, threads=1)]})
     manager = ModelManager(config, CoreBudget(1))
-    gate = threading.Event()
-    calls: list[str] = []
     real_load = manager.load
 
     def gated_load(name: str, boot: bool = False):
-        calls.append(name)
+        if calls is not None:
+            calls.append(name)
         gate.wait(60)
         return real_load(name, boot)
 
     manager.load = gated_load
+    manager.start()
+    try:
+        asyncio.run(scenario(manager))
+    finally:
+        gate.set()
+        manager.stop()
 
-    async def scenario() -> None:
+
+def test_requests_waiting_for_a_load_share_it_and_leave_the_default_executor_free(real_models):
+    gate = threading.Event()
+    calls: list[str] = []
+
+    async def scenario(manager: ModelManager) -> None:
         waiters = [asyncio.create_task(manager.ready_runner("smollm2-135m")) for _ in range(WAITERS)]
         await asyncio.sleep(0.3)
         assert not any(w.done() for w in waiters)  # all still waiting for the gated load
@@ -45,23 +57,13 @@ def test_requests_waiting_for_a_load_share_it_and_leave_the_default_executor_fre
         assert {r.state for r in runners} == {"ready"} and len({id(r) for r in runners}) == 1
         assert calls == ["smollm2-135m"]
 
-    manager.start()
-    try:
-        asyncio.run(scenario())
-    finally:
-        gate.set()
-        manager.stop()
+    _run_with_gated_load(scenario, gate, calls)
 
 
 def test_a_waiter_that_times_out_leaves_the_load_running_for_the_others(real_models):
-    config = parse_config({"policy": {"strategy": "generic"},
-                           "models": [model_entry("smollm2-135m", SMOLLM2, n_parallel=1, threads=1)]})
-    manager = ModelManager(config, CoreBudget(1))
     gate = threading.Event()
-    real_load = manager.load
-    manager.load = lambda name, boot=False: (gate.wait(60), real_load(name, boot))[1]
 
-    async def scenario() -> None:
+    async def scenario(manager: ModelManager) -> None:
         patient = asyncio.create_task(manager.load_async("smollm2-135m", 120))
         try:
             await manager.load_async("smollm2-135m", 0.2)
@@ -72,9 +74,4 @@ def test_a_waiter_that_times_out_leaves_the_load_running_for_the_others(real_mod
         runner = await patient
         assert runner.state == "ready"
 
-    manager.start()
-    try:
-        asyncio.run(scenario())
-    finally:
-        gate.set()
-        manager.stop()
+    _run_with_gated_load(scenario, gate)
