@@ -186,7 +186,9 @@ class AdminRoutes:
         if runner.state != "ready":
             raise ApiError(409, f"model '{req.model}' is {runner.state}, not loaded", param="model",
                            code="model_not_loaded")
-        fut = self.manager.change_kv(req.model, req.k or req.mode, req.mode, "requested through the admin API")
+        # off the loop: change_kv takes the manager's lock, which a load or an eviction can hold for seconds
+        fut = await asyncio.to_thread(self.manager.change_kv, req.model, req.k or req.mode, req.mode,
+                                      "requested through the admin API")
         try:
             record = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=120)
         except native.LoadError as e:

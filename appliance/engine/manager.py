@@ -98,6 +98,7 @@ class ModelManager:
         # hold no thread of the event loop's default executor (see load_async).
         self._demand_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="model-load-demand")
         self._demand: dict[str, concurrent.futures.Future[ModelRunner]] = {}
+        self._demand_lock = threading.Lock()  # held for a dict lookup only: load_async takes it on the event loop
         self._group_of = {}
         for g in config.groups:
             for m in g.models:
@@ -511,8 +512,9 @@ class ModelManager:
         shared load. Waiting in `load` itself would take a thread of the default executor per
         caller, and a dozen requests for a loading model would then stall everything else that
         runs there (chat templates of other models' requests, memory probes) for the whole load.
-        A caller's timeout or cancellation leaves the load running for the others."""
-        with self._lock:
+        A caller's timeout or cancellation leaves the load running for the others. (Not under
+        `_lock`: a load or an eviction can hold that for seconds, and this runs on the event loop.)"""
+        with self._demand_lock:
             fut = self._demand.get(name)
             if fut is None or fut.done():
                 fut = self._demand[name] = self._demand_pool.submit(self.load, name)
