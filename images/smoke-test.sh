@@ -6,6 +6,8 @@
 # CONTAINER picks the CLI (docker or podman); BUILD_ARGS and RUN_ARGS add options, e.g. for
 # rootful podman without a daemon-managed cgroup setup:
 #   CONTAINER=podman BUILD_ARGS="--isolation chroot" RUN_ARGS="--runtime runc" images/smoke-test.sh
+# The GPU images need the GPU passed in: RUN_ARGS="--gpus all" (cuda, NVIDIA container toolkit) or
+# RUN_ARGS="--device /dev/kfd --device /dev/dri --group-add video" (rocm); doctor then names the GPU.
 set -euo pipefail
 flavour="${1:-cpu}"
 cli="${CONTAINER:-docker}"
