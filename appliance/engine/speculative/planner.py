@@ -35,6 +35,11 @@ class StepCost:
 
     ROW_SAMPLES = 9
     MIN_ROW_SAMPLES = 3
+    # A decode that takes more than this many times its expected time is a stall (the machine
+    # paused): it counts towards its width's median, which shrugs it off, but not towards the
+    # line, which it would lift, and with it every width's cost, for hundreds of steps. A real
+    # slowdown moves the width's median first; the expected time follows, and then the line.
+    STALL_FACTOR = 2.0
 
     def __init__(self, prior_row_cost: float = 0.6, forget: float = 0.995, prior_weight: float = 4.0):
         self.prior_row_cost = prior_row_cost
@@ -53,8 +58,11 @@ class StepCost:
             if recent is None:
                 recent = self._by_rows[rows] = collections.deque(maxlen=self.ROW_SAMPLES)
             recent.append(seconds / line)
+            stalled = seconds > self.STALL_FACTOR * line * self._factors.get(rows, 1.0)
             if len(recent) >= self.MIN_ROW_SAMPLES:
                 self._factors[rows] = statistics.median(recent)
+            if stalled:
+                return
         f, x = self.forget, rows - 1
         self._w = self._w * f + 1
         self._x = self._x * f + x

@@ -209,6 +209,13 @@ def test_step_cost_keeps_the_measured_shape_of_each_width_seen_often_enough():
     assert cost.time(5) > 1.5 * cost.time(4) and cost.time(8) < cost.time(5)
     assert cost.time(12) == pytest.approx(sum(cost.fit()) + 10 * cost.fit()[1])  # never seen: the line
     assert set(cost.snapshot()["measured_ms"]) >= {str(n) for n in range(2, 9)}
+    stalled = StepCost(forget=1.0)
+    for _ in range(3):
+        for rows, seconds in tiled.items():
+            stalled.observe(rows, seconds)
+    stalled.observe(5, 0.5)
+    stalled.observe(5, 0.5)  # two stalls: neither the width's median nor the line moves far
+    assert stalled.time(5) < 0.04 and stalled.time(4) < 0.022
     # drafts of a kind that pays on the line but not at the widths this kernel makes dear:
     # the plan takes 3 (4 rows) or 7 (8 rows), never 4 to 6
     k = plan(1, [Candidate(geometric(0.93))], cost)[0]
