@@ -21,57 +21,31 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 ROWS = tuple(range(1, 18))  # every width a verification with max_draft 16 can have
 CONTEXT = 300
 
 
 def measure(threads: int, reps: int) -> dict[str, float]:
     """One process: decode times (ms, median of `reps`) by rows, and the 512-token prefill."""
-    import llama_cpp as lc
+    from row_decoder import RowDecoder
 
-    sys.path.insert(0, str(ROOT))
-    from appliance.engine import native
-
-    native.init_backend()  # loads the CPU backend module as serving does
-    model = lc.llama_model_load_from_file(str(MODEL).encode(), lc.llama_model_default_params())
-    cp = lc.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 2048, 512, 512, threads, threads
-    ctx = lc.llama_init_from_model(model, cp)
-    mem = lc.llama_get_memory(ctx)
-
-    def decode(tokens: list[int], pos0: int) -> float:
-        b = lc.llama_batch_init(len(tokens), 0, 1)
-        for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos0 + i, 1, 1
-            b.seq_id[i][0] = 0
-        b.n_tokens = len(tokens)
-        t0 = time.perf_counter()
-        rc = lc.llama_decode(ctx, b)
-        dt = time.perf_counter() - t0
-        lc.llama_batch_free(b)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
-        return dt * 1000
-
+    dec = RowDecoder(threads)
     out: dict[str, float] = {}
     prefill = []
     for r in range(reps):
-        lc.llama_memory_seq_rm(mem, 0, 0, -1)
-        prefill.append(decode([100 + (r + i) % 1000 for i in range(512)], 0))
+        dec.truncate(0)
+        prefill.append(dec.decode([100 + (r + i) % 1000 for i in range(512)], 0))
     out["prefill_512"] = statistics.median(prefill)
-    lc.llama_memory_seq_rm(mem, 0, 0, -1)
-    decode([100 + i % 1000 for i in range(CONTEXT)], 0)
+    dec.prefill([100 + i % 1000 for i in range(CONTEXT)])
     for n in ROWS:
-        decode([200 + i % 500 for i in range(n)], CONTEXT)  # untimed: the first decode of a width warms up
-        lc.llama_memory_seq_rm(mem, 0, CONTEXT, -1)
+        dec.decode([200 + i % 500 for i in range(n)], CONTEXT)  # untimed: the first decode of a width warms up
+        dec.truncate(CONTEXT)
         times = []
         for r in range(reps):
-            times.append(decode([200 + (r + i) % 500 for i in range(n)], CONTEXT))
-            lc.llama_memory_seq_rm(mem, 0, CONTEXT, -1)
+            times.append(dec.decode([200 + (r + i) % 500 for i in range(n)], CONTEXT))
+            dec.truncate(CONTEXT)
         out[str(n)] = statistics.median(times)
-    lc.llama_free(ctx)
-    lc.llama_model_free(model)
+    dec.close()
     return out
 
 

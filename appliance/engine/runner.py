@@ -32,7 +32,7 @@ from . import native
 from .decode import decode_with_cores
 from .chat_template import ChatTemplate, default_template
 from .sampling import SamplingParams, build_chain, free_chain
-from .speculative.exactness import exact_rows
+from .speculative.exactness import CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
 from .speculative.rejection import accept_or_resample, draw
 from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
@@ -262,9 +262,11 @@ class ModelRunner:
 
     def _measure_exact_rows(self) -> None:
         """How many tokens per sequence one decode verifies exactly (speculative/exactness.py);
-        measured once per model file, llama.cpp build and KV types, then read from the cache dir."""
+        measured once per model file, llama.cpp build, KV types and K centring, then read from the cache dir."""
         max_rows = self.spec.cfg.max_draft + 1
-        key = (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v)
+        centered = self.loaded.k_centers is not None  # other keys, other rounding
+        key = (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v,
+               centered, *EXACTNESS_CONTEXTS)
         cached = file_facts.load(self.cache_dir, "exact-verify-rows", key)
         if isinstance(cached, int) and 1 <= cached <= max_rows:
             self.spec.exact_rows = cached

@@ -1,13 +1,14 @@
 """llama.cpp's own op test (tests/test-backend-ops.cpp, built by `make setup` against the
 installed ggml) on the TurboQuant cases the patch adds: SET_ROWS, GET_ROWS, CPY and
-FLASH_ATTN_EXT with turbo4/3/2 K and V, and K q8_0 with V turbo; and on MUL_MAT with Q4_1
-weights, where patch 0002 adds a tiled x86 kernel (the reference mode skips llamafile's tiled
+FLASH_ATTN_EXT with turbo4/3/2 K and V, and K q8_0 with V turbo; on FLASH_ATTN_EXT with f16 K
+and V, where patch 0003 sends decodes and verifications (at most 32 query tokens) through the
+grouped path in blocks of cells; and on MUL_MAT with Q4_1 weights, where patch 0002 adds a tiled x86 kernel (the reference mode skips llamafile's tiled
 kernels, so there it is compared with ggml's vec_dot; a 2% error in its min term fails it,
 checked by hand).
 
 On a CPU-only build test-backend-ops compares the CPU backend with the CPU backend in its
-reference mode (`ggml_backend_cpu_set_use_ref`): for flash attention that is the patch's
-grouped-query TurboQuant decode path against llama.cpp's one-row-at-a-time path (a 10% error in
+reference mode (`ggml_backend_cpu_set_use_ref`): for flash attention that is the patches'
+grouped-query decode path against llama.cpp's one-row-at-a-time path (a 10% error in
 the former fails it; checked by hand). It runs with 1 thread and with 3, so the paths that
 split a KV head's query heads over threads run too. For the other ops both sides run the same code, so there
 the test proves support, no abort and repeatable results (the codec tests and
@@ -54,3 +55,13 @@ def test_q4_1_tiled_matmul_matches_vec_dot(threads):
     out, cases = run_cases(["-o", "MUL_MAT", "-p", "type_a=q4_1"], threads)
     assert cases >= 40  # one-row, few-row and prefill shapes (n = 1..16, broadcast, permuted)
     assert re.search(r"MUL_MAT\(type_a=q4_1,type_b=f32,m=16,n=1,", out)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_f16_flash_attention_blocks_match_one_row_path(threads):
+    # llama.cpp's own f16 cases: head sizes 40..576, GQA ratios, masks, sinks, ALiBi, softcap,
+    # permuted inputs; the decode and verification widths (nb <= 32) that take patch 0003's path
+    out, cases = run_cases(["-o", "FLASH_ATTN_EXT", "-p", "nb=(1|3|32),.*type_K=f16,type_V=f16"], threads)
+    assert cases >= 500
+    for nb in (1, 3, 32):
+        assert re.search(rf"FLASH_ATTN_EXT\(hsk=\d+,hsv=\d+,nh=\d+,nr23=\[4,1\],kv=512,nb={nb},.*type_K=f16", out), nb

@@ -1,0 +1,67 @@
+"""The exactness probe (engine/speculative/exactness.py) on the real models: the width it reports
+holds at a context it never probed (a batch of that many rows gives, bit for bit, the logits of
+one-row decodes), and it finds the documented limits: all 17 rows for SmolLM2's Q4_1 and 3 for
+Gemma's repacked Q4_K. Gemma with centred keys is the case where one context length was not
+enough (after 24 tokens, 4 to 7 rows happened to come out identical)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llama_cpp as lc
+
+from appliance.engine import native
+from appliance.engine.speculative.exactness import exact_rows
+from conftest import GEMMA3, SMOLLM2
+
+
+def logits_after(m: native.LoadedModel, tokens: list[int], context: int, width: int) -> tuple[list, list]:
+    """Logits of tokens[context:context+width] decoded one by one, and decoded as one batch."""
+    mem = lc.llama_get_memory(m.ctx)
+    batch = lc.llama_batch_init(max(context, width), 0, 1)
+
+    def decode(start: int, n: int) -> list[np.ndarray]:
+        for i in range(n):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tokens[start + i], start + i, 1, 1
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = n
+        assert lc.llama_decode(m.ctx, batch) == 0
+        return [np.ctypeslib.as_array(lc.llama_get_logits_ith(m.ctx, i), shape=(m.n_vocab,)).copy() for i in range(n)]
+
+    try:
+        lc.llama_memory_seq_rm(mem, 0, -1, -1)
+        decode(0, context)
+        single = [decode(context + i, 1)[0] for i in range(width)]
+        lc.llama_memory_seq_rm(mem, 0, context, -1)
+        return single, decode(context, width)
+    finally:
+        lc.llama_memory_seq_rm(mem, 0, -1, -1)
+        lc.llama_batch_free(batch)
+
+
+@pytest.mark.parametrize("path,center,expected", [(SMOLLM2, True, 17), (GEMMA3, False, 3), (GEMMA3, True, 3)],
+                         ids=["smollm2", "gemma3", "gemma3-centred"])
+def test_probed_width_is_exact_elsewhere(real_models, tmp_path: Path, path: Path, center: bool, expected: int):
+    m = native.load(path, n_ctx_total=2048, n_seq_max=1, n_batch=512, n_threads=2, type_k="f16", type_v="f16",
+                    flash_attn="on", center_k=center, cache_dir=tmp_path)
+    try:
+        width = exact_rows(m.ctx, m.n_vocab, 17)
+        assert width == expected
+        tokens = [(104729 * i + 7) % m.n_vocab for i in range(460)]  # not the probe's tokens
+        single, batched = logits_after(m, tokens, 437, width)
+        assert all(np.array_equal(a, b) for a, b in zip(single, batched))
+    finally:
+        m.free()
+
+
+def test_probe_fits_a_small_context(real_models, tmp_path: Path):
+    # n_ctx 256 (the smallest allowed) with max_draft 64: 200 tokens of context + 65 rows would not fit
+    m = native.load(SMOLLM2, n_ctx_total=256, n_seq_max=1, n_batch=256, n_threads=2, type_k="f16", type_v="f16",
+                    flash_attn="on")
+    try:
+        assert exact_rows(m.ctx, m.n_vocab, 65) >= 17
+    finally:
+        m.free()
