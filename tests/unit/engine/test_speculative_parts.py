@@ -111,6 +111,21 @@ def test_history_index_is_bounded_and_ignores_a_foreign_file(tmp_path):
     assert HistoryIndex(bad).n_tokens == 0
 
 
+def test_history_draft_stops_where_earlier_occurrences_disagree():
+    h = HistoryIndex(None)
+    h.add([5, 6, 7, 8, 40, 9, 1])  # the same skeleton (5 6 7 8 _ 9) with other values
+    h.add([5, 6, 7, 8, 41, 9, 2])
+    assert h.lookup_at([3, 5, 6], 5)[:2] == ([7, 8], 2)  # 41 or 40: the draft stops before the value
+    assert h.lookup_at([40, 9], 3)[0] == [1]  # one occurrence: nothing to disagree with
+    assert h.lookup_at([8, 41, 9], 3)[0] == [2]
+    h.add([5, 6, 7, 8, 40, 9, 3])
+    assert h.lookup_at([5, 6, 7, 8, 40], 2)[0] == [9]  # 9 then 3 or 1: cut at the third value
+    for _ in range(6):
+        h.add([70, 71, 72])
+    h.add([70, 71, 73])
+    assert h.lookup_at([70, 71], 1)[0] == []  # any of the last few earlier occurrences disagreeing cuts
+
+
 # A structured answer: keys 10.., ":" 1, values 50.., separator 2 3 (as `",\n  "` in JSON)
 SKELETON = [10, 1, 50, 2, 3, 11, 1, 51, 2, 3, 12, 1, 52, 2, 3, 13, 1, 53]
 
@@ -120,7 +135,8 @@ def test_aligned_history_lookup_follows_the_skeleton_of_an_earlier_output():
     h.add(SKELETON)
     h.add([7, 2, 3, 99])  # a later output where the separator is followed by something else
     now = [10, 1, 60, 2, 3]  # the same skeleton with another first value
-    assert h.lookup_at(now, 3)[0] == [99]  # the most recent occurrence: the wrong continuation
+    # the most recent occurrence goes on with 99, the earlier ones with keys: no agreed draft
+    assert h.lookup_at(now, 3) == ([], 2, len(SKELETON) + 4)  # (after the separator and 7, 2, 3)
     draft, n, at = h.lookup_aligned(now, 3, cursor=0)
     assert (draft, n) == ([11, 1, 51], 2) and at == 5  # the next key of the earlier output
     # after the second value, the nearest occurrence after the cursor is the third key
@@ -140,7 +156,7 @@ def test_a_sequence_follows_its_history_cursor_and_offers_the_aligned_draft():
     st = spec.new_sequence([5, 10, 1])
     assert spec._lookups("history", st, 4) == [("history:2", [50, 2, 3, 11])]  # cursor set here
     st.tokens += [60, 2, 3]  # another value, then the separator
-    assert spec._lookups("history", st, 3) == [("history:2", [99]), ("aligned:2", [11, 1, 51])]
+    assert spec._lookups("history", st, 3) == [("aligned:2", [11, 1, 51])]  # (the most recent: disputed)
     h.add([1, 2])  # more history: positions stay, so does the cursor
     st.tokens += [11, 1, 61, 2, 3]
     assert ("aligned:2", [12, 1, 52]) in spec._lookups("history", st, 3)
