@@ -119,6 +119,7 @@ class _Sequence:
         "decoded",
         "spec",
         "rng",
+        "argmax",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -148,6 +149,10 @@ class _Sequence:
         # Sampled sequences that speculate draw with this generator (the rejection rule needs
         # the target's probabilities, so their chain stops before the draw).
         self.rng: np.random.Generator | None = None
+        # Plain greedy: numpy's argmax of the logits row instead of the chain, which copies the
+        # whole vocabulary into candidates first (0.05 ms against 0.008 for SmolLM2's 49152
+        # tokens, per row: a verification of 16 drafts samples 17 rows).
+        self.argmax = False
 
 
 class Handle:
@@ -502,6 +507,7 @@ class ModelRunner:
                 if not params.greedy:
                     seq.rng = np.random.default_rng(params.seed)
             seq.chain = build_chain(params, self.loaded.n_vocab, draw=seq.rng is None)
+            seq.argmax = params.plain_greedy
             seq.stream = TextStream(seq.req.stop)
             self._active.append(seq)
             self.stats["sequences"] += 1
@@ -736,6 +742,10 @@ class ModelRunner:
 
     def _pick(self, seq: _Sequence, row: int, draft: int | None) -> tuple[int, bool]:
         """The target's token at a logits row, and whether it takes the draft proposed there."""
+        if seq.argmax:
+            logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.loaded.ctx, row), shape=(self.loaded.n_vocab,))
+            token = int(logits.argmax())
+            return token, token == draft
         if seq.rng is None:  # the request's own chain (greedy, or sampling without speculation)
             token = lc.llama_sampler_sample(seq.chain, self.loaded.ctx, row)
             return token, token == draft

@@ -25,6 +25,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing before the draw (no bias, no penalties): the chain's token is the
+        logits' argmax, the first of equal maxima, as llama.cpp's greedy sampler takes it."""
+        return (self.greedy and not self.logit_bias and self.repeat_penalty == 1.0
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
+
 
 def with_seed_offset(params: SamplingParams, k: int) -> SamplingParams:
     """Params for the k-th of several samples of one request: seeded draws differ (seed + k)."""

@@ -68,6 +68,16 @@ def test_greedy_answers_are_identical_with_and_without_speculation(spec_server, 
     assert stats["ngram_accepted"] > 0 and isinstance(stats["controller_on"], bool)
 
 
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_the_argmax_of_plain_greedy_requests_is_the_greedy_samplers_token(spec_server, model):
+    """Plain greedy requests take numpy's argmax of each logits row (runner.py); a zero logit bias
+    changes no logit but sends the request through llama.cpp's sampler chain instead."""
+    for name, prompt in PROMPTS.items():
+        for speculative in (False, True):  # one row per step, and verifications of several rows
+            chain = chat(spec_server, model, prompt, 64, speculative=speculative, logit_bias={"0": 0})
+            assert chat(spec_server, model, prompt, 64, speculative=speculative) == chain, (name, speculative)
+
+
 def test_concurrent_speculating_streams_give_the_solo_answers(spec_server):
     model = "smollm2-135m"
     prompts = [*PROMPTS.values(), PROMPTS["rewrite"]]
