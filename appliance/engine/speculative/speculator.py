@@ -34,7 +34,7 @@ class SeqDrafts:
     generates, also the part the plan did not verify: acceptance stays measured at every
     position, while drafting does not pay too."""
 
-    __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch", "cursor", "_seen", "_seen_upto")
+    __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch", "cursor")
 
     def __init__(self, prompt: list[int], positions: int):
         self.tokens = list(prompt)
@@ -45,16 +45,6 @@ class SeqDrafts:
         self.source = ""
         self.watch: list[tuple[list[int], int, str]] = []  # (draft, where in tokens it starts, kind)
         self.cursor: tuple[int, int] | None = None  # (history generation, position) it follows
-        self._seen: set[int] = set()
-        self._seen_upto = 0
-
-    @property
-    def seen(self) -> set[int]:
-        """Every token of the sequence so far (prompt and output)."""
-        if self._seen_upto < len(self.tokens):
-            self._seen.update(self.tokens[self._seen_upto :])
-            self._seen_upto = len(self.tokens)
-        return self._seen
 
 
 class _Estimates(dict):
@@ -167,11 +157,11 @@ class Speculator:
             return [(f"ngram:{n}", found)] if found else []
         h = self.history
         out = []
-        found, n, at = h.lookup_at(st.tokens, k, st.seen)
+        found, n, at = h.lookup_at(st.tokens, k)
         if found:
             out.append((f"history:{n}", found))
         cursor = st.cursor[1] if st.cursor is not None and st.cursor[0] == h.generation else -1
-        aligned, an, aat = h.lookup_aligned(st.tokens, k, cursor, st.seen)
+        aligned, an, aat = h.lookup_aligned(st.tokens, k, cursor)
         if aligned:
             at = aat
             if aligned != found:
@@ -211,7 +201,7 @@ class Speculator:
         if self.draft is not None:
             self.draft.forget(seq_id)
         if st is not None and self.history is not None:
-            self.history.add(st.tokens[st.n_prompt :], st.tokens[: st.n_prompt])
+            self.history.add(st.tokens[st.n_prompt :])
 
     def close(self) -> None:
         if self.history is not None:

@@ -126,32 +126,6 @@ def test_history_draft_stops_where_earlier_occurrences_disagree():
     assert h.lookup_at([70, 71], 1)[0] == []  # any of the last few earlier occurrences disagreeing cuts
 
 
-def test_history_draft_stops_before_a_value_copied_from_another_prompt(tmp_path):
-    path = tmp_path / "m.history"
-    h = HistoryIndex(path, save_every=100)
-    # an answer with key 5, value 40 41 (from its prompt), key 6; the prompt also had 5 and 6
-    h.add([5, 1, 40, 41, 2, 6, 1, 42], prompt=[9, 5, 6, 40, 41, 42])
-    assert h.lookup_at([5, 1], 4, seen={9, 5, 6, 1, 43}) == ([], 2, 2)  # 40 is the other prompt's
-    assert h.lookup_at([5, 1], 4, seen={9, 5, 6, 1, 40}) == ([40], 2, 2)  # this one has 40, not 41
-    assert h.lookup_at([41, 2], 4, seen={9, 5, 6, 1})[0] == [6, 1]  # 6: in both prompts
-    assert h.lookup_at([5, 1], 4, seen={9, 5, 6, 1, 40, 41, 42})[0] == [40, 41, 2, 6]  # a repeated request
-    h.add([7, 8, 3, 4])  # a prompt without them: nothing was copied, nothing is cut
-    assert h.lookup_at([7, 8], 2, seen=set())[0] == [3, 4]
-    h.save()
-    again = HistoryIndex(path)  # the copied marks survive a restart
-    assert again.lookup_at([5, 1], 4, seen={5, 6, 1})[0] == [] and again.lookup_at([7, 8], 2, seen=set())[0] == [3, 4]
-    cursor = again.lookup_at([5, 1], 1, seen=set())[2]
-    assert again.lookup_aligned([3, 41, 2], 3, cursor, seen={6, 1})[0] == [6, 1]  # 42: copied
-    assert again.lookup_aligned([3, 41, 2], 3, cursor, seen={1})[0] == []
-
-
-def test_a_history_file_of_the_first_format_is_read(tmp_path):
-    path = tmp_path / "old.history"
-    path.write_bytes(b"EIEHIST1" + np.array([10, 11, 12, -1, 20, 21, -1], dtype=np.int32).tobytes())
-    h = HistoryIndex(path)
-    assert h.n_tokens == 5 and h.lookup([10, 11], 1, seen=set()) == [12]
-
-
 # A structured answer: keys 10.., ":" 1, values 50.., separator 2 3 (as `",\n  "` in JSON)
 SKELETON = [10, 1, 50, 2, 3, 11, 1, 51, 2, 3, 12, 1, 52, 2, 3, 13, 1, 53]
 
