@@ -110,6 +110,8 @@ def replay(model: str, task: str, texts: list[str], exact: bool) -> list[float]:
             spec.cost.observe(1 + verified, ms / 1000)
             if not exact:
                 spec.controller.record(1, bool(drafts), ms / 1000, right + 1)
+                if drafts:
+                    spec.lone_step(st, ms / 1000, right + 1)
                 spec.verified(st, right)
             st.tokens += answer[i : i + right + 1]
             i += right + 1

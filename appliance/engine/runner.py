@@ -583,7 +583,10 @@ class ModelRunner:
             drafted = n > len(decoding)
             emitted = self._sample(decoding)
             if speculating:
-                self.spec.controller.record(len(decoding), drafted, time.perf_counter() - t_step, emitted)
+                took_step = time.perf_counter() - t_step
+                self.spec.controller.record(len(decoding), drafted, took_step, emitted)
+                if drafted and len(decoding) == 1:
+                    self.spec.lone_step(decoding[0].spec, took_step, emitted)
                 self.spec.stats["spec_steps" if drafted else "plain_steps"] += 1
         budget = self.batch_cap
         for seq in list(self._active):  # prompt chunks, oldest request first

@@ -6,7 +6,10 @@ not, measured on the same runner at the same number of decoding sequences (a bat
 pays for drafts differently than a lone stream). While speculation is on, one step in
 `probe_every` runs without it so the baseline stays current; while it is off, a burst of
 `probe_steps` steps with drafts is tried after `reprobe_after` steps, a wait that doubles after
-each failed probe (up to `max_reprobe`) and resets after a success. A probe lasts until the plan
+each failed probe (up to `max_reprobe`) and resets after a success, and that is cut short when a
+new request comes (it may be another workload: a repeated request, which copies an earlier
+answer, would otherwise wait out a wait grown over requests whose drafts did not pay; a
+sequence whose drafts lose is stopped by the speculator's guard). A probe lasts until the plan
 has verified drafts in `probe_steps` steps: the steps in it where the plan declines every draft
 are plain steps and cost nothing, and a probe cut short by them would judge on too little.
 
@@ -110,6 +113,17 @@ class Controller:
             else:
                 arm.wait = arm.backoff
                 arm.backoff = min(self.max_reprobe, arm.backoff * 2)
+
+    def new_request(self) -> None:
+        """A request starts speculating: an arm that is off and waiting probes at its next step."""
+        for arm in self._arms.values():
+            if not arm.on and arm.probing <= 0:
+                arm.wait = min(arm.wait, 1)
+
+    def plain_rate(self, batch: int) -> float:
+        """Tokens per second of the recent plain steps at this batch size (0 before min_samples)."""
+        arm = self._arms.get(batch)
+        return arm.rate(arm.plain) if arm is not None and len(arm.plain) >= self.min_samples else 0.0
 
     @property
     def on(self) -> bool:

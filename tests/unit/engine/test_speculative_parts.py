@@ -342,6 +342,38 @@ def test_controller_judges_each_batch_size_on_its_own():
     assert c.snapshot()["by_batch"]["1"]["on"] and not c.snapshot()["by_batch"]["4"]["on"]
 
 
+def test_a_new_request_cuts_the_wait_of_a_controller_that_is_off():
+    c = Controller(probe_every=16, probe_steps=16, reprobe_after=64)
+    drive(c, 64, spec_rate=60, plain_rate=90)
+    drive(c, 400, spec_rate=60, plain_rate=90)  # failed probes: the wait has grown
+    assert not c.on and drive(c, 20, spec_rate=60, plain_rate=90) == [False] * 20
+    c.new_request()
+    assert drive(c, 16, spec_rate=60, plain_rate=90) == [True] * 16  # a probe, at once
+    assert not c.on
+
+
+def test_the_guard_stops_drafts_of_a_lone_sequence_whose_steps_lose():
+    h = HistoryIndex(None)
+    h.add(list(range(100, 140)))
+    spec = Speculator(SpeculativeConfig(sources=["history"]), history=h)
+    for _ in range(20):  # plain steps of the model: 100 tokens per second
+        spec.cost.observe(1, 0.010)
+        spec.controller.record(1, False, 0.010, 1)
+    losing, paying = spec.new_sequence([1, 100, 101]), spec.new_sequence([2, 100, 101])
+    for n in range(1, 9):
+        spec.lone_step(losing, 0.015, 1)  # 67 tokens per second
+        spec.lone_step(paying, 0.015, 3)  # 200
+        assert losing.pause == (16 if n == 8 else 0) and paying.pause == 0
+    for _ in range(16):
+        spec.propose([(0, losing, 4), (1, paying, 4)], 1)
+        assert losing.pending == [] and len(paying.pending) > 0
+    spec.propose([(0, losing, 4)], 1)
+    assert losing.pending  # the pause is over
+    for _ in range(4):  # judged again 4 steps on, and losing still: a pause twice as long
+        spec.lone_step(losing, 0.015, 1)
+    assert losing.pause == 32 and spec.stats["guard_pauses"] == 2
+
+
 @pytest.mark.parametrize("spec,expected", [
     ({"sources": ["ngram", "lookahead"]}, 'models[0].speculative.sources[1]: expected one of draft_model, history, ngram, got "lookahead"'),
     ({"sources": ["ngram", "ngram"]}, "models[0].speculative.sources: each source may appear once"),
