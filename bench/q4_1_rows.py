@@ -5,8 +5,9 @@ For SmolLM2-135M (Q4_1 layers, Q8_0 embeddings) after a 300-token context: llama
 one sequence with n new tokens, logits for every row (what a speculative verification or n
 decoding sequences cost), and the prefill of 512 tokens. Each (kernel, repeat) runs in its own
 process (the switch is read once), kernels alternate, medians of the repeats.
-Usage: .venv/bin/python bench/q4_1_rows.py [--repeats 3] [--threads 2]
-Prints a table and writes bench/results/q4_1_rows.json.
+Usage: .venv/bin/python bench/q4_1_rows.py [--repeats 3] [--threads 2] [--context 300] [--out PATH]
+Prints a table and writes bench/results/q4_1_rows.json (or --out); bench/speculative_replay.py
+reads its costs from such a file.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ ROWS = tuple(range(1, 18))  # every width a verification with max_draft 16 can h
 CONTEXT = 300
 
 
-def measure(threads: int, reps: int) -> dict[str, float]:
+def measure(threads: int, reps: int, context: int = CONTEXT) -> dict[str, float]:
     """One process: decode times (ms, median of `reps`) by rows, and the 512-token prefill."""
     from row_decoder import RowDecoder
 
@@ -36,14 +37,14 @@ def measure(threads: int, reps: int) -> dict[str, float]:
         dec.truncate(0)
         prefill.append(dec.decode([100 + (r + i) % 1000 for i in range(512)], 0))
     out["prefill_512"] = statistics.median(prefill)
-    dec.prefill([100 + i % 1000 for i in range(CONTEXT)])
+    dec.prefill([100 + i % 1000 for i in range(context)])
     for n in ROWS:
-        dec.decode([200 + i % 500 for i in range(n)], CONTEXT)  # untimed: the first decode of a width warms up
-        dec.truncate(CONTEXT)
+        dec.decode([200 + i % 500 for i in range(n)], context)  # untimed: the first decode of a width warms up
+        dec.truncate(context)
         times = []
         for r in range(reps):
-            times.append(dec.decode([200 + (r + i) % 500 for i in range(n)], CONTEXT))
-            dec.truncate(CONTEXT)
+            times.append(dec.decode([200 + (r + i) % 500 for i in range(n)], context))
+            dec.truncate(context)
         out[str(n)] = statistics.median(times)
     dec.close()
     return out
@@ -54,20 +55,22 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="processes per kernel")
     ap.add_argument("--reps", type=int, default=30, help="timed decodes per row count in a process")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=CONTEXT, help="tokens in the KV before the timed decodes")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "q4_1_rows.json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(measure(args.threads, args.reps)))
+        print(json.dumps(measure(args.threads, args.reps, args.context)))
         return 0
     runs: dict[str, list[dict[str, float]]] = {"tiled": [], "vec_dot": []}
     for _ in range(args.repeats):
         for kernel, flag in (("tiled", "1"), ("vec_dot", "0")):
             proc = subprocess.run([sys.executable, __file__, "--child", "--threads", str(args.threads),
-                                   "--reps", str(args.reps)], env={**os.environ, "EIE_Q4_1_TILES": flag},
+                                   "--reps", str(args.reps), "--context", str(args.context)], env={**os.environ, "EIE_Q4_1_TILES": flag},
                                   capture_output=True, text=True, check=True)
             runs[kernel].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     med = {k: {key: round(statistics.median(r[key] for r in v), 2) for key in v[0]} for k, v in runs.items()}
-    print(f"SmolLM2-135M Q4_1, {args.threads} threads, context {CONTEXT}, median of {args.repeats} processes")
+    print(f"SmolLM2-135M Q4_1, {args.threads} threads, context {args.context}, median of {args.repeats} processes")
     print("| rows | vec_dot (upstream) ms | x one row | tiled (patch 0002) ms | x one row | speed-up |")
     print("|---|---|---|---|---|---|")
     for n in map(str, ROWS):
@@ -75,8 +78,7 @@ def main() -> int:
         print(f"| {n} | {u} | {u / med['vec_dot']['1']:.2f} | {t} | {t / med['tiled']['1']:.2f} | {u / t:.2f}x |")
     u, t = med["vec_dot"]["prefill_512"], med["tiled"]["prefill_512"]
     print(f"| prefill 512 | {u} | | {t} | | {u / t:.2f}x |")
-    out = ROOT / "bench" / "results" / "q4_1_rows.json"
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "context": CONTEXT,
+    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "context": args.context,
                                "repeats": args.repeats, "median_ms": med, "runs": runs}, indent=1))
     return 0
 
