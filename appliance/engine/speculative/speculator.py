@@ -25,8 +25,8 @@ MAX_WATCHED = 24  # lookup drafts of a sequence waiting to be scored
 DRAFT_MODEL_RETRY_AFTER = 64  # declined draft-model plans before one short draft is verified anyway
 # The guard: a lone sequence whose steps with drafts have, all told, emitted GUARD_MARGIN fewer
 # tokens per second than the model's plain steps (judged after GUARD_STEPS of them, then every
-# GUARD_STEPS / 2) drafts nothing for the next GUARD_PAUSE steps, a pause that doubles each time
-# it is judged so again (up to GUARD_MAX_PAUSE). The estimates the plan trusts are learnt over the
+# GUARD_STEPS / 2) drafts nothing for its next GUARD_PAUSE lone steps, a pause that doubles each
+# time it is judged so again (up to GUARD_MAX_PAUSE); in a batch the controller decides alone. The estimates the plan trusts are learnt over the
 # model's recent requests, and the controller judges on its last 64 steps with drafts: after
 # rewrites, whose drafts are right in long runs, a story's drafts of the same kinds are expected
 # to be right far more often than they are, and the controller's window still holds the
@@ -120,7 +120,7 @@ class Speculator:
                 st.watch = [w for w in st.watch if not self._score(st, *w)]
         todo = []
         for sid, st, room in seqs:
-            if st.pause > 0:
+            if st.pause > 0 and len(seqs) == 1:  # the guard acts where it judges: on lone steps
                 st.pause -= 1
             elif room > 0:
                 todo.append((sid, st, min(room, self.cfg.max_draft)))

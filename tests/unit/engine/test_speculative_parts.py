@@ -356,17 +356,20 @@ def test_the_guard_stops_drafts_of_a_lone_sequence_whose_steps_lose():
     h = HistoryIndex(None)
     h.add(list(range(100, 140)))
     spec = Speculator(SpeculativeConfig(sources=["history"]), history=h)
-    for _ in range(20):  # plain steps of the model: 100 tokens per second
-        spec.cost.observe(1, 0.010)
+    for _ in range(20):  # plain steps of the model: 100 tokens per second; extra rows cheap
+        for rows in range(1, 7):
+            spec.cost.observe(rows, 0.010 + 0.0005 * (rows - 1))
         spec.controller.record(1, False, 0.010, 1)
     losing, paying = spec.new_sequence([1, 100, 101]), spec.new_sequence([2, 100, 101])
     for n in range(1, 9):
         spec.lone_step(losing, 0.015, 1)  # 67 tokens per second
         spec.lone_step(paying, 0.015, 3)  # 200
         assert losing.pause == (16 if n == 8 else 0) and paying.pause == 0
+    spec.propose([(0, losing, 4), (1, paying, 4)], 2)  # in a batch the guard does not act (nor count)
+    assert losing.pending and paying.pending and losing.pause == 16
     for _ in range(16):
-        spec.propose([(0, losing, 4), (1, paying, 4)], 1)
-        assert losing.pending == [] and len(paying.pending) > 0
+        spec.propose([(0, losing, 4)], 1)
+        assert losing.pending == []
     spec.propose([(0, losing, 4)], 1)
     assert losing.pending  # the pause is over
     for _ in range(4):  # judged again 4 steps on, and losing still: a pause twice as long
