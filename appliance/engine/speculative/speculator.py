@@ -26,14 +26,14 @@ DRAFT_MODEL_RETRY_AFTER = 64  # declined draft-model plans before one short draf
 # The guard: a lone sequence whose steps with drafts have, all told, emitted GUARD_MARGIN fewer
 # tokens per second than the model's plain steps (judged after GUARD_STEPS of them, then every
 # GUARD_STEPS / 2) drafts nothing for its next GUARD_PAUSE lone steps, a pause that doubles each
-# time it is judged so again (up to GUARD_MAX_PAUSE); in a batch the controller decides alone. The estimates the plan trusts are learnt over the
-# model's recent requests, and the controller judges on its last 64 steps with drafts: after
-# rewrites, whose drafts are right in long runs, a story's drafts of the same kinds are expected
-# to be right far more often than they are, and the controller's window still holds the
-# rewrites' steps. Judged on all the sequence's steps with drafts, not a recent window, so that
-# a JSON answer's hard stretch (invented values) does not stop its copyable ones. Replayed in the
-# bench's order (rewrites, JSON, stories; SmolLM2): stories 0.93×, 0.95×, 0.97× -> 0.97×, 0.96×,
-# 0.98×, the rest unchanged.
+# time it is judged so again (up to GUARD_MAX_PAUSE); in a batch the controller decides alone.
+# The estimates the plan trusts are learnt over the model's recent requests, and the controller
+# judges on its last 64 steps with drafts: after rewrites, whose drafts are right in long runs,
+# a story's drafts of the same kinds are expected to be right far more often than they are, and
+# the controller's window still holds the rewrites' steps. Judged on all the sequence's steps
+# with drafts, not a recent window, so that a JSON answer's hard stretch (invented values) does
+# not stop its copyable ones. Replayed in the bench's order (rewrites, JSON, stories; SmolLM2):
+# stories 0.93×, 0.95×, 0.97× -> 0.97×, 0.96×, 0.98×, the rest unchanged.
 GUARD_STEPS = 8
 GUARD_PAUSE = 16
 GUARD_MAX_PAUSE = 512
