@@ -206,14 +206,16 @@ def test_504_when_the_deadline_passes(server_factory):
         "deadline",
     )
     t0 = time.monotonic()
-    r = post(srv, "/v1/completions", {"model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 1000},
-             key=None)
+    no_end = {"0": -100, "2": -100, "4": -100}  # no end token: a sampled answer cannot stop before the deadline
+    r = post(srv, "/v1/completions", {"model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 1000,
+                                      "logit_bias": no_end}, key=None)
     assert r.status_code == 504
     assert envelope(r)["code"] == "deadline_exceeded"
     assert time.monotonic() - t0 < 5
     # A stream that already started reports the timeout in-band, then ends.
     with httpx.stream("POST", srv.base + "/v1/completions", timeout=30, json={
-        "model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 1000, "stream": True}) as r:
+        "model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 1000, "stream": True,
+        "logit_bias": no_end}) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert r.status_code == 200
     assert '"deadline_exceeded"' in lines[-2] and lines[-1] == "data: [DONE]"

@@ -107,8 +107,13 @@ def test_sampled_requests_speculate_through_the_rejection_rule(server_factory):
     srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=1, speculative={"sources": ["ngram"]})]},
                          "spec-sampled")
     extra = {"temperature": 0.7, "seed": 7, "top_p": 0.95, "repeat_penalty": 1.1}
-    assert chat(srv, "m", PROMPTS["rewrite"], 64, **extra)
-    stats = spec_status(srv, "m")
+    # Whether the plan drafts at all depends on the step costs it measures, and the drawn text on
+    # the drafts: a few seeds, so that the assertion does not hang on one draw.
+    for seed in (7, 8, 9, 10):
+        assert chat(srv, "m", PROMPTS["rewrite"], 64, **{**extra, "seed": seed})
+        stats = spec_status(srv, "m")
+        if stats["accepted"] > 0:
+            break
     assert stats["drafted"] > 0 and stats["accepted"] > 0, stats
     # without speculation a seed still reproduces its answer (with it, the distribution is the same
     # but which token a draw gives depends on the drafts: tests/unit checks the distribution)
