@@ -1,9 +1,9 @@
 """What a batch of n rows costs with Q4_1 weights: patch 0002's tiled x86 kernel against upstream's
 one-row vec_dot (EIE_Q4_1_TILES=0), side by side in one run.
 
-For SmolLM2-135M (Q4_1 layers, Q8_0 embeddings) after a 300-token context: llama_decode time of
-one sequence with n new tokens, logits for every row (what a speculative verification or n
-decoding sequences cost), and the prefill of 512 tokens. Each (kernel, repeat) runs in its own
+For SmolLM2-135M (Q4_1 layers, Q8_0 embeddings) after a 300-token context (--context):
+llama_decode time of one sequence with n new tokens, logits for every row (what a speculative
+verification or n decoding sequences cost), and the prefill of 512 tokens. Each (kernel, repeat) runs in its own
 process (the switch is read once), kernels alternate, medians of the repeats.
 Usage: .venv/bin/python bench/q4_1_rows.py [--repeats 3] [--threads 2] [--context 300] [--out PATH]
 Prints a table and writes bench/results/q4_1_rows.json (or --out); bench/speculative_replay.py
@@ -66,8 +66,8 @@ def main() -> int:
     for _ in range(args.repeats):
         for kernel, flag in (("tiled", "1"), ("vec_dot", "0")):
             proc = subprocess.run([sys.executable, __file__, "--child", "--threads", str(args.threads),
-                                   "--reps", str(args.reps), "--context", str(args.context)], env={**os.environ, "EIE_Q4_1_TILES": flag},
-                                  capture_output=True, text=True, check=True)
+                                   "--reps", str(args.reps), "--context", str(args.context)],
+                                  env={**os.environ, "EIE_Q4_1_TILES": flag}, capture_output=True, text=True, check=True)
             runs[kernel].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     med = {k: {key: round(statistics.median(r[key] for r in v), 2) for key in v[0]} for k, v in runs.items()}
     print(f"SmolLM2-135M Q4_1, {args.threads} threads, context {args.context}, median of {args.repeats} processes")
