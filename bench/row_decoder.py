@@ -1,6 +1,6 @@
-"""A timed llama_decode of n rows of one sequence on SmolLM2-135M, loaded as serving loads it
-(the CPU backend module through appliance.engine.native): shared by the kernel benches
-(q4_1_rows.py, attention_rows.py), which run it in child processes, one per kernel setting."""
+"""A timed llama_decode of n rows of one sequence (SmolLM2-135M unless told), loaded as serving
+loads it (the CPU backend module through appliance.engine.native): shared by the kernel benches
+(row_costs.py, attention_rows.py), which run it in child processes, one per kernel setting."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 class RowDecoder:
     """One model, one context (sequence 0); decode() returns the llama_decode time in ms."""
 
-    def __init__(self, threads: int, flash_attn: int = -1, n_ctx: int = 2048) -> None:
+    def __init__(self, threads: int, flash_attn: int = -1, n_ctx: int = 2048, model: Path = MODEL) -> None:
         import llama_cpp as lc
 
         sys.path.insert(0, str(ROOT))
@@ -23,7 +23,7 @@ class RowDecoder:
 
         native.init_backend()
         self.lc = lc
-        self.model = lc.llama_model_load_from_file(str(MODEL).encode(), lc.llama_model_default_params())
+        self.model = lc.llama_model_load_from_file(str(model).encode(), lc.llama_model_default_params())
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, 512, 512
         cp.n_threads = cp.n_threads_batch = threads

@@ -1,11 +1,14 @@
 """How many tokens of one sequence a single llama_decode can verify while computing, bit for bit,
 the logits that decoding them one at a time computes.
 
-Greedy answers must not change with speculation, but some kernels are not batch-invariant: on
-AVX2, llama.cpp's repacked Q4_K matrix multiplication takes another path from 4 rows on (Gemma 3
-270M here), so those logits differ in the last bits and a near-tie token can flip. Measured once
-at load on the model's own context (sequence 0, cleared afterwards): the runner then verifies at
-most this many tokens (the regular one and its drafts) per greedy sequence per step.
+Greedy answers must not change with speculation, but some kernels are not batch-invariant: a
+kernel that sums in another order for a batch of several rows gives logits that differ in the
+last bits, and a near-tie token can flip. Patch 0004 makes the x86 kernels of both bundled models
+invariant under 64 rows; before it, llama.cpp's repacked Q4_K gemm (4 rows on) and its tiled
+K-quant kernel (8 rows on) held Gemma 3 270M to 3 rows, and other builds (ARM, GPU) or quant
+types may still be variant. Measured once at load on the model's own context (sequence 0,
+cleared afterwards): the runner then verifies at most this many tokens (the regular one and its
+drafts) per greedy sequence per step.
 
 Whether such a difference reaches the logits depends on the inputs: after one context of 24
 tokens Gemma's 4 to 7 rows came out bit-identical, after 64 or 200 they did not, so the probe
