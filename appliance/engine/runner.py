@@ -32,7 +32,7 @@ from . import native
 from .decode import decode_with_cores
 from .chat_template import ChatTemplate, default_template
 from .sampling import SamplingParams, build_chain, free_chain
-from .speculative.exactness import CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
+from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
 from .speculative.rejection import accept_or_resample, draw
 from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
@@ -613,8 +613,9 @@ class ModelRunner:
                 self._sample([seq])
 
     def _propose(self, decoding: list[_Sequence], speculating: list[_Sequence]) -> None:
-        """Drafts for the speculating sequences, within the batch, max_tokens and n_ctx."""
-        share = (self.batch_cap - len(decoding)) // len(speculating)
+        """Drafts for the speculating sequences, within the batch, max_tokens and n_ctx; the
+        step stays under the rows where kernels stop being batch-invariant (exactness.py)."""
+        share = (min(self.batch_cap, BATCH_INVARIANT_ROWS - 1) - len(decoding)) // len(speculating)
         jobs = []
         for seq in speculating:
             # the regular token is at seq.pos; drafts follow it, and the step emits up to k + 1 tokens

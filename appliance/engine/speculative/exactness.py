@@ -17,10 +17,17 @@ takes the smallest width over several context lengths (CONTEXTS).
 
 from __future__ import annotations
 
+import os
+
 import llama_cpp as lc
 import numpy as np
 
 CONTEXTS = (24, 200)  # part of the runner's cache key: a change re-measures
+
+# Patch 0004 keeps llama.cpp's tiled K-quant kernel (which sums in another order) for batches of
+# this many rows and more; the runner keeps a decode step with drafts under it, so concurrent
+# speculating sequences also verify exactly. The kernel reads the same variable.
+BATCH_INVARIANT_ROWS = max(1, int(os.environ.get("EIE_BATCH_INVARIANT_ROWS", "64") or 64))
 
 
 def exact_rows(ctx: lc.llama_context_p, n_vocab: int, max_rows: int, seq_id: int = 0,

@@ -403,3 +403,25 @@ def test_model_speculative_settings_overlay_the_inference_defaults():
         parse_config({"inference": {"speculative": {"sources": ["history"], "min_draft": 20}},
                       "models": [{"name": "m", "path": "m.gguf"}]})
     assert e.value.problems == ["models[0].speculative.min_draft: 20 must not exceed max_draft (16)"]
+
+
+def test_a_step_with_drafts_stays_under_the_batch_invariant_rows():
+    # four greedy sequences with room for 16 drafts each would make a 68-row decode, where the
+    # K-quant kernels sum in another order (patch 0004's threshold): the runner shares 63 rows
+    from types import SimpleNamespace
+
+    from appliance.engine.runner import ModelRunner
+    from appliance.engine.speculative.exactness import BATCH_INVARIANT_ROWS
+
+    jobs: list = []
+    spec = SimpleNamespace(exact_rows=17, propose=lambda js, base: jobs.extend(js))
+    runner = SimpleNamespace(batch_cap=512, cfg=SimpleNamespace(n_ctx=4096), spec=spec)
+    seqs = [SimpleNamespace(seq_id=i, spec=None, rng=None, pos=100, n_generated=0,
+                            req=SimpleNamespace(max_tokens=1000)) for i in range(4)]
+    ModelRunner._propose(runner, seqs, seqs)
+    rooms = [room for _, _, room in jobs]
+    assert BATCH_INVARIANT_ROWS == 64 and rooms == [14, 14, 14, 14]  # (63 - 4) // 4
+    assert len(seqs) + sum(rooms) < BATCH_INVARIANT_ROWS
+    jobs.clear()
+    ModelRunner._propose(runner, seqs[:1], seqs[:1])  # one sequence: its exact width decides
+    assert [room for _, _, room in jobs] == [16]
