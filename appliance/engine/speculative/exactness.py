@@ -27,7 +27,16 @@ CONTEXTS = (24, 200)  # part of the runner's cache key: a change re-measures
 # Patch 0004 keeps llama.cpp's tiled K-quant kernel (which sums in another order) for batches of
 # this many rows and more; the runner keeps a decode step with drafts under it, so concurrent
 # speculating sequences also verify exactly. The kernel reads the same variable.
-BATCH_INVARIANT_ROWS = max(1, int(os.environ.get("EIE_BATCH_INVARIANT_ROWS", "64") or 64))
+def _invariant_rows(value: str | None) -> int:
+    """The kernel's reading of EIE_BATCH_INVARIANT_ROWS: a positive integer, else 64 (as atoi)."""
+    try:
+        rows = int(value or "")
+    except ValueError:
+        return 64
+    return rows if rows > 0 else 64
+
+
+BATCH_INVARIANT_ROWS = _invariant_rows(os.environ.get("EIE_BATCH_INVARIANT_ROWS"))
 
 
 def exact_rows(ctx: lc.llama_context_p, n_vocab: int, max_rows: int, seq_id: int = 0,
