@@ -2,7 +2,7 @@
 a 262144 x 640 Q8_0 output layer): patch 0004's kernels against upstream's, side by side in one run
 (row_costs.py).
 
-Patch 0004 sends Q8_0 products of fewer than 64 rows (one row too) through a 512-bit VNNI kernel
+Patch 0004 sends Q8_0 products of every size (one row too) through a 512-bit VNNI kernel
 (x86 with AVX512-VNNI; EIE_Q8_0_VNNI=0 turns it off) and keeps K-quant batches under 64 rows on
 vec_dot (EIE_BATCH_INVARIANT_ROWS=8 restores upstream's 8). Its third change, the repacked Q4_K
 gemm summing a super block before scaling it, has no switch: it costs nothing measurable.

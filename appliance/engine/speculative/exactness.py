@@ -24,11 +24,10 @@ import numpy as np
 
 CONTEXTS = (24, 200)  # part of the runner's cache key: a change re-measures
 
-# Patch 0004 keeps llama.cpp's tiled K-quant kernel (which sums in another order) for batches of
-# this many rows and more; the runner keeps a decode step with drafts under it, so concurrent
-# speculating sequences also verify exactly. The kernel reads the same variable.
+
 def _invariant_rows(value: str | None) -> int:
-    """The kernel's reading of EIE_BATCH_INVARIANT_ROWS: a positive integer, else 64 (as atoi)."""
+    """EIE_BATCH_INVARIANT_ROWS as the kernel reads it: a positive integer, else 64 (a value that
+    atoi reads otherwise, such as "32abc", is not honoured here)."""
     try:
         rows = int(value or "")
     except ValueError:
@@ -36,6 +35,9 @@ def _invariant_rows(value: str | None) -> int:
     return rows if rows > 0 else 64
 
 
+# Patch 0004 keeps llama.cpp's tiled K-quant kernel (which sums in another order) for batches of
+# this many rows and more; the runner keeps a decode step with drafts under it, so concurrent
+# speculating sequences also verify exactly. The kernel reads the same variable.
 BATCH_INVARIANT_ROWS = _invariant_rows(os.environ.get("EIE_BATCH_INVARIANT_ROWS"))
 
 
