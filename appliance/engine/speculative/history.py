@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .ngram import match_length
+
 
 log = logging.getLogger("eie.speculative")
 _MAGIC = b"EIEHIST1"
@@ -92,16 +94,18 @@ class HistoryIndex:
         return self.lookup_match(tokens, k)[0]
 
     def lookup_match(self, tokens: list[int], k: int) -> tuple[list[int], int]:
-        """The draft (as `lookup`) and the length of the n-gram it matched (0: none)."""
+        """The draft (as `lookup`) and the length of the match it continues (0: none)."""
         return self.lookup_at(tokens, k)[:2]
 
     def lookup_at(self, tokens: list[int], k: int) -> tuple[list[int], int, int]:
-        """(draft, n, where the draft starts in the history) for the most recent occurrence of
-        the longest suffix match, the draft cut where earlier occurrences disagree (it may be
-        empty then); ([], 0, -1) when there is no match."""
+        """(draft, match length, where the draft starts in the history) for the most recent
+        occurrence of the longest suffix n-gram (its length followed backwards, `match_length`),
+        the draft cut where earlier occurrences disagree (it may be empty then); ([], 0, -1) when
+        there is no match."""
         if k > 0:
             for n, where in self._occurrences(tokens):
-                return self._agreed(where, self._draft(where[-1], k)), n, where[-1]
+                at = where[-1]
+                return self._agreed(where, self._draft(at, k)), match_length(self._flat, at, tokens, n), at
         return [], 0, -1
 
     def _agreed(self, where: list[int], draft: list[int]) -> list[int]:
@@ -124,7 +128,7 @@ class HistoryIndex:
         for n, where in self._occurrences(tokens):
             i = bisect.bisect_right(where, cursor)
             if i < len(where) and where[i] < end and where[i] - cursor <= ALIGN_WINDOW:
-                return self._draft(where[i], k), n, where[i]
+                return self._draft(where[i], k), match_length(self._flat, where[i], tokens, n), where[i]
         return [], 0, -1
 
     def _occurrences(self, tokens: list[int]) -> Iterator[tuple[int, list[int]]]:

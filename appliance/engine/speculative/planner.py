@@ -117,18 +117,28 @@ class Acceptance:
         self.fail = [0.0] * (positions + 1)
         self.decay = decay
 
-    def update(self, drafted: int, accepted: int) -> None:
-        """One draft of `drafted` tokens whose first `accepted` were right."""
+    def update(self, drafted: int, accepted: int, credited: int = 0) -> None:
+        """One draft of `drafted` tokens whose first `accepted` were right; its first `credited`
+        positions were counted already (`credit`)."""
         if drafted <= 0:
             return
         d, reach, fail = self.decay, self.reach, self.fail
         for j in range(1, len(reach)):
             reach[j] *= d
             fail[j] *= d
-        for j in range(1, min(accepted + 1, drafted, len(reach) - 1) + 1):
+        for j in range(credited + 1, min(accepted + 1, drafted, len(reach) - 1) + 1):
             reach[j] += 1
         if accepted < drafted and accepted + 1 < len(reach):
             fail[accepted + 1] += 1
+
+    def credit(self, done: int, passed: int) -> None:
+        """Positions done+1..passed of a draft still being scored were right. Counted as they
+        pass, not when the draft's run ends: otherwise the estimate at any moment would hold the
+        short runs (decided at once) and miss the long ones in progress, the censoring that
+        makes a source look worst exactly while it is copying a long stretch."""
+        reach = self.reach
+        for j in range(done + 1, min(passed, len(reach) - 1) + 1):
+            reach[j] += 1
 
     def hazards(self, prior: list[float], weight: float) -> list[float]:
         """Per position, the chance a draft that got there is wrong there; `weight` observations

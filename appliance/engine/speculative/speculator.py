@@ -12,7 +12,7 @@ from ...config import SpeculativeConfig
 from .controller import Controller
 from .draft_model import DraftModel
 from .history import HistoryIndex
-from .ngram import NgramIndex
+from .ngram import NgramIndex, match_class
 from .planner import Acceptance, Candidate, StepCost, plan, survival
 
 # A sequence's estimate for a source mixes in this many observations of its model's, and the
@@ -42,8 +42,8 @@ GUARD_MARGIN = 0.1
 
 class SeqDrafts:
     """A sequence's speculative state: its tokens (prompt and output), prompt-lookup index and
-    acceptance per kind of draft (a lookup source and the length of the n-gram it matched, or
-    the draft model); the runner fills `tokens` and reads `pending` after a step.
+    acceptance per kind of draft (a lookup source and the class of its match's length, or the
+    draft model); the runner fills `tokens` and reads `pending` after a step.
 
     Every lookup's whole draft is kept in `watch` and scored by the tokens the sequence then
     generates, also the part the plan did not verify: acceptance stays measured at every
@@ -59,7 +59,8 @@ class SeqDrafts:
         self.accept = _Estimates(positions, decay=0.8)
         self.pending: list[int] = []  # drafts being verified this step
         self.source = ""
-        self.watch: list[tuple[list[int], int, str]] = []  # (draft, where in tokens it starts, kind)
+        # [draft, where in tokens it starts, kind, positions credited so far]
+        self.watch: list[list] = []
         self.cursor: tuple[int, int] | None = None  # (history generation, position) it follows
         self.lone = [0, 0, 0.0]  # its steps with drafts while alone: count, tokens emitted, seconds
         self.pause = 0  # steps left without drafts (the guard)
@@ -117,7 +118,7 @@ class Speculator:
         for _, st, _ in seqs:
             st.pending, st.source = [], ""
             if st.watch:
-                st.watch = [w for w in st.watch if not self._score(st, *w)]
+                st.watch = [w for w in st.watch if not self._score(st, w)]
         todo = []
         for sid, st, room in seqs:
             if st.pause > 0 and len(seqs) == 1:  # the guard acts where it judges: on lone steps
@@ -132,7 +133,7 @@ class Speculator:
             for source in lookups:  # the lookup whose draft promises the most; ties: configured order
                 for kind, found in self._lookups(source, st, k):
                     if len(st.watch) < MAX_WATCHED:  # every source's draft is scored, chosen or not
-                        st.watch.append((list(found), len(st.tokens), kind))
+                        st.watch.append([list(found), len(st.tokens), kind, 0])
                     gains = self.gains(st, kind, len(found))
                     if best is None or sum(gains) > best_gain:
                         best, best_gain = (sid, st, source, list(found), gains), sum(gains)
@@ -172,39 +173,46 @@ class Speculator:
                 st.pending, st.source = list(drafts), "draft_model"
 
     def _lookups(self, source: str, st: SeqDrafts, k: int) -> list[tuple[str, list[int]]]:
-        """A lookup source's drafts for a sequence, each with its kind: the source and the length
-        of the n-gram it matched (a longer match is a surer draft). The history gives its most
+        """A lookup source's drafts for a sequence, each with its kind: the source and the class
+        of the length of the match it continues (ngram.match_class: a longer match is a surer
+        draft). The history gives its most
         recent match and, where the sequence follows an earlier output, the match aligned with
         that output ("aligned:n"), which then moves the sequence's cursor."""
         if source == "ngram":
             found, n = st.index.lookup_match(st.tokens, k)
-            return [(f"ngram:{n}", found)] if found else []
+            return [(f"ngram:{match_class(n)}", found)] if found else []
         h = self.history
         out = []
         found, n, at = h.lookup_at(st.tokens, k)
         if found:
-            out.append((f"history:{n}", found))
+            out.append((f"history:{match_class(n)}", found))
         cursor = st.cursor[1] if st.cursor is not None and st.cursor[0] == h.generation else -1
         aligned, an, aat = h.lookup_aligned(st.tokens, k, cursor)
         if aligned:
             at = aat
             if aligned != found:
-                out.append((f"aligned:{an}", aligned))
+                out.append((f"aligned:{match_class(an)}", aligned))
         if at >= 0:
             st.cursor = (h.generation, at)
         return out
 
-    def _score(self, st: SeqDrafts, draft: list[int], at: int, kind: str) -> bool:
-        """Score a watched lookup draft against the tokens generated since; False while undecided."""
+    def _score(self, st: SeqDrafts, watched: list) -> bool:
+        """Score a watched lookup draft against the tokens generated since; False while
+        undecided, its positions matched so far credited (Acceptance.credit)."""
+        draft, at, kind, credited = watched
         got = st.tokens[at : at + len(draft)]
         m = 0
         while m < len(got) and got[m] == draft[m]:
             m += 1
-        if m == len(got) < len(draft):
-            return False  # all matched so far: wait for more tokens
+        if m == len(got) < len(draft):  # all matched so far: wait for more tokens
+            if m > credited:
+                st.accept[kind].credit(credited, m)
+                self.accept[kind].credit(credited, m)
+                watched[3] = m
+            return False
         drafted = len(draft) if m == len(draft) else m + 1
-        st.accept[kind].update(drafted, m)
-        self.accept[kind].update(drafted, m)
+        st.accept[kind].update(drafted, m, credited)
+        self.accept[kind].update(drafted, m, credited)
         return True
 
     def lone_step(self, st: SeqDrafts, seconds: float, tokens: int) -> None:

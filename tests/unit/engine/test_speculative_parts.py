@@ -10,7 +10,7 @@ from appliance.config import ConfigError, parse_config
 from appliance.config import SpeculativeConfig
 from appliance.engine.speculative.controller import Controller
 from appliance.engine.speculative.history import HistoryIndex
-from appliance.engine.speculative.ngram import NgramIndex
+from appliance.engine.speculative.ngram import NgramIndex, match_class, match_length
 from appliance.engine.speculative.planner import Acceptance, Candidate, StepCost, plan, survival
 from appliance.engine.speculative.speculator import Speculator
 from appliance.engine.speculative.rejection import accept_or_resample, draw
@@ -83,9 +83,21 @@ def test_prompt_lookup_continues_a_repeating_tail_past_the_end_of_the_sequence()
     # the latest earlier match of the suffix (0, 1) is one period back: the tokens after it reach
     # the end of the sequence, and the draft goes on with the same period instead of stopping there
     loop = [7, 8, 0, 1, 0, 1, 0, 1]
-    assert NgramIndex(sizes=(2,)).lookup_match(loop, 5) == ([0, 1, 0, 1, 0], 2)
+    assert NgramIndex(sizes=(2,)).lookup_match(loop, 5) == ([0, 1, 0, 1, 0], 4)  # 0 1 0 1 matched (8 ≠ 1 before it)
     assert NgramIndex(sizes=(3,)).lookup_match([5, 6, 7, 1, 2, 3, 1, 2, 3], 4) == ([1, 2, 3, 1], 3)
     assert NgramIndex(sizes=(2,)).lookup_match([4, 4, 4], 3) == ([4, 4, 4], 2)
+
+
+def test_a_match_is_followed_backwards_and_classed_by_its_length():
+    tokens = [9, 1, 2, 3, 4, 5, 6, 7, 50, 8, 1, 2, 3, 4, 5, 6, 7]
+    draft, length = NgramIndex().lookup_match(tokens, 2)
+    assert draft == [50, 8] and length == 7  # the 5-gram goes on back to 1 (9 ≠ 8 before it)
+    assert match_length(tokens, 8, tokens, 5, cap=6) == 6
+    assert match_length([5, -1, 1, 2], 4, [5, 1, 2], 2) == 2  # a separator ends it
+    assert [match_class(n) for n in (1, 4, 5, 7, 8, 15, 16, 40)] == [1, 4, 5, 5, 8, 8, 16, 16]
+    h = HistoryIndex(None)
+    h.add([20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30])
+    assert h.lookup_at([0, 20, 21, 22, 23, 24, 25, 26, 27], 2)[:2] == ([28, 29], 8)
 
 
 def test_history_index_drafts_across_outputs_and_survives_a_restart(tmp_path):
@@ -270,11 +282,33 @@ def test_lookup_drafts_are_scored_in_full_by_what_the_sequence_generates():
     st = spec.new_sequence([1, 2, 3, 4, 5, 9, 1, 2, 3])
     spec.propose([(0, st, 16)], 1)
     # a 3-gram matched six tokens back: the draft repeats those six (ngram.periodic_continuation)
-    assert st.pending == [] and st.watch == [(([4, 5, 9, 1, 2, 3] * 3)[:16], 9, "ngram:3")]
+    assert st.pending == [] and st.watch == [[([4, 5, 9, 1, 2, 3] * 3)[:16], 9, "ngram:3", 0]]
     st.tokens += [4, 5, 7]  # generated: the first two drafts were right, the third not
     spec.propose([(0, st, 16)], 1)
     assert st.accept["ngram:3"].reach[1:5] == [1, 1, 1, 0] and st.accept["ngram:3"].fail[3] == 1
     assert spec.accept["ngram:3"].reach[3] == 1
+
+
+def test_a_draft_still_running_is_credited_position_by_position_and_counted_once():
+    # Without credit, a long run in progress would count only when it ends, while the short runs
+    # around it count at once: the estimate would be lowest exactly while the source is right.
+    spec = Speculator(SpeculativeConfig(sources=["ngram"]))
+    for rows in range(1, 20):
+        spec.cost.observe(rows, 0.01 * rows)
+    st = spec.new_sequence([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3])
+    spec.propose([(0, st, 8)], 1)
+    draft = st.watch[0][0]
+    assert draft == [4, 5, 6, 7, 8, 9, 10, 11]
+    st.tokens += draft[:5]  # five right so far, the draft undecided
+    spec.propose([(0, st, 8)], 1)
+    first = next(w for w in st.watch if w[0] == draft)
+    assert first[3] == 5 and st.accept["ngram:3"].reach[1:7] == [1, 1, 1, 1, 1, 0]
+    assert st.accept["ngram:3"].fail[1:7] == [0] * 6
+    st.tokens += [9, 10, 0]  # then two more right and a wrong one: decided at position 8
+    spec.propose([(0, st, 8)], 1)
+    assert not any(w[0] == draft for w in st.watch)
+    a = st.accept["ngram:3"]  # (decay 0.8 at each decided draft: the credit before it fades once)
+    assert a.reach[1:10] == pytest.approx([0.8] * 5 + [1, 1, 1, 0]) and a.fail[1:10] == [0] * 7 + [1, 0]
 
 
 def drive(c: Controller, steps: int, spec_rate: float, plain_rate: float, batch: int = 1) -> list[bool]:
