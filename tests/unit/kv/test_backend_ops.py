@@ -3,9 +3,10 @@ installed ggml) on the TurboQuant cases the patch adds: SET_ROWS, GET_ROWS, CPY 
 FLASH_ATTN_EXT with turbo4/3/2 K and V, and K q8_0 with V turbo; on FLASH_ATTN_EXT with f16 K
 and V, where patch 0003 sends decodes and verifications (at most 32 query tokens) through the
 grouped path in blocks of cells; on MUL_MAT with Q4_1 weights, where patch 0002 adds a tiled x86
-kernel, and with Q8_0 weights, where patch 0004 adds a VNNI one for batches under 64 rows (the
-reference mode skips llamafile's kernels, so there they are compared with ggml's vec_dot; a 2%
-error in Q4_1's min term fails it, and a 5% error in Q8_0's scales, both checked by hand).
+kernel, and with Q8_0 weights, where patch 0004 adds a VNNI one for every batch size, its activations
+prepared per chunk of up to 64 rows (n = 509 and 4096 take several chunks). The reference mode
+skips llamafile's kernels, so there they are compared with ggml's vec_dot; a 2% error in Q4_1's
+min term fails it, and a 5% error in Q8_0's scales, both checked by hand.
 
 On a CPU-only build test-backend-ops compares the CPU backend with the CPU backend in its
 reference mode (`ggml_backend_cpu_set_use_ref`): for flash attention that is the patches'
@@ -63,6 +64,7 @@ def test_q8_0_vnni_matmul_matches_vec_dot(threads):
     out, cases = run_cases(["-o", "MUL_MAT", "-p", "type_a=q8_0,type_b=f32"], threads)
     assert cases >= 30  # n = 1..16 (the VNNI kernel where the CPU has it), broadcast, permuted, prefill
     assert re.search(r"MUL_MAT\(type_a=q8_0,type_b=f32,m=16,n=1,", out)
+    assert re.search(r"MUL_MAT\(type_a=q8_0,type_b=f32,m=\d+,n=509,", out)  # several chunks of rows
 
 
 @pytest.mark.parametrize("threads", [1, 3])
