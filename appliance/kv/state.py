@@ -185,8 +185,9 @@ def with_streams(state: SeqState, n_stream: int) -> SeqState:
     """The same sequence laid out for a context with `n_stream` KV streams.
 
     A sequence lives in one stream; llama.cpp only checks that the stream count matches and
-    restores the cells into the destination sequence's own stream. Stored states keep one
-    stream (so they restore into any n_parallel) and are padded on the way back.
+    restores the cells into the destination sequence's own stream. Stored states keep the
+    layout they were saved with (one stream with cells, the rest empty) and are laid out for the
+    restoring context on the way back, so they restore into any n_parallel.
     """
     caches = []
     for cache in state.caches:
