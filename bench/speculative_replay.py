@@ -4,7 +4,8 @@ Gets SmolLM2's greedy answers to a bench/speculative.py task from a real server 
 off), then replays the real `Speculator` (ngram + history, history carried from answer to answer
 as in the bench) over them, step by step: each step's drafts are checked against the known
 answer, and its time is the measured decode cost of its rows (bench/results/q4_1_rows.json,
-SmolLM2 with patch 0002's kernel, every width from 1 to 17 rows) plus 1 ms of Python. SmolLM2
+SmolLM2 with patch 0002's kernel, every width from 1 to 17 rows) plus the runner's own time per
+step (STEP_OVERHEAD_MS, DRAFT_OVERHEAD_MS). SmolLM2
 only: that table is measured for its Q4_1 file. Two plans side by side:
 - `planned`: what the server does: the controller's plain and speculating steps, and in these
   the draft counts the planner chooses;
@@ -32,7 +33,11 @@ import speculative as S
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-STEP_OVERHEAD_MS = 1.0
+# The runner's time around a decode (planning, sampling, scoring, the loop): 0.16 ms for a one-row
+# step and 0.48 ms for a step with drafts (3.2 rows on average), medians from a temporary probe in
+# the runner while it served SmolLM2's JSON answers (2026-12-01; 1 ms had been assumed before).
+STEP_OVERHEAD_MS = 0.16
+DRAFT_OVERHEAD_MS = 0.14  # per verified draft
 MODEL = "smollm2-135m"  # the model bench/q4_1_rows.py measures
 
 
@@ -45,13 +50,15 @@ def row_costs(path: Path = COSTS) -> dict[int, float]:
 
 
 def step_ms(table: dict[int, float], rows: int) -> float:
-    """Decode time of `rows` rows, interpolated in the measured table (linear past its end)."""
+    """A step's time with `rows` rows: the decode interpolated in the measured table (linear past
+    its end) and the runner's own time."""
+    overhead = STEP_OVERHEAD_MS + DRAFT_OVERHEAD_MS * (rows - 1)
     ks = sorted(table)
     for lo, hi in zip(ks, ks[1:]):
         if lo <= rows <= hi:
-            return table[lo] + (table[hi] - table[lo]) * (rows - lo) / (hi - lo) + STEP_OVERHEAD_MS
+            return table[lo] + (table[hi] - table[lo]) * (rows - lo) / (hi - lo) + overhead
     lo, hi = ks[-2], ks[-1]
-    return table[hi] + (table[hi] - table[lo]) / (hi - lo) * (rows - hi) + STEP_OVERHEAD_MS
+    return table[hi] + (table[hi] - table[lo]) / (hi - lo) * (rows - hi) + overhead
 
 
 def answers(model: str, task: str, n: int) -> list[str]:
