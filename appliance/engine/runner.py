@@ -208,6 +208,7 @@ class ModelRunner:
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
         self.last_finished = 0.0  # time.monotonic() when a sequence last finished
         self._candidates: np.ndarray | None = None  # llama_token_data for the rejection rule
+        self._exact_stale = False  # KV types changed: exact_rows to be measured again (_step)
     # ---- lifecycle -------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -265,9 +266,10 @@ class ModelRunner:
         self._thread.start()
         log.info("model %s ready in %.2fs", self.name, self.load_seconds)
 
-    def _measure_exact_rows(self) -> None:
-        """How many tokens per sequence one decode verifies exactly (speculative/exactness.py);
-        measured once per model file, llama.cpp build, KV types and K centring, then read from the cache dir."""
+    def _measure_exact_rows(self, seq_id: int = 0) -> None:
+        """How many tokens per sequence one decode verifies exactly (speculative/exactness.py), on
+        the free sequence `seq_id`; measured once per model file, llama.cpp build, KV types and K
+        centring, then read from the cache dir."""
         max_rows = self.spec.cfg.max_draft + 1
         centered = self.loaded.k_centers is not None  # other keys, other rounding
         key = (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v,
@@ -280,10 +282,11 @@ class ModelRunner:
             try:
                 lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
                 self._threads_set = granted
-                self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows)
+                self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id)
             finally:
                 self.cores.release(granted)
             file_facts.save(self.cache_dir, "exact-verify-rows", key, self.spec.exact_rows)
+        self.spec.exact_kv = (self.loaded.type_k, self.loaded.type_v)
         log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name,
                  self.spec.exact_rows)
 
@@ -450,6 +453,12 @@ class ModelRunner:
                   "state_bytes_before": moved[0], "state_bytes_after": moved[1],
                   "seconds": round(time.monotonic() - t0, 4), "reason": reason, "changed": True}
         self.kv_changes.append(record)
+        if self.spec is not None:
+            # Other KV types take other attention kernels, which may not be batch-invariant: until
+            # the probe has run for them (the next step with a free sequence), greedy sequences
+            # verify no drafts.
+            self.spec.exact_rows, self.spec.exact_kv = 1, None
+            self._exact_stale = True
         log.info("model %s: KV %s/%s -> %s/%s (%d live sequences, %.3fs): %s", self.name, old_k, old_v,
                  type_k, type_v, len(live), record["seconds"], reason)
         return record
@@ -544,6 +553,12 @@ class ModelRunner:
         with one KV stream per sequence, a sequence computes exactly what it would alone, so
         concurrency never changes a greedy answer.
         """
+        if self._exact_stale and self._free_ids:
+            self._exact_stale = False
+            try:
+                self._measure_exact_rows(self._free_ids[0])  # the lowest free id: not admitted
+            except Exception:  # greedy sequences keep verifying no drafts
+                log.exception("model %s: measuring exact verification for the new KV types failed", self.name)
         now = time.monotonic()
         for seq in list(self._active):
             if seq.cancelled:

@@ -104,6 +104,23 @@ def test_turbo_kv_verifies_exactly_across_attention_chunks(server_factory):
     srv.stop()
 
 
+def test_a_kv_type_change_measures_exact_verification_again(server_factory):
+    # other KV types take other attention kernels: greedy sequences verify no drafts until the
+    # probe has run for the new types, on a free sequence, at the next step
+    srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=2, speculative={"sources": ["ngram"]})]},
+                         "spec-kv-change")
+    before = spec_status(srv, "m")
+    assert before["exact_verify_rows"] == 17 and before["exact_verify_kv"] not in (None, ["q8_0", "q8_0"])
+    r = httpx.post(srv.base + "/v1/admin/kv/convert", json={"model": "m", "mode": "q8_0"}, timeout=120)
+    assert r.status_code == 200, r.text
+    prompt = PROMPTS["rewrite"]
+    plain = chat(srv, "m", prompt, 96, speculative=False)
+    after = spec_status(srv, "m")
+    assert after["exact_verify_kv"] == ["q8_0", "q8_0"] and 1 <= after["exact_verify_rows"] <= 17, after
+    assert chat(srv, "m", prompt, 96) == plain
+    srv.stop()
+
+
 def test_sampled_requests_speculate_through_the_rejection_rule(server_factory):
     # a fresh controller speculates from the first step (other tests may have turned it off here)
     srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=1, speculative={"sources": ["ngram"]})]},

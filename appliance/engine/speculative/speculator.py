@@ -92,6 +92,7 @@ class Speculator:
         self._draft_declines = 0
         # tokens of one sequence one decode verifies exactly (speculative/exactness.py; set at load)
         self.exact_rows = cfg.max_draft + 1
+        self.exact_kv: tuple[str, str] | None = None  # the KV types exact_rows was measured for
         self.stats = {"drafted": 0, "accepted": 0, "spec_steps": 0, "plain_steps": 0, "declined": 0, "guard_pauses": 0,
                       **{f"{s}_drafted": 0 for s in self.sources}, **{f"{s}_accepted": 0 for s in self.sources}}
         self._lengths: collections.deque[int] = collections.deque(maxlen=256)  # recent draft lengths
@@ -271,4 +272,5 @@ class Speculator:
             "controller": self.controller.snapshot(),
             "history_tokens": self.history.n_tokens if self.history is not None else None,
             "exact_verify_rows": self.exact_rows,
+            "exact_verify_kv": list(self.exact_kv) if self.exact_kv else None,
         }
