@@ -59,8 +59,8 @@ def arguments(doc: str, default_out: Path) -> argparse.Namespace:
 
 def compare(script: str, args: argparse.Namespace, title: str, model: Path,
             settings: dict[str, dict[str, str]]) -> int:
-    """Run `settings` (name: environment; the first is the patched kernel, the second upstream's)
-    alternately in child processes of `script`, print the table and write the JSON."""
+    """Run `settings` (name: environment; the first is the shipped kernel, the others what it is
+    compared with) alternately in child processes of `script`, print the table and write the JSON."""
     if args.child:
         print(json.dumps(measure(args.child, args.threads, args.reps, args.context)))
         return 0
@@ -72,16 +72,20 @@ def compare(script: str, args: argparse.Namespace, title: str, model: Path,
                                   env={**os.environ, **env}, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     med = {k: {key: round(statistics.median(r[key] for r in v), 2) for key in v[0]} for k, v in runs.items()}
-    patched, upstream = settings
+    shipped, *others = settings
     print(f"{title}, {args.threads} threads, context {args.context}, median of {args.repeats} processes")
-    print(f"| rows | {upstream} ms | x one row | {patched} ms | x one row | speed-up |")
-    print("|---|---|---|---|---|---|")
+    print("| rows | " + " | ".join(f"{name} ms | x one row" for name in settings) + " | "
+          + " | ".join(f"speed-up over {name}" for name in others) + " |")
+    print("|---|" + "---|---|" * len(settings) + "---|" * len(others))
     for n in map(str, ROWS):
-        u, t = med[upstream][n], med[patched][n]
-        print(f"| {n} | {u} | {u / med[upstream]['1']:.2f} | {t} | {t / med[patched]['1']:.2f} | {u / t:.2f}x |")
-    u, t = med[upstream]["prefill_512"], med[patched]["prefill_512"]
-    print(f"| prefill 512 | {u} | | {t} | | {u / t:.2f}x |")
-    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "context": args.context,
-                                    "repeats": args.repeats, "settings": settings, "median_ms": med, "runs": runs},
-                                   indent=1))
+        cells = [f"{med[name][n]} | {med[name][n] / med[name]['1']:.2f}" for name in settings]
+        ratios = [f"{med[name][n] / med[shipped][n]:.2f}x" for name in others]
+        print(f"| {n} | " + " | ".join(cells + ratios) + " |")
+    key = "prefill_512"
+    cells = [f"{med[name][key]} | " for name in settings]
+    ratios = [f"{med[name][key] / med[shipped][key]:.2f}x" for name in others]
+    print("| prefill 512 | " + " | ".join(cells + ratios) + " |")
+    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads,
+                                    "context": args.context, "repeats": args.repeats, "settings": settings,
+                                    "median_ms": med, "runs": runs}, indent=1))
     return 0

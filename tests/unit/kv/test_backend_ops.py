@@ -3,7 +3,8 @@ installed ggml) on the TurboQuant cases the patch adds: SET_ROWS, GET_ROWS, CPY 
 FLASH_ATTN_EXT with turbo4/3/2 K and V, and K q8_0 with V turbo; on FLASH_ATTN_EXT with f16 K
 and V, where patch 0003 sends decodes and verifications (at most 32 query tokens) through the
 grouped path in blocks of cells; on MUL_MAT with Q4_1 weights, where patch 0002 adds a tiled x86
-kernel, and with Q8_0 weights, where patch 0004 adds a VNNI one for every batch size, its activations
+kernel and patch 0006 tiles of 8 weight rows in vector lanes (m = 20 takes both: 16 rows in lanes,
+4 in the 4x4 tiles), and with Q8_0 weights, where patch 0004 adds a VNNI one for every batch size, its activations
 prepared per chunk of up to 64 rows (n = 509 and 4096 take several chunks). The reference mode
 skips llamafile's kernels, so there they are compared with ggml's vec_dot; a 2% error in Q4_1's
 min term fails it, and a 5% error in Q8_0's scales, both checked by hand.
@@ -57,6 +58,8 @@ def test_q4_1_tiled_matmul_matches_vec_dot(threads):
     out, cases = run_cases(["-o", "MUL_MAT", "-p", "type_a=q4_1"], threads)
     assert cases >= 40  # one-row, few-row and prefill shapes (n = 1..16, broadcast, permuted)
     assert re.search(r"MUL_MAT\(type_a=q4_1,type_b=f32,m=16,n=1,", out)
+    for n in (1, 2, 3, 5, 17):  # patch 0006's lanes with the 4x4 tiles for the rest, SmolLM2's k
+        assert re.search(rf"MUL_MAT\(type_a=q4_1,type_b=f32,m=20,n={n},k=576,", out), n
 
 
 @pytest.mark.parametrize("threads", [1, 3])
