@@ -130,9 +130,11 @@ def test_compressed_state_restores_into_an_f16_context(smollm_f16):
 def test_migrated_sequences_continue_like_a_fresh_context(path, source, target, upgrade):
     """Down: the migrated context is as close to a fresh context of the target type as 1.5x that
     type's own error against f16. Up: precision lost at the lower type stays lost, but no more
-    than 1.5x the source type's own error against f16 is added."""
+    than 1.5x the source type's own error against f16 is added. Means over 48 positions per
+    sequence: over 12 the ratio moved from 1.04 to 1.50 with the order of a kernel's float sums
+    (patch 0006), over 48 it is 0.97 and 1.12."""
     src = Ctx(path, source, n_seq=2)
-    toks = src.tokens(520)
+    toks = src.tokens(560)
     src.feed(0, toks[:400])
     src.feed(1, toks[100:500])
     dst = Ctx(path, target, n_seq=2)
@@ -146,7 +148,7 @@ def test_migrated_sequences_continue_like_a_fresh_context(path, source, target, 
         c.feed(0, toks[:400])
         c.feed(1, toks[100:500])
     mig, own = [], []
-    for seq, nxt in ((0, toks[400:412]), (1, toks[500:512])):
+    for seq, nxt in ((0, toks[400:448]), (1, toks[500:548])):
         for t in nxt:  # token by token: a distribution at every position
             got, lossy, exact = dst.feed(seq, [t]), fresh.feed(seq, [t]), ref.feed(seq, [t])
             mig.append(kld(exact if upgrade else lossy, got))
