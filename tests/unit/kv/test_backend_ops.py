@@ -58,7 +58,7 @@ def test_q4_1_tiled_matmul_matches_vec_dot(threads):
     out, cases = run_cases(["-o", "MUL_MAT", "-p", "type_a=q4_1"], threads)
     assert cases >= 40  # one-row, few-row and prefill shapes (n = 1..16, broadcast, permuted)
     assert re.search(r"MUL_MAT\(type_a=q4_1,type_b=f32,m=16,n=1,", out)
-    for n in (1, 2, 3, 5, 17):  # patch 0006's lanes with the 4x4 tiles for the rest, SmolLM2's k
+    for n in (1, 2, 3, 5, 13, 17):  # patch 0006's lanes with the 4x4 tiles for the rest, SmolLM2's k
         assert re.search(rf"MUL_MAT\(type_a=q4_1,type_b=f32,m=20,n={n},k=576,", out), n
 
 
