@@ -1,5 +1,5 @@
-"""What a llama_decode of n rows of one sequence costs under two kernel settings, side by side in
-one run: shared by q4_1_rows.py (SmolLM2, patch 0002) and gemma_rows.py (Gemma 3, patch 0004).
+"""What a llama_decode of n rows of one sequence costs under several kernel settings, side by side in
+one run: shared by q4_1_rows.py (SmolLM2, patches 0002 and 0006) and gemma_rows.py (Gemma 3, patch 0004).
 
 Each (setting, repeat) runs in its own child process, because the kernels read their switch once;
 settings alternate; the table and the JSON hold medians over the processes. A child times every
