@@ -48,6 +48,7 @@ class StepCost:
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._by_rows: dict[int, collections.deque[float]] = {}  # recent decodes over the line's time
         self._factors: dict[int, float] = {}  # their medians
+        self._fitted: tuple[float, float] | None = None  # fit() until the next decode counts (a plan asks ~17 times)
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0:
@@ -69,9 +70,12 @@ class StepCost:
         self._y = self._y * f + seconds
         self._xx = self._xx * f + x * x
         self._xy = self._xy * f + x * seconds
+        self._fitted = None
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b): a one-row decode's seconds and each further row's; None before any decode."""
+        if self._fitted is not None:
+            return self._fitted
         w = self._w
         if w <= 0:
             return None
@@ -84,7 +88,8 @@ class StepCost:
         if a <= 0:  # (noise) keep the rows' average cost, from a one-row decode upwards
             b = my / (1 + mx)
             a = b
-        return a, max(b, 0.0)
+        self._fitted = (a, max(b, 0.0))
+        return self._fitted
 
     def time(self, rows: int) -> float | None:
         """Expected seconds of a decode with `rows` rows (None before any decode was seen)."""
