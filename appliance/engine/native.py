@@ -20,7 +20,7 @@ import numpy as np
 from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from here)
 from ..kv.migrate import rotation_sizes
 from ..resources.cores import CoreBudget
-from . import backends, k_centering
+from . import backends, held_gil, k_centering
 
 log = logging.getLogger("eie.llama")
 
@@ -430,7 +430,7 @@ class Vocab:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         buf = self._piece_buf
-        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        n = held_gil.token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             big = ctypes.create_string_buffer(-n)
             n = lc.llama_token_to_piece(self._vocab, token, big, len(big), 0, special)

@@ -28,7 +28,7 @@ from ..kv.prefix_store import block_keys
 from .prefix import PrefixCache, build_id
 from ..resources import file_facts
 from ..resources.cores import CoreBudget
-from . import native
+from . import held_gil, native
 from .decode import decode_with_cores
 from .chat_template import ChatTemplate, default_template
 from .sampling import SamplingParams, build_chain, free_chain
@@ -755,25 +755,25 @@ class ModelRunner:
                 seq.pos += 1
             if drafts:
                 if seq.chain is not None and accepted < len(drafts):
-                    lc.llama_memory_seq_rm(self._mem, seq.seq_id, seq.pos, -1)
+                    held_gil.memory_seq_rm(self._mem, seq.seq_id, seq.pos, -1)
                 self.spec.verified(st, accepted)
         return emitted
 
     def _pick(self, seq: _Sequence, row: int, draft: int | None) -> tuple[int, bool]:
         """The target's token at a logits row, and whether it takes the draft proposed there."""
         if seq.argmax:
-            logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.loaded.ctx, row), shape=(self.loaded.n_vocab,))
+            logits = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(self.loaded.n_vocab,))
             token = int(logits.argmax())
             return token, token == draft
         if seq.rng is None:  # the request's own chain (greedy, or sampling without speculation)
-            token = lc.llama_sampler_sample(seq.chain, self.loaded.ctx, row)
+            token = held_gil.sampler_sample(seq.chain, self.loaded.ctx, row)
             return token, token == draft
         p = self._target_probs(seq, row)
         if draft is None:
             token, agreed = draw(p, seq.rng), False
         else:
             agreed, token = accept_or_resample(p, draft, seq.rng)
-        lc.llama_sampler_accept(seq.chain, token)
+        held_gil.sampler_accept(seq.chain, token)
         return token, agreed
 
     def _target_probs(self, seq: _Sequence, row: int) -> np.ndarray:
@@ -784,7 +784,7 @@ class ModelRunner:
         if cand is None:
             cand = self._candidates = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         cand["id"] = np.arange(n_vocab, dtype=np.int32)
-        cand["logit"] = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.loaded.ctx, row), shape=(n_vocab,))
+        cand["logit"] = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(n_vocab,))
         cand["p"] = 0.0
         arr = lc.llama_token_data_array(
             data=cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=n_vocab, selected=-1, sorted=False)
@@ -846,7 +846,7 @@ class ModelRunner:
 
     def _logprobs(self, index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
         """log p(token) under the model's raw next-token distribution, and the k most likely."""
-        ptr = lc.llama_get_logits_ith(self.loaded.ctx, index)
+        ptr = held_gil.get_logits_ith(self.loaded.ctx, index)
         logits = np.ctypeslib.as_array(ptr, shape=(self.loaded.n_vocab,))
         top = float(logits.max())
         lse = top + float(np.log(np.exp(logits - top, dtype=np.float64).sum()))
