@@ -28,23 +28,57 @@ import collections
 from dataclasses import dataclass
 
 
+class _Window:
+    """The last `size` steps' (seconds, tokens) and their totals, kept as they come (the rate
+    is read at every step: summing the window each time was most of the controller's cost)."""
+
+    __slots__ = ("items", "size", "seconds", "tokens", "_popped")
+
+    def __init__(self, size: int):
+        self.items: collections.deque[tuple[float, int]] = collections.deque()
+        self.size = size
+        self.seconds = 0.0
+        self.tokens = 0
+        self._popped = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def append(self, seconds: float, tokens: int) -> None:
+        self.items.append((seconds, tokens))
+        self.seconds += seconds
+        self.tokens += tokens
+        if len(self.items) > self.size:
+            s, t = self.items.popleft()
+            self.tokens -= t
+            self._popped += 1
+            if self._popped >= self.size:  # now and then from scratch: no drift of the float total
+                self._popped = 0
+                self.seconds = sum(x for x, _ in self.items)
+            else:
+                self.seconds -= s
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.seconds, self.tokens, self._popped = 0.0, 0, 0
+
+    def rate(self) -> float:
+        """Tokens per second over the window (0 when empty)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
 @dataclass
 class _Arm:
     """Measurements at one batch size: recent (seconds, tokens) of each kind of step (windows of
     the controller's `window`)."""
 
-    spec: collections.deque
-    plain: collections.deque
+    spec: _Window
+    plain: _Window
     on: bool = True
     steps: int = 0
     probing: int = 0  # steps with drafts still to see in the current probe (while off)
     wait: int = 0  # steps until the next probe (while off)
     backoff: int = 0
-
-    @staticmethod
-    def rate(window: collections.deque) -> float:
-        seconds = sum(s for s, _ in window)
-        return sum(t for _, t in window) / seconds if seconds > 0 else 0.0
 
 
 class Controller:
@@ -65,8 +99,7 @@ class Controller:
     def _arm(self, batch: int) -> _Arm:
         arm = self._arms.get(batch)
         if arm is None:
-            arm = self._arms[batch] = _Arm(collections.deque(maxlen=self.window), collections.deque(maxlen=self.window),
-                                           backoff=self.reprobe_after)
+            arm = self._arms[batch] = _Arm(_Window(self.window), _Window(self.window), backoff=self.reprobe_after)
         return arm
 
     def speculate(self, batch: int) -> bool:
@@ -93,11 +126,11 @@ class Controller:
             return
         arm = self._arm(batch)
         # `speculated`: drafts were verified; in a step the plan declined every draft it was not
-        (arm.spec if speculated else arm.plain).append((seconds, tokens))
+        (arm.spec if speculated else arm.plain).append(seconds, tokens)
         if arm.on:
             if len(arm.spec) < self.min_samples or len(arm.plain) < self.min_samples:
                 return
-            if arm.rate(arm.spec) < arm.rate(arm.plain) * (1 - self.margin):
+            if arm.spec.rate() < arm.plain.rate() * (1 - self.margin):
                 arm.on = False
                 arm.wait = arm.backoff
                 arm.backoff = min(self.max_reprobe, arm.backoff * 2)
@@ -106,7 +139,7 @@ class Controller:
             arm.probing -= 1
             if arm.probing > 0 or len(arm.plain) < self.min_samples:
                 return
-            if arm.rate(arm.spec) > arm.rate(arm.plain) * (1 + self.margin):
+            if arm.spec.rate() > arm.plain.rate() * (1 + self.margin):
                 arm.on = True
                 arm.backoff = self.reprobe_after
                 self.switches_on += 1
@@ -123,7 +156,7 @@ class Controller:
     def plain_rate(self, batch: int) -> float:
         """Tokens per second of the recent plain steps at this batch size (0 before min_samples)."""
         arm = self._arms.get(batch)
-        return arm.rate(arm.plain) if arm is not None and len(arm.plain) >= self.min_samples else 0.0
+        return arm.plain.rate() if arm is not None and len(arm.plain) >= self.min_samples else 0.0
 
     @property
     def on(self) -> bool:
@@ -136,7 +169,7 @@ class Controller:
             "on": self.on,
             "by_batch": {
                 str(b): {"on": a.on, "probing": not a.on and a.probing > 0,
-                         "spec_tok_s": round(a.rate(a.spec), 2), "plain_tok_s": round(a.rate(a.plain), 2)}
+                         "spec_tok_s": round(a.spec.rate(), 2), "plain_tok_s": round(a.plain.rate(), 2)}
                 for b, a in sorted(self._arms.items())
             },
             "switches_off": self.switches_off,

@@ -115,18 +115,20 @@ class Acceptance:
     observations fade by `decay` each). Acceptance is not the same at every position: a
     rewrite copies long runs, and a draft that got far is likelier to go on."""
 
-    __slots__ = ("reach", "fail", "decay")
+    __slots__ = ("reach", "fail", "decay", "version")
 
     def __init__(self, positions: int, decay: float):
         self.reach = [0.0] * (positions + 1)  # index 0 unused
         self.fail = [0.0] * (positions + 1)
         self.decay = decay
+        self.version = 0  # counts changes (what is derived from the counts is cached by it)
 
     def update(self, drafted: int, accepted: int, credited: int = 0) -> None:
         """One draft of `drafted` tokens whose first `accepted` were right; its first `credited`
         positions were counted already (`credit`)."""
         if drafted <= 0:
             return
+        self.version += 1
         d, reach, fail = self.decay, self.reach, self.fail
         for j in range(1, len(reach)):
             reach[j] *= d
@@ -142,6 +144,7 @@ class Acceptance:
         short runs (decided at once) and miss the long ones in progress, the censoring that
         makes a source look worst exactly while it is copying a long stretch."""
         reach = self.reach
+        self.version += 1
         for j in range(done + 1, min(passed, len(reach) - 1) + 1):
             reach[j] += 1
 

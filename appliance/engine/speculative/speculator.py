@@ -50,7 +50,7 @@ class SeqDrafts:
     position, while drafting does not pay too."""
 
     __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch", "cursor", "lone", "pause",
-                 "next_pause")
+                 "next_pause", "survival")
 
     def __init__(self, prompt: list[int], positions: int):
         self.tokens = list(prompt)
@@ -65,6 +65,8 @@ class SeqDrafts:
         self.lone = [0, 0, 0.0]  # its steps with drafts while alone: count, tokens emitted, seconds
         self.pause = 0  # steps left without drafts (the guard)
         self.next_pause = GUARD_PAUSE
+        # kind -> (its estimate's version, the model's, chance of each position being accepted)
+        self.survival: dict[str, tuple[int, int, list[float]]] = {}
 
 
 class _Estimates(dict):
@@ -96,6 +98,7 @@ class Speculator:
         self.stats = {"drafted": 0, "accepted": 0, "spec_steps": 0, "plain_steps": 0, "declined": 0, "guard_pauses": 0,
                       **{f"{s}_drafted": 0 for s in self.sources}, **{f"{s}_accepted": 0 for s in self.sources}}
         self._lengths: collections.deque[int] = collections.deque(maxlen=256)  # recent draft lengths
+        self._model_hazards: dict[str, tuple[int, list[float]]] = {}  # kind -> (version, hazards)
 
     def new_sequence(self, prompt: list[int]) -> SeqDrafts:
         self.controller.new_request()
@@ -103,12 +106,23 @@ class Speculator:
 
     def model_hazards(self, kind: str) -> list[float]:
         a = self.accept[kind]
+        cached = self._model_hazards.get(kind)
+        if cached is not None and cached[0] == a.version:
+            return cached[1]
         pooled = (sum(a.fail) + MODEL_PRIOR_WEIGHT * PRIOR_HAZARD) / (sum(a.reach) + MODEL_PRIOR_WEIGHT)
-        return a.hazards([pooled] * len(a.reach), MODEL_PRIOR_WEIGHT)
+        hazards = a.hazards([pooled] * len(a.reach), MODEL_PRIOR_WEIGHT)
+        self._model_hazards[kind] = (a.version, hazards)
+        return hazards
 
     def gains(self, st: SeqDrafts, kind: str, n: int) -> list[float]:
-        """The chance that each of the next n drafts of this kind is accepted, for this sequence."""
-        return survival(st.accept[kind].hazards(self.model_hazards(kind), SEQ_PRIOR_WEIGHT), n)
+        """The chance that each of the next n drafts of this kind is accepted, for this sequence
+        (worked out again only when its or the model's estimate for the kind has changed)."""
+        own, model = st.accept[kind], self.accept[kind]
+        cached = st.survival.get(kind)
+        if cached is None or cached[0] != own.version or cached[1] != model.version:
+            chances = survival(own.hazards(self.model_hazards(kind), SEQ_PRIOR_WEIGHT), len(own.reach) - 1)
+            cached = st.survival[kind] = (own.version, model.version, chances)
+        return cached[2][:n]
 
     def propose(self, seqs: list[tuple[int, SeqDrafts, int]], base_rows: int) -> None:
         """Fill `pending` of each (seq id, state, room) with the drafts worth verifying in a step
@@ -201,11 +215,12 @@ class Speculator:
         """Score a watched lookup draft against the tokens generated since; False while
         undecided, its positions matched so far credited (Acceptance.credit)."""
         draft, at, kind, credited = watched
-        got = st.tokens[at : at + len(draft)]
-        m = 0
-        while m < len(got) and got[m] == draft[m]:
+        tokens = st.tokens
+        got = min(len(tokens) - at, len(draft))  # tokens generated since, up to the draft's length
+        m = credited  # those were matched already (tokens are only appended)
+        while m < got and tokens[at + m] == draft[m]:
             m += 1
-        if m == len(got) < len(draft):  # all matched so far: wait for more tokens
+        if m == got < len(draft):  # all matched so far: wait for more tokens
             if m > credited:
                 st.accept[kind].credit(credited, m)
                 self.accept[kind].credit(credited, m)

@@ -8,7 +8,7 @@ import pytest
 
 from appliance.config import ConfigError, parse_config
 from appliance.config import SpeculativeConfig
-from appliance.engine.speculative.controller import Controller
+from appliance.engine.speculative.controller import Controller, _Window
 from appliance.engine.speculative.history import HistoryIndex
 from appliance.engine.speculative.ngram import NgramIndex, match_class, match_length
 from appliance.engine.speculative.planner import Acceptance, Candidate, StepCost, plan, survival
@@ -309,6 +309,37 @@ def test_a_draft_still_running_is_credited_position_by_position_and_counted_once
     assert not any(w[0] == draft for w in st.watch)
     a = st.accept["ngram:3"]  # (decay 0.8 at each decided draft: the credit before it fades once)
     assert a.reach[1:10] == pytest.approx([0.8] * 5 + [1, 1, 1, 0]) and a.fail[1:10] == [0] * 7 + [1, 0]
+
+
+def test_the_gains_follow_every_change_of_the_estimates_they_are_kept_for():
+    spec = Speculator(SpeculativeConfig(sources=["ngram"]))
+    st = spec.new_sequence([1, 2, 3])
+    before = spec.gains(st, "ngram:3", 4)
+    assert spec.gains(st, "ngram:3", 4) is not before and spec.gains(st, "ngram:3", 4) == before
+    st.accept["ngram:3"].update(4, 4)  # the sequence's own estimate moves
+    own = spec.gains(st, "ngram:3", 4)
+    assert own[3] > before[3]
+    spec.accept["ngram:3"].credit(0, 3)  # and the model's
+    assert spec.gains(st, "ngram:3", 4) != own
+    fresh = Speculator(SpeculativeConfig(sources=["ngram"]))  # the same counts, nothing cached
+    fresh_st = fresh.new_sequence([1, 2, 3])
+    fresh_st.accept["ngram:3"].update(4, 4)
+    fresh.accept["ngram:3"].credit(0, 3)
+    assert spec.gains(st, "ngram:3", 16) == fresh.gains(fresh_st, "ngram:3", 16)
+
+
+def test_a_controller_window_keeps_the_totals_of_its_last_steps():
+    w = _Window(4)
+    rng = np.random.default_rng(3)
+    steps = [(float(rng.uniform(0.001, 0.02)), int(rng.integers(1, 9))) for _ in range(50)]
+    for i, (s, t) in enumerate(steps):
+        w.append(s, t)
+        last = steps[max(0, i - 3) : i + 1]
+        assert len(w) == len(last) and w.tokens == sum(x for _, x in last)
+        assert w.seconds == pytest.approx(sum(x for x, _ in last), rel=1e-12)
+        assert w.rate() == pytest.approx(w.tokens / w.seconds)
+    w.clear()
+    assert len(w) == 0 and w.rate() == 0.0
 
 
 def drive(c: Controller, steps: int, spec_rate: float, plain_rate: float, batch: int = 1) -> list[bool]:
