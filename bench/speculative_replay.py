@@ -5,7 +5,7 @@ off), then replays the real `Speculator` (ngram + history, history carried from 
 as in the bench) over them, step by step: each step's drafts are checked against the known
 answer, and its time is the measured decode cost of its rows (bench/results/q4_1_rows.json,
 SmolLM2 with patch 0002's kernel, every width from 1 to 17 rows) plus the runner's own time per
-step (STEP_OVERHEAD_MS, DRAFT_OVERHEAD_MS). SmolLM2
+step (STEP_OVERHEAD_MS, PROPOSE_MS, DRAFT_OVERHEAD_MS). SmolLM2
 only: that table is measured for its Q4_1 file. Two plans side by side:
 - `planned`: what the server does: the controller's plain and speculating steps, and in these
   the draft counts the planner chooses;
@@ -33,10 +33,13 @@ import speculative as S
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# The runner's time around a decode (planning, sampling, scoring, the loop): 0.16 ms for a one-row
-# step and 0.48 ms for a step with drafts (3.2 rows on average), medians from a temporary probe in
-# the runner while it served SmolLM2's JSON answers (2026-12-01; 1 ms had been assumed before).
-STEP_OVERHEAD_MS = 0.16
+# The runner's time around a decode, medians from a temporary probe in the runner serving SmolLM2
+# (2026-12-01; 1 ms had been assumed before): a plain one-row step 0.12 ms (sampling, the loop);
+# a step where the speculative path runs, drafts or not, PROPOSE_MS more (lookups, scoring the
+# watched drafts, the plan: 0.064 ms in stories, where nothing pays); each verified draft
+# DRAFT_OVERHEAD_MS more (its row's sampling; a JSON step with 3.2 rows took 0.48 ms in all).
+STEP_OVERHEAD_MS = 0.12
+PROPOSE_MS = 0.06
 DRAFT_OVERHEAD_MS = 0.14  # per verified draft
 MODEL = "smollm2-135m"  # the model bench/q4_1_rows.py measures
 
@@ -102,6 +105,7 @@ def replay(model: str, task: str, texts: list[str], exact: bool, costs: Path = C
         i, spent = 0, 0.0
         while i < len(answer):
             room = min(len(answer) - i - 1, spec.cfg.max_draft)
+            proposed = True
             if exact:
                 kind, drafts = chosen_lookup(spec, st, room)
             elif spec.controller.speculate(1):
@@ -109,6 +113,7 @@ def replay(model: str, task: str, texts: list[str], exact: bool, costs: Path = C
                 drafts = st.pending
             else:  # the controller's plain step
                 drafts = st.pending = []
+                proposed = False
             right = 0
             while right < len(drafts) and drafts[right] == answer[i + right]:
                 right += 1
@@ -116,10 +121,10 @@ def replay(model: str, task: str, texts: list[str], exact: bool, costs: Path = C
                 for acc in (st.accept[kind], spec.accept[kind]):
                     acc.update(len(drafts) if right == len(drafts) else right + 1, right)
             verified = right if exact else len(drafts)
-            ms = step_ms(table, 1 + verified)
+            ms = step_ms(table, 1 + verified) + (PROPOSE_MS if proposed else 0.0)
             spec.cost.observe(1 + verified, ms / 1000)
             if not exact:
-                spec.controller.record(1, bool(drafts), ms / 1000, right + 1)
+                spec.controller.record(1, proposed, ms / 1000, right + 1)
                 if drafts:
                     spec.lone_step(st, ms / 1000, right + 1)
                 spec.verified(st, right)

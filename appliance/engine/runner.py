@@ -599,7 +599,7 @@ class ModelRunner:
             emitted = self._sample(decoding)
             if speculating:
                 took_step = time.perf_counter() - t_step
-                self.spec.controller.record(len(decoding), drafted, took_step, emitted)
+                self.spec.controller.record(len(decoding), speculate, took_step, emitted)
                 if drafted and len(decoding) == 1:
                     self.spec.lone_step(decoding[0].spec, took_step, emitted)
                 self.spec.stats["spec_steps" if drafted else "plain_steps"] += 1

@@ -140,6 +140,8 @@ class Speculator:
                 st.pause -= 1
             elif room > 0:
                 todo.append((sid, st, min(room, self.cfg.max_draft)))
+        if base_rows > 1 and len(todo) < base_rows:
+            return  # several sequences draft all or none (planner._plan_streams): one cannot
         # (sid, st, source, drafts or None for the draft model, gains of each further draft)
         chosen: list[tuple[int, SeqDrafts, str, list[int] | None, list[float]]] = []
         lookups = list(itertools.takewhile(lambda src: src != "draft_model", self.sources))
@@ -156,6 +158,8 @@ class Speculator:
                 chosen.append(best)
             elif "draft_model" in self.sources:
                 chosen.append((sid, st, "draft_model", None, self.gains(st, "draft_model", k)))
+            elif base_rows > 1:
+                return  # this one has no draft, so none drafts: the other lookups would be wasted
         if not chosen:
             return
         cands = [Candidate(gains, self.draft_seconds if src == "draft_model" else 0.0) for _, _, src, _, gains in chosen]

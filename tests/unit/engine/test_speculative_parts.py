@@ -311,6 +311,21 @@ def test_a_draft_still_running_is_credited_position_by_position_and_counted_once
     assert a.reach[1:10] == pytest.approx([0.8] * 5 + [1, 1, 1, 0]) and a.fail[1:10] == [0] * 7 + [1, 0]
 
 
+def test_in_a_batch_no_lookup_is_made_once_one_sequence_cannot_draft():
+    # several sequences verify the same number of drafts or none (planner._plan_streams)
+    spec = Speculator(SpeculativeConfig(sources=["ngram"]))
+    for rows in range(1, 20):
+        spec.cost.observe(rows, 0.001)  # rows free: every draft would pay
+    plain = spec.new_sequence([1, 2, 3, 4, 5])  # nothing repeats: no draft
+    repeating = spec.new_sequence([7, 8, 9, 7, 8])
+    spec.propose([(0, plain, 16), (1, repeating, 16)], 2)
+    assert plain.pending == repeating.pending == [] and repeating.watch == []  # not even looked up
+    spec.propose([(1, repeating, 16)], 2)  # the other decoding sequence does not speculate
+    assert repeating.pending == [] and repeating.watch == []
+    spec.propose([(1, repeating, 16)], 1)  # alone it drafts
+    assert repeating.pending[:2] == [9, 7]
+
+
 def test_the_gains_follow_every_change_of_the_estimates_they_are_kept_for():
     spec = Speculator(SpeculativeConfig(sources=["ngram"]))
     st = spec.new_sequence([1, 2, 3])
@@ -364,33 +379,33 @@ def test_controller_turns_speculation_off_where_it_does_not_pay_and_probes_again
     assert c.on and c.switches_on >= 1
 
 
-def test_a_probe_lasts_until_the_plan_has_verified_drafts_in_probe_steps_steps():
-    def drive_declining(c: Controller, steps: int, spec_rate: float, drafted_every: int) -> list[bool]:
+def test_a_probe_judges_its_steps_with_speculation_on_declined_ones_included():
+    def drive_declining(c: Controller, steps: int, spec_rate: float, drafted_every: int,
+                        declined_rate: float = 87) -> list[bool]:
+        """Steps where the plan verifies drafts only in one in `drafted_every`; the others pay
+        for the lookups and the plan (`declined_rate`, below the plain 90)."""
         chosen = []
         for n in range(steps):
             spec = c.speculate(1)
             chosen.append(spec)
-            drafted = spec and n % drafted_every == 0  # the plan verified drafts in this step
-            c.record(1, drafted, 1.0 / (spec_rate if drafted else 90), 1)
+            drafted = spec and n % drafted_every == 0
+            c.record(1, spec, 1.0 / (spec_rate if drafted else declined_rate if spec else 90), 1)
         return chosen
 
     c = Controller(probe_every=16, probe_steps=16, reprobe_after=64)
     drive(c, 64, spec_rate=60, plain_rate=90)
     assert not c.on
-    # drafts that lose, verified in 1 step of 4: each probe takes 64 steps (16 with drafts), fails,
-    # and the wait before the next one doubles
-    chosen = drive_declining(c, 1000, spec_rate=30, drafted_every=4)
+    # a plan that declines every draft: a probe is 16 steps of lookups that buy nothing, it fails
+    # and the wait before the next one doubles (128, 256, 512 steps)
+    chosen = drive_declining(c, 1000, spec_rate=300, drafted_every=10**9)
     assert not c.on and c.switches_on == 0
-    assert 64 * 2 <= sum(chosen) <= 64 * 3  # (waits of 128, 256, 512 steps)
-    # drafts that pay, verified in 1 step of 8: the probe waits for 16 of them and turns it on
+    assert sum(chosen) == 16 * 3
+    # drafts that pay, verified in 1 step of 8: with the declined ones, 16 steps beat plain decoding
     drive_declining(c, 1200, spec_rate=300, drafted_every=8)
     assert c.on and c.switches_on == 1 and not c.snapshot()["by_batch"]["1"]["probing"]
-    # a plan that declines every draft: the probe goes on (those steps are plain), and says so
-    c = Controller(probe_every=16, probe_steps=16, reprobe_after=64)
-    drive(c, 64, spec_rate=60, plain_rate=90)
-    chosen = drive_declining(c, 300, spec_rate=300, drafted_every=10**9)
-    assert chosen[-200:] == [True] * 200 and c.snapshot()["by_batch"]["1"] == {
-        "on": False, "probing": True, "spec_tok_s": 0.0, "plain_tok_s": 90.0}
+    # and where the declined steps' cost outweighs the drafts' gain, speculation goes off again
+    drive_declining(c, 400, spec_rate=100, drafted_every=8, declined_rate=80)
+    assert not c.on and c.switches_off == 2
 
 
 def test_controller_keeps_speculation_on_where_it_pays_and_keeps_a_baseline():
