@@ -33,11 +33,15 @@ DRAFT_MODEL_RETRY_AFTER = 64  # declined draft-model plans before one short draf
 # the controller's window still holds the rewrites' steps. Judged on all the sequence's steps
 # with drafts, not a recent window, so that a JSON answer's hard stretch (invented values) does
 # not stop its copyable ones. Replayed in the bench's order (rewrites, JSON, stories; SmolLM2):
-# stories 0.93×, 0.95×, 0.97× -> 0.97×, 0.96×, 0.98×, the rest unchanged.
+# stories 0.93×, 0.95×, 0.97× -> 0.97×, 0.96×, 0.98×, the rest unchanged. The margin is the
+# controller's (it was 0.1 until 2026-12-01): replayed in the bench's order, 0.03 leaves the
+# rewrites and JSON answers as they were and drafts 28 % fewer tokens in stories (25 instead of 35
+# per story, of which 7 and 10 were right), where the server pays more per wasted row than the
+# replay's cost table says (the stories replay at 0.99-1.0× and serve at 0.92-0.98×).
 GUARD_STEPS = 8
 GUARD_PAUSE = 16
 GUARD_MAX_PAUSE = 512
-GUARD_MARGIN = 0.1
+GUARD_MARGIN = 0.03
 
 
 class SeqDrafts:
