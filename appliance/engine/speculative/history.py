@@ -63,7 +63,8 @@ class HistoryIndex:
         self._ends: list[int] = []  # where each output's -1 separator is in _flat
         self.generation = 0  # changes whenever positions in _flat do (cursors of older ones are void)
         self._dirty = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one write of the file at a time
+        self._writer: threading.Thread | None = None
         if path is not None:
             self._load()
         self._rebuild()
@@ -87,7 +88,7 @@ class HistoryIndex:
             self._index(output)
         self._dirty += 1
         if self._dirty >= self._save_every:
-            self.save()
+            self.save_soon()
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the longest match of the suffix of `tokens` in the history."""
@@ -163,11 +164,32 @@ class HistoryIndex:
 
     # ---- persistence -----------------------------------------------------------------------
 
-    def save(self) -> None:
+    def save_soon(self) -> None:
+        """Write the file from a thread of its own: `add` runs on the runner thread between two
+        decodes, and the other sequences' next step would wait for the disk (1.6 ms with 17k
+        tokens, 3.8 ms with 60k, most of it the fsync)."""
         if self.path is None or not self._dirty:
             return
         self._dirty = 0
-        data = np.array([t for o in self._outputs for t in (*o, -1)], dtype=np.int32)
+        outputs = list(self._outputs)  # the outputs themselves are never changed after `add`
+        if self._writer is not None:
+            self._writer.join()  # (long done, 8 requests ago) so the file never goes back to older outputs
+        self._writer = threading.Thread(target=self._write, args=(outputs,), name="eie-history-save", daemon=True)
+        self._writer.start()
+
+    def save(self) -> None:
+        """Write the file now (and wait for a write `save_soon` started)."""
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+        if self.path is None or not self._dirty:
+            return
+        self._dirty = 0
+        self._write(list(self._outputs))
+
+    def _write(self, outputs: list[list[int]]) -> None:
+        sep = np.array([-1], dtype=np.int32)
+        data = np.concatenate([a for o in outputs for a in (np.asarray(o, dtype=np.int32), sep)] or [sep[:0]])
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

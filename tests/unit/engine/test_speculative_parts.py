@@ -112,6 +112,22 @@ def test_history_index_drafts_across_outputs_and_survives_a_restart(tmp_path):
     assert again.n_tokens == 9 and again.lookup([12, 13], 2) == [14, 15]
 
 
+def test_history_index_saves_every_few_outputs_off_the_adding_thread(tmp_path):
+    path = tmp_path / "model.history"
+    h = HistoryIndex(path, max_tokens=1000, save_every=2)
+    h.add([10, 11, 12])
+    assert not path.exists()
+    h.add([20, 21, 22])  # the second: written by a thread of its own
+    writer = h._writer
+    assert writer is not None and writer.name == "eie-history-save"
+    writer.join()
+    assert HistoryIndex(path).lookup([10, 11], 1) == [12]
+    h.add([30, 31, 32])
+    h.save()  # at close: now, after any write in flight
+    again = HistoryIndex(path)
+    assert again.n_tokens == 9 and again.lookup([30, 31], 1) == [32]
+
+
 def test_history_index_is_bounded_and_ignores_a_foreign_file(tmp_path):
     h = HistoryIndex(None, max_tokens=300)
     for i in range(10):
