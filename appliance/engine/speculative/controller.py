@@ -79,7 +79,7 @@ class _Arm:
     plain: _Window
     on: bool = True
     steps: int = 0
-    probing: int = 0  # steps with drafts still to see in the current probe (while off)
+    probing: int = 0  # steps with speculation on still to see in the current probe (while off)
     wait: int = 0  # steps until the next probe (while off)
     backoff: int = 0
 
