@@ -10,6 +10,9 @@ import pytest
 from conftest import GEMMA3, SMOLLM2, model_entry
 
 Q = [{"role": "user", "content": "What is 2+2? Answer with a number."}]
+# For the member timeouts (150 ms): an answer of a few tokens can come within them (a decode step
+# is ~5 ms, and speculation copies an answer given before), a story of 300 tokens cannot.
+LONG = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +102,14 @@ def test_partial_returns_what_finished(groups_server):
     body = ok(run(groups_server, "partial"))
     assert [m["status"] for m in body["members"]] == ["ok", "failed"]
     assert body["complete"] is True  # required_responses: 1
-    body = ok(run(groups_server, "slow-partial", max_tokens=300))
+    body = ok(run(groups_server, "slow-partial", max_tokens=300, messages=LONG))
     statuses = {m["model"]: m["status"] for m in body["members"]}
     assert statuses == {"smollm2-135m": "ok", "gemma3-270m": "timeout"}
     assert body["complete"] is False
 
 
 def test_retry_once_retries_then_behaves_as_partial(groups_server):
-    body = ok(run(groups_server, "retry", max_tokens=300))
+    body = ok(run(groups_server, "retry", max_tokens=300, messages=LONG))
     fast, slow = body["members"]
     assert fast["status"] == "ok" and fast["attempts"] == 1
     assert slow["status"] == "timeout" and slow["attempts"] == 2
