@@ -433,7 +433,7 @@ class Vocab:
         n = held_gil.token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             big = ctypes.create_string_buffer(-n)
-            n = lc.llama_token_to_piece(self._vocab, token, big, len(big), 0, special)
+            n = held_gil.token_to_piece(self._vocab, token, big, len(big), 0, special)
             return big.raw[:n]
         return buf.raw[:n]
 

@@ -178,14 +178,10 @@ class HistoryIndex:
         self._writer.start()
 
     def save(self) -> None:
-        """Write the file now (and wait for a write `save_soon` started)."""
-        writer = self._writer
-        if writer is not None:
-            writer.join()
-        if self.path is None or not self._dirty:
-            return
-        self._dirty = 0
-        self._write(list(self._outputs))
+        """Write the file now: `save_soon`, then wait for the write in flight."""
+        self.save_soon()
+        if self._writer is not None:
+            self._writer.join()
 
     def _write(self, outputs: list[list[int]]) -> None:
         sep = np.array([-1], dtype=np.int32)
