@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PATTERNS = {"1 only": (1,), "3 only": (3,), "1,3 alternating": (1, 3), "1,1,1,3": (1, 1, 1, 3)}
-SETTINGS = {"reuse on": {}, "reuse off": {"LLAMA_GRAPH_REUSE_DISABLE": "1"}}
+SETTINGS = {"kept graphs": {}, "last graph only": {"LLAMA_GRAPH_KEEP": "1"},
+            "reuse off": {"LLAMA_GRAPH_REUSE_DISABLE": "1"}}
 CONTEXT = 300
 
 

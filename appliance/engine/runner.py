@@ -596,13 +596,14 @@ class ModelRunner:
                     logits[n] = 1
                     n += 1
                 seq.pos += 1
+            before = self.spec.cost.previous if self.spec is not None else None
             t0 = time.perf_counter()
             self._decode(n)
             took = time.perf_counter() - t0
             self._decode_times.append(took)
             self.stats["decode_tokens"] += n
             if self.spec is not None and len(widths) == 1:
-                self.spec.cost.observe(n, took)  # one pass over the weights: the cost line's data (planner.py)
+                self.spec.cost.observe(n, took, before)  # one pass over the weights: the cost line's data (planner.py)
             drafted = n > len(decoding)
             emitted = self._sample(decoding)
             if speculating:
@@ -736,6 +737,8 @@ class ModelRunner:
         self._batch.n_tokens = n_tokens
         rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
                                                   self._threads_set)
+        if self.spec is not None:
+            self.spec.cost.previous = n_tokens  # what the next decode switches from (planner.StepCost)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 

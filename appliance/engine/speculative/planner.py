@@ -13,8 +13,12 @@ sequences draft the same number each or none (`_plan_streams`: unequal drafts co
 from __future__ import annotations
 
 import collections
+import os
 import statistics
 from dataclasses import dataclass
+
+# EIE_PLAN_SWITCHES=0 plans as if a change of width were free (for A/B runs of bench/speculative.py)
+PLAN_SWITCHES = os.environ.get("EIE_PLAN_SWITCHES", "1") != "0"
 
 
 class StepCost:
@@ -31,7 +35,14 @@ class StepCost:
     busy on the cores) the line follows and the shape stays, also for widths the plan then avoids.
     The line's slope is shrunk towards `prior_row_cost`·a as if `prior_weight` decodes one row
     apart had shown it, so a few noisy wide decodes cannot make drafts look dear for good (the
-    plan would never try them again), and before any wide decode the prior stands."""
+    plan would never try them again), and before any wide decode the prior stands.
+
+    A decode whose width differs from the context's previous decode costs more: llama.cpp
+    computes a kept graph of another shape only after allocating it again, and the first
+    narrow decode after a wide one is slower still (bench/width_switch.py: ~0.4-0.6 ms of a
+    5 ms SmolLM2 step; going wider costs little). `switch_up` and `switch_down` are the medians
+    of what recent switched decodes took over their width's expected time; those decodes feed
+    the line and the widths less that extra, so the widths keep their steady cost."""
 
     ROW_SAMPLES = 9
     MIN_ROW_SAMPLES = 3
@@ -40,6 +51,7 @@ class StepCost:
     # line, which it would lift, and with it every width's cost, for hundreds of steps. A real
     # slowdown moves the width's median first; the expected time follows, and then the line.
     STALL_FACTOR = 2.0
+    SWITCH_SAMPLES = 15
 
     def __init__(self, prior_row_cost: float = 0.6, forget: float = 0.995, prior_weight: float = 4.0):
         self.prior_row_cost = prior_row_cost
@@ -49,10 +61,28 @@ class StepCost:
         self._by_rows: dict[int, collections.deque[float]] = {}  # recent decodes over the line's time
         self._factors: dict[int, float] = {}  # their medians
         self._fitted: tuple[float, float] | None = None  # fit() until the next decode counts (a plan asks ~17 times)
+        self.previous: int | None = None  # rows of the context's last decode, prompt chunks included
+        self._switched = {True: collections.deque(maxlen=self.SWITCH_SAMPLES),  # wider than the previous
+                          False: collections.deque(maxlen=self.SWITCH_SAMPLES)}  # narrower
+        self.switch_up = self.switch_down = 0.0
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, rows: int, seconds: float, previous: int | None = None) -> None:
+        """One decode of `rows` rows took `seconds`; `previous`: the width of the decode before
+        it on the same context (None: unknown, taken as the same)."""
         if rows <= 0 or seconds <= 0:
             return
+        if previous is not None and previous != rows:
+            wider = rows > previous
+            if rows in self._factors:  # the width's steady time is known: the rest is the switch's
+                recent = self._switched[wider]
+                recent.append(seconds - self.time(rows))
+                if len(recent) >= self.MIN_ROW_SAMPLES:
+                    extra = max(0.0, statistics.median(recent))
+                    if wider:
+                        self.switch_up = extra
+                    else:
+                        self.switch_down = extra
+            seconds = max(seconds - self._switch(previous, rows), 0.5 * seconds)
         line = self._line(rows)
         if line is not None:
             recent = self._by_rows.get(rows)
@@ -96,6 +126,23 @@ class StepCost:
         line = self._line(rows)
         return None if line is None else line * self._factors.get(rows, 1.0)
 
+    def _switch(self, before: int | None, rows: int) -> float:
+        if before is None or before == rows:
+            return 0.0
+        return self.switch_up if rows > before else self.switch_down
+
+    def switch_time(self, rows: int, base_rows: int) -> float:
+        """The switches a step of `rows` rows commits to, where a plain step has `base_rows`: from
+        the previous decode's width to `rows`, and for a step with drafts the return to `base_rows`
+        after it (a plain step pays that return now; a step with drafts only defers it, so
+        drafts are charged for it and a plain step after drafts is not charged twice)."""
+        if not PLAN_SWITCHES:
+            return 0.0
+        extra = self._switch(self.previous, rows)
+        if rows != base_rows:
+            extra += self._switch(rows, base_rows)
+        return extra
+
     def _line(self, rows: int) -> float | None:
         ab = self.fit()
         return None if ab is None else ab[0] + ab[1] * (rows - 1)
@@ -106,7 +153,8 @@ class StepCost:
         if ab is None:
             return {}
         return {"one_row_ms": round(ab[0] * 1000, 2), "per_extra_row_ms": round(ab[1] * 1000, 2),
-                "measured_ms": {str(n): round(self.time(n) * 1000, 2) for n in sorted(self._factors)}}
+                "measured_ms": {str(n): round(self.time(n) * 1000, 2) for n in sorted(self._factors)},
+                "switch_wider_ms": round(self.switch_up * 1000, 2), "switch_narrower_ms": round(self.switch_down * 1000, 2)}
 
 
 class Acceptance:
@@ -180,6 +228,7 @@ def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, margin: fl
     t0 = cost.time(base_rows)
     if t0 is None or not candidates:
         return counts
+    t0 += cost.switch_time(base_rows, base_rows)
     if base_rows > 1:
         return _plan_streams(base_rows, candidates, cost, t0, margin)
     gains = []  # (gain, seq index, draft cost); a sequence's gains never grow with position
@@ -191,7 +240,7 @@ def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, margin: fl
     for m, (g, _, dc) in enumerate(gains, start=1):
         tokens += g
         drafting += dc
-        t = cost.time(base_rows + m)
+        t = cost.time(base_rows + m) + cost.switch_time(base_rows + m, base_rows)
         rate = tokens / (t + drafting)
         if rate > best_rate:
             best_rate, best_m = rate, m
@@ -212,7 +261,8 @@ def _plan_streams(base_rows: int, candidates: list[Candidate], cost: StepCost, t
     for k in range(1, min(len(c.gains) for c in candidates) + 1):
         tokens = base_rows + sum(sum(c.gains[:k]) for c in candidates)
         drafting = sum(c.draft_cost * k for c in candidates)
-        rate = tokens / (cost.time(base_rows * (1 + k)) + drafting)
+        rows = base_rows * (1 + k)
+        rate = tokens / (cost.time(rows) + cost.switch_time(rows, base_rows) + drafting)
         if rate > best_rate:
             best_rate, best_k = rate, k
     return [best_k] * len(candidates)

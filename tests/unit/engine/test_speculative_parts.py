@@ -279,6 +279,28 @@ def test_step_cost_keeps_the_measured_shape_of_each_width_seen_often_enough():
     assert slow.time(5) > 1.5 * slow.time(4) and slow.time(5) > 0.045
 
 
+def test_step_cost_learns_what_a_change_of_width_costs_and_the_plan_pays_for_it():
+    cost = cpu_like_cost()
+    steady = {rows: cost.time(rows) for rows in (1, 2, 3)}
+    for _ in range(40):  # one row after a wider decode: 3 ms more; a wider one after one row: 0.5 ms more
+        cost.observe(1, steady[1], previous=1)
+        cost.observe(3, steady[3] + 0.0005, previous=1)
+        cost.observe(3, steady[3], previous=3)
+        cost.observe(1, steady[1] + 0.003, previous=3)
+    assert cost.switch_down == pytest.approx(0.003, rel=0.1)
+    assert cost.switch_up == pytest.approx(0.0005, rel=0.2)
+    assert cost.time(1) == pytest.approx(steady[1], rel=0.02) and cost.time(3) == pytest.approx(steady[3], rel=0.02)
+    snap = cost.snapshot()
+    assert snap["switch_narrower_ms"] == pytest.approx(3.0, rel=0.1) and snap["switch_wider_ms"] > 0
+    drafts = [Candidate([0.6, 0.5])]
+    assert plan(1, drafts, cpu_like_cost())[0] > 0  # pays on the steady costs alone
+    cost.previous = 1  # after plain steps: going wide and back costs 3.5 ms more than it brings
+    assert plan(1, drafts, cost) == [0]
+    cost.previous = 2  # after a step with one draft: a plain step pays the way back now, a draft later
+    assert plan(1, drafts, cost)[0] > 0
+    assert cost.switch_time(1, 1) == pytest.approx(cost.switch_down) and cost.switch_time(2, 1) == pytest.approx(cost.switch_down)
+
+
 def test_acceptance_counts_each_position_a_draft_reached_and_where_it_failed():
     a = Acceptance(positions=8, decay=1.0)
     a.update(4, 4)
