@@ -182,8 +182,9 @@ def bench_model(model: str, args, state: Path) -> list[dict]:
                 print(f"{model:13} {task:8} {streams} streams  plain {row['plain_tok_s']:6.1f}  spec "
                       f"{row['spec_tok_s']:6.1f}  x{row['speedup']:.2f}  accept {row['acceptance']}  "
                       f"draft len {row['median_draft_length']}  same {same}", flush=True)
-        rows.append({"model": model, "controller": server.spec()["controller"],
-                     "exact_verify_rows": server.spec()["exact_verify_rows"]})
+        status = server.spec()
+        rows.append({"model": model, "controller": status["controller"],
+                     "exact_verify_rows": status["exact_verify_rows"], "step_ms_by_rows": status["step_ms_by_rows"]})
     finally:
         server.stop()
     return rows

@@ -3,8 +3,10 @@ previous compute graph only when the ubatch has the same shape, so a speculative
 steps alternate between 1 row (nothing drafted) and 1 + k rows (a verification) rebuilds and
 reallocates the graph at every switch. Side by side in one process (SmolLM2-135M Q4_1, one
 sequence after a 300-token context): decodes of one width only against widths alternating in
-a pattern, with graph reuse on and off (LLAMA_GRAPH_REUSE_DISABLE, read when the context is
-made, so each setting runs in its own child process; settings alternate over the repeats).
+a pattern, with the graphs of several shapes kept (patch 0008), the last graph only
+(LLAMA_GRAPH_KEEP=1, upstream's reuse) and reuse off (LLAMA_GRAPH_REUSE_DISABLE); both are read
+when the context is made, so each setting runs in its own child process, and the settings
+alternate over the repeats.
 
 Usage: .venv/bin/python bench/width_switch.py [--repeats 3] [--threads 2] [--steps 200] [--out PATH]
 Prints a table and writes bench/results/width_switch.json (or --out).
