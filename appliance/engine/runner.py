@@ -205,6 +205,7 @@ class ModelRunner:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._threads_set = self.threads
+        self._last_was_step = False  # whether the context's last decode was a step (not a prompt chunk)
         self.load_seconds = 0.0
         # Counters since load (read without locking: plain ints, written by the runner thread).
         self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0,
@@ -454,6 +455,7 @@ class ModelRunner:
         self.loaded.swap_context(ctx, buffers, type_k, type_v)
         self._mem = lc.llama_get_memory(ctx)
         self._threads_set = self.threads  # the new context starts with the configured threads
+        self._last_was_step = False
         self.stats["kv_migrations"] += 1
         self._decode_times.clear()  # latency of the old types says nothing about the new ones
         record = {"time": time.time(), "from": [old_k, old_v], "to": [type_k, type_v], "sequences": len(live),
@@ -596,9 +598,11 @@ class ModelRunner:
                     logits[n] = 1
                     n += 1
                 seq.pos += 1
-            before = self.spec.cost.previous if self.spec is not None else None
+            # a decode right after a prompt chunk is slowed by the chunk as much as by the change of
+            # width: the cost model learns switch costs from step-to-step changes only
+            before = self.spec.cost.previous if self.spec is not None and self._last_was_step else None
             t0 = time.perf_counter()
-            self._decode(n)
+            self._decode(n, step=True)
             took = time.perf_counter() - t0
             self._decode_times.append(took)
             self.stats["decode_tokens"] += n
@@ -733,8 +737,9 @@ class ModelRunner:
         self._decode(take)
         self.stats["prefill_tokens"] += take
 
-    def _decode(self, n_tokens: int) -> None:
+    def _decode(self, n_tokens: int, step: bool = False) -> None:
         self._batch.n_tokens = n_tokens
+        self._last_was_step = step
         rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
                                                   self._threads_set)
         if self.spec is not None:
