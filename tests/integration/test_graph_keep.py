@@ -1,7 +1,9 @@
 """Patch 0008 (compute graphs kept by ubatch shape) on real models: decodes whose widths change
 from step to step, as speculative verification makes them, give bit-identical logits whether a
 kept graph is allocated again or every change of width rebuilds the graph, and the kept graphs
-are what the decodes use."""
+are what the decodes use. On a GPU host (bench/cuda_check.sh serve runs this file) also with
+the layers split between GPU and CPU and attention on the CPU, where the graph build pins nodes
+to backends that a kept graph must get again."""
 
 from __future__ import annotations
 
@@ -20,11 +22,34 @@ CONTEXT = 200
 WIDTHS = [1, 3, 1, 1, 5, 3, 1, 3, 5, 1] * 3  # one-row steps and verifications of 2 or 4 drafts
 
 
-def decode_widths(path: Path, keep: int, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, int]:
+class SplitModel:
+    """Half the layers on the GPU, the KV cache and attention on the CPU (offload_kqv off)."""
+
+    def __init__(self, path: Path):
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = 15
+        self.model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = 1024, CONTEXT, CONTEXT
+        cparams.n_threads = cparams.n_threads_batch = 2
+        cparams.offload_kqv = False
+        self.ctx = lc.llama_init_from_model(self.model, cparams)
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+
+    def free(self) -> None:
+        lc.llama_free(self.ctx)
+        lc.llama_model_free(self.model)
+
+
+def decode_widths(path: Path, keep: int, monkeypatch: pytest.MonkeyPatch, split: bool = False) -> tuple[np.ndarray, int]:
     """Every row's logits over WIDTHS after a CONTEXT-token prompt, and the graphs reused."""
     monkeypatch.setenv("LLAMA_GRAPH_KEEP", str(keep))  # read when the context is made
-    m = native.load(path, n_ctx_total=1024, n_seq_max=1, n_batch=CONTEXT, n_threads=2,
-                    type_k="f16", type_v="f16", flash_attn="on")
+    if split:
+        m = SplitModel(path)
+    else:
+        m = native.load(path, n_ctx_total=1024, n_seq_max=1, n_batch=CONTEXT, n_threads=2,
+                        type_k="f16", type_v="f16", flash_attn="on")
     batch = lc.llama_batch_init(CONTEXT, 0, 1)
     try:
         tokens = native.Vocab(m.vocab, m.n_vocab).tokenize(TEXT, add_special=True, parse_special=False)
@@ -57,4 +82,14 @@ def test_kept_graphs_compute_what_rebuilt_graphs_compute(path, monkeypatch):
     # with the last graph only, a graph is reused where two decodes in a row have one width (5
     # times here); with kept graphs, every decode after the first of each width (27 of 30)
     assert reused_last_only <= 5
+    assert reused_kept >= len(WIDTHS) - 3
+
+
+def test_kept_graphs_get_the_backends_the_build_assigned_again(monkeypatch):
+    native.init_backend()
+    if not lc.llama_supports_gpu_offload():
+        pytest.skip("needs a GPU backend and device (bench/cuda_check.sh serve runs it)")
+    rebuilt, _ = decode_widths(SMOLLM2, 1, monkeypatch, split=True)
+    kept, reused_kept = decode_widths(SMOLLM2, 4, monkeypatch, split=True)
+    assert np.array_equal(kept, rebuilt)
     assert reused_kept >= len(WIDTHS) - 3
