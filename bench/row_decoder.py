@@ -4,6 +4,7 @@ loads it (the CPU backend module through appliance.engine.native): shared by the
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,10 @@ class RowDecoder:
 
         native.init_backend()
         self.lc = lc
-        self.model = lc.llama_model_load_from_file(str(model).encode(), lc.llama_model_default_params())
+        mp = lc.llama_model_default_params()
+        # weights kept in the file's layout: no AMX or CPU_REPACK copies (bench/amx_rows.py's peer)
+        mp.use_extra_bufts = os.environ.get("EIE_BENCH_NO_EXTRA_BUFTS") != "1"
+        self.model = lc.llama_model_load_from_file(str(model).encode(), mp)
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, 512, 512
         cp.n_threads = cp.n_threads_batch = threads

@@ -19,7 +19,8 @@ host_cpu_args() {
   out="-DGGML_NATIVE=OFF"
   for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C avx_vnni:AVX_VNNI \
               avx512f+avx512cd+avx512vl+avx512dq+avx512bw:AVX512 avx512vbmi:AVX512_VBMI \
-              avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+              avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 \
+              amx_tile:AMX_TILE amx_int8:AMX_INT8 amx_bf16:AMX_BF16; do
     v=ON
     for f in $(echo "${pair%%:*}" | tr + ' '); do
       case "$flags" in *" $f "*) ;; *) v=OFF ;; esac

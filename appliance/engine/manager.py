@@ -16,7 +16,7 @@ from msgspec import structs
 
 from ..config import Config, ModelConfig
 from ..policy import Candidate, make_policy
-from ..resources import file_facts, memory
+from ..resources import file_facts, memory, repack
 from ..resources.cores import CoreBudget
 from ..resources.estimate import Estimate, GgufShape, draft_estimate, estimate, shape_from_header
 from ..kv.adaptive import Change, Controller, ModelKv, Pressure
@@ -64,17 +64,22 @@ class Budget:
 _shapes: dict[tuple[str, int, int], GgufShape] = {}
 
 
+SHAPE_FACTS = "gguf-shape-2"  # -2: with the tied output matrix (resources/repack.py)
+
+
 def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
     """A GGUF file's dimensions, cached per version of the file (in memory, and on disk under
     `cache_dir`: reading a header costs a vocab-only load); raises ValueError."""
     key = file_facts.stat_key(path)
     if key not in _shapes:
-        stored = file_facts.load(cache_dir, "gguf-shape", key)
+        stored = file_facts.load(cache_dir, SHAPE_FACTS, key)
         try:
             _shapes[key] = GgufShape(**stored)
         except TypeError:  # missing, unreadable or from another version of this code
-            _shapes[key] = shape_from_header(native.read_header(path), path.stat().st_size)
-            file_facts.save(cache_dir, "gguf-shape", key, dataclasses.asdict(_shapes[key]))
+            shape = shape_from_header(native.read_header(path), path.stat().st_size)
+            tied_type, tied_bytes = repack.tied_output(path)
+            _shapes[key] = dataclasses.replace(shape, tied_output_type=tied_type, tied_output_bytes=tied_bytes)
+            file_facts.save(cache_dir, SHAPE_FACTS, key, dataclasses.asdict(_shapes[key]))
     return _shapes[key]
 
 

@@ -36,6 +36,9 @@ _BUFFER_LINE = re.compile(
 )
 
 
+_HOLDS_LINE = re.compile(r"^\w+:\s+(?P<buf>\S+)\s+model buffer holds\s+(?P<mib>[0-9.]+) MiB of tensors")
+
+
 class _LogRouter:
     """Routes llama.cpp's log lines to Python logging and to the calling thread's capture, if any.
 
@@ -107,11 +110,22 @@ class BufferSizes:
 
 
 def parse_buffer_sizes(lines: list[str]) -> BufferSizes:
+    """A buffer mapped from the model file spans it from its first to its last tensor; where other
+    buffers took tensors from inside that span (a GPU's layers, weights repacked for AMX), patch
+    0010's next line says what it holds, and that is what it counts."""
     sizes = {"model": 0, "KV": 0, "RS": 0, "compute": 0, "output": 0}
+    last_model: dict[str, int] = {}  # buffer name -> the bytes its last size line added
     for line in lines:
         m = _BUFFER_LINE.match(line.strip())
         if m:
-            sizes[m.group("kind")] += int(float(m.group("mib")) * 1024 * 1024)
+            size = int(float(m.group("mib")) * 1024 * 1024)
+            sizes[m.group("kind")] += size
+            if m.group("kind") == "model":
+                last_model[m.group("buf")] = size
+            continue
+        held = _HOLDS_LINE.match(line.strip())
+        if held and held.group("buf") in last_model:
+            sizes["model"] += int(float(held.group("mib")) * 1024 * 1024) - last_model.pop(held.group("buf"))
     return BufferSizes(
         weights=sizes["model"], kv=sizes["KV"] + sizes["RS"], compute=sizes["compute"], output=sizes["output"]
     )

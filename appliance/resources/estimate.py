@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig
+from .repack import repacked_output_bytes
 
 # Bytes per value of each KV cache type (block size over bytes per block for quantized types).
 KV_BYTES_PER_VALUE = {
@@ -44,6 +45,10 @@ class GgufShape:
     value_length: int
     n_vocab: int
     tensor_bytes: int
+    # The output layer reads the token embeddings again (the GGUF has no output.weight): their
+    # type and bytes, "" and 0 otherwise (resources/repack.py).
+    tied_output_type: str = ""
+    tied_output_bytes: int = 0
 
 
 def shape_from_header(meta: dict[str, str], file_size: int) -> GgufShape:
@@ -96,7 +101,8 @@ def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type
     logits = n_batch * shape.n_vocab * 4
     activations = n_batch * (8 * shape.n_embd + 3 * shape.n_ff) * 4
     outputs = cfg.n_parallel * shape.n_vocab * 4
-    return Estimate(weights=shape.tensor_bytes, kv=kv, compute=logits + activations + outputs)
+    return Estimate(weights=shape.tensor_bytes + repacked_output_bytes(shape), kv=kv,
+                    compute=logits + activations + outputs)
 
 
 def draft_estimate(shape: GgufShape, cfg: ModelConfig) -> int:

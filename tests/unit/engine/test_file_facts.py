@@ -46,7 +46,7 @@ def test_gguf_dimensions_are_read_once_per_file_version(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "read_header", no_header)
     assert manager.shape_of(SMOLLM2, tmp_path) == first
     manager._shapes.clear()
-    for entry in (tmp_path / "gguf-shape").iterdir():
+    for entry in (tmp_path / manager.SHAPE_FACTS).iterdir():
         entry.write_text('{"n_layer": 1}')  # from another version of the code: read again
     monkeypatch.undo()
     assert manager.shape_of(SMOLLM2, tmp_path) == first

@@ -1,0 +1,50 @@
+"""Type and size of named tensors in a GGUF file, read by ggml's own GGUF reader (libggml-base, which
+libllama loaded: the same parser as the load, and nothing the frozen build has to bundle)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+from . import backends
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(backends.libggml_path()))  # the gguf_* symbols come from its libggml-base
+    vp = ctypes.c_void_p
+    for name, res, args in (("gguf_init_from_file", vp, [ctypes.c_char_p, _InitParams]),
+                            ("gguf_free", None, [vp]),
+                            ("gguf_find_tensor", ctypes.c_int64, [vp, ctypes.c_char_p]),
+                            ("gguf_get_tensor_type", ctypes.c_int, [vp, ctypes.c_int64]),
+                            ("gguf_get_tensor_size", ctypes.c_size_t, [vp, ctypes.c_int64]),
+                            ("ggml_type_name", ctypes.c_char_p, [ctypes.c_int])):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+def read(path: Path, names: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """name -> (ggml type name, bytes) for those of `names` the file has; {} when it cannot be read."""
+    from . import native
+
+    native.init_backend()  # loads libllama and so the libggml it uses
+    lib = _lib()
+    ctx = lib.gguf_init_from_file(str(path).encode(), _InitParams(True, None))
+    if not ctx:
+        return {}
+    try:
+        found = {}
+        for name in names:
+            tid = lib.gguf_find_tensor(ctx, name.encode())
+            if tid >= 0:
+                found[name] = (lib.ggml_type_name(lib.gguf_get_tensor_type(ctx, tid)).decode().upper(),
+                               int(lib.gguf_get_tensor_size(ctx, tid)))
+        return found
+    finally:
+        lib.gguf_free(ctx)

@@ -1,0 +1,61 @@
+"""The second copy of a tied output matrix that llama.cpp's CPU backend keeps on hosts with AMX.
+
+A model whose output layer reads the token embeddings again (no output.weight in the GGUF) has one
+matrix in the file and two uses: the input lookup reads the file's layout, and ggml's AMX buffer
+type (on a host with AMX: the setup build and the release build's sapphirerapids variant), takes the
+output matmul into a repacked copy of its own. Measured on SmolLM2-135M (Q8_0 embeddings): 32 MiB
+more than the file, Gemma 3 270M: 190 MiB. The estimates count that copy (estimate.py); llama.cpp's
+own report of the load counts it too (patch 0010 reports what a buffer mapped from the file holds).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .estimate import GgufShape
+
+# ggml-cpu/amx/common.h, qtype_has_amx_kernels; Q8_0 tiles carry 16 int32 compensations per
+# 16 rows and block of 32 (34-byte blocks packed in 38 bytes).
+AMX_TYPES = {"Q4_0": 1.0, "Q4_1": 1.0, "Q8_0": 38 / 34, "Q4_K": 1.0, "Q5_K": 1.0, "Q6_K": 1.0, "IQ4_XS": 1.0}
+AMX_ALIGN = 32  # the AMX buffer takes a matmul whose rows and columns are multiples of 32
+
+
+def tied_output(path: Path) -> tuple[str, int]:
+    """(type, bytes) of the token embeddings when the GGUF has no separate output matrix, else ("", 0)."""
+    from ..engine import gguf_tensors
+
+    tensors = gguf_tensors.read(path, ("token_embd.weight", "output.weight"))
+    embd = tensors.get("token_embd.weight")
+    if embd is None or "output.weight" in tensors:
+        return "", 0
+    return embd
+
+
+def repacked_output_bytes(shape: GgufShape) -> int:
+    """Bytes of the repacked copy of `shape`'s tied output matrix that this host's build will keep."""
+    ratio = AMX_TYPES.get(shape.tied_output_type)
+    if ratio is None or shape.n_embd % AMX_ALIGN or shape.n_vocab % AMX_ALIGN or not cpu_repacks_with_amx():
+        return 0
+    return int(shape.tied_output_bytes * ratio)
+
+
+@functools.cache
+def cpu_repacks_with_amx() -> bool:
+    """Whether the output layer runs on the CPU (no GPU backend takes it) with ggml's AMX buffer."""
+    from ..engine import backends, native
+
+    if native.gpu_backend() is not None or not host_has_amx():
+        return False
+    return backends.registry.features().get("CPU", {}).get("AMX_INT8") == "1"
+
+
+def host_has_amx() -> bool:
+    """Whether this CPU has AMX with int8 (Linux: /proc/cpuinfo)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return "amx_int8" in flags.split()

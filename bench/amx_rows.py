@@ -1,0 +1,37 @@
+"""What a batch of n rows costs with SmolLM2's weights in ggml's AMX buffer, on a host with AMX and a
+build with it (the setup build leaves AMX out: run this with LLAMA_CPP_LIB_PATH naming the
+libraries of a build with GGML_AMX_TILE/INT8/BF16=ON, or with the release build's venv). Patch
+0009's avx512-vnni kernel up to EIE_AMX_VNNI_ROWS rows (default 8) and AMX tiles beyond, against
+upstream's split (the vnni kernel for one row, AMX tiles from two: EIE_AMX_VNNI_ROWS=1) and against
+the weights in the file's layout (no extra buffer types: patches 0002-0006's Q4_1 kernels and patch
+0004's Q8_0 output layer, what the setup build runs), side by side in one run (row_costs.py).
+
+Usage: .venv/bin/python bench/amx_rows.py [--repeats 3] [--threads 2] [--context 300] [--out PATH]
+Prints a table and writes bench/results/amx_rows.json (or --out).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from row_costs import ROOT, arguments, compare
+from row_decoder import MODEL
+
+SETTINGS = {"AMX + vnni rows": {}, "AMX tiles from 2 rows": {"EIE_AMX_VNNI_ROWS": "1"},
+            "file layout": {"EIE_BENCH_NO_EXTRA_BUFTS": "1"}}
+
+
+def build_has_amx() -> bool:
+    sys.path.insert(0, str(ROOT))
+    from appliance.engine import backends, native
+
+    native.init_backend()
+    return backends.registry.features().get("CPU", {}).get("AMX_INT8") == "1"
+
+
+if __name__ == "__main__":
+    args = arguments(__doc__, ROOT / "bench" / "results" / "amx_rows.json")
+    if not args.child and not build_has_amx():
+        raise SystemExit("this llama.cpp build has no AMX; see the docstring")
+    raise SystemExit(compare(str(Path(__file__).resolve()), args, "SmolLM2-135M Q4_1", MODEL, SETTINGS))
