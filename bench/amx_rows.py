@@ -1,10 +1,9 @@
-"""What a batch of n rows costs with SmolLM2's weights in ggml's AMX buffer, on a host with AMX and a
-build with it (the setup build leaves AMX out: run this with LLAMA_CPP_LIB_PATH naming the
-libraries of a build with GGML_AMX_TILE/INT8/BF16=ON, or with the release build's venv). Patch
+"""What a batch of n rows costs with SmolLM2's weights in ggml's AMX buffer, on a host with AMX (where
+the setup build has it; elsewhere the script refuses to run). Patch
 0009's avx512-vnni kernel up to EIE_AMX_VNNI_ROWS rows (default 8) and AMX tiles beyond, against
 upstream's split (the vnni kernel for one row, AMX tiles from two: EIE_AMX_VNNI_ROWS=1) and against
 the weights in the file's layout (no extra buffer types: patches 0002-0006's Q4_1 kernels and patch
-0004's Q8_0 output layer, what the setup build runs), side by side in one run (row_costs.py).
+0004's Q8_0 output layer, what a host without AMX runs), side by side in one run (row_costs.py).
 
 Usage: .venv/bin/python bench/amx_rows.py [--repeats 3] [--threads 2] [--context 300] [--out PATH]
 Prints a table and writes bench/results/amx_rows.json (or --out).
