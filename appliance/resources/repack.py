@@ -2,7 +2,7 @@
 
 A model whose output layer reads the token embeddings again (no output.weight in the GGUF) has one
 matrix in the file and two uses: the input lookup reads the file's layout, and ggml's AMX buffer
-type (on a host with AMX: the setup build and the release build's sapphirerapids variant), takes the
+type (on a host with AMX: the setup build and the release build's sapphirerapids variant) takes the
 output matmul into a repacked copy of its own. Measured on SmolLM2-135M (Q8_0 embeddings): 32 MiB
 more than the file, Gemma 3 270M: 190 MiB. The estimates count that copy (estimate.py); llama.cpp's
 own report of the load counts it too (patch 0010 reports what a buffer mapped from the file holds).
@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .estimate import GgufShape
 
-# ggml-cpu/amx/common.h, qtype_has_amx_kernels; Q8_0 tiles carry 16 int32 compensations per
-# 16 rows and block of 32 (34-byte blocks packed in 38 bytes).
-AMX_TYPES = {"Q4_0": 1.0, "Q4_1": 1.0, "Q8_0": 38 / 34, "Q4_K": 1.0, "Q5_K": 1.0, "Q6_K": 1.0, "IQ4_XS": 1.0}
-AMX_ALIGN = 32  # the AMX buffer takes a matmul whose rows and columns are multiples of 32
+# ggml-cpu/amx: the types with AMX kernels (qtype_has_amx_kernels), the packed size over the file's
+# (Q8_0 tiles carry 16 int32 compensations per 16 rows and block: 34-byte blocks packed in 38), and
+# the multiple a row's length must be of (supports_op; the output count must be one of 32).
+AMX_TYPES = {"Q4_0": (1.0, 32), "Q4_1": (1.0, 32), "Q8_0": (38 / 34, 32), "Q4_K": (1.0, 256),
+             "Q5_K": (1.0, 256), "Q6_K": (1.0, 256), "IQ4_XS": (1.0, 256)}
+AMX_OUTPUTS_ALIGN = 32
 
 
 def tied_output(path: Path) -> tuple[str, int]:
@@ -36,10 +38,10 @@ def tied_output(path: Path) -> tuple[str, int]:
 
 def repacked_output_bytes(shape: GgufShape) -> int:
     """Bytes of the repacked copy of `shape`'s tied output matrix that this host's build will keep."""
-    ratio = AMX_TYPES.get(shape.tied_output_type)
-    if ratio is None or shape.n_embd % AMX_ALIGN or shape.n_vocab % AMX_ALIGN or not cpu_repacks_with_amx():
+    kind = AMX_TYPES.get(shape.tied_output_type)
+    if kind is None or shape.n_embd % kind[1] or shape.n_vocab % AMX_OUTPUTS_ALIGN or not cpu_repacks_with_amx():
         return 0
-    return int(shape.tied_output_bytes * ratio)
+    return int(shape.tied_output_bytes * kind[0])
 
 
 @functools.cache

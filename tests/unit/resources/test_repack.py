@@ -43,7 +43,9 @@ def shape(tied_type: str, tied_bytes: int = 34 * 64, n_embd: int = 64, n_vocab: 
     (True, shape("Q8_0"), 38 * 64),  # Q8_0 blocks of 34 bytes are packed in 38
     (True, shape("Q4_1", 20 * 64), 20 * 64),
     (True, shape("F16", 4096), 0),  # no AMX kernel for it
-    (True, shape("Q8_0", n_vocab=48), 0),  # rows not a multiple of 32: the matmul stays on the plain CPU buffer
+    (True, shape("Q8_0", n_vocab=48), 0),  # outputs not a multiple of 32: the matmul stays on the plain CPU buffer
+    (True, shape("Q4_K", 144 * 2, n_embd=256), 144 * 2),
+    (True, shape("Q4_K", 144 * 2, n_embd=64 * 5), 0),  # K-quant rows must be a multiple of 256 long
     (True, shape(""), 0),  # not tied
     (False, shape("Q8_0"), 0),  # no AMX in this build, or the output layer is on a GPU
 ])
