@@ -23,10 +23,9 @@ SETTINGS = {"AMX + vnni rows": {}, "AMX tiles from 2 rows": {"EIE_AMX_VNNI_ROWS"
 
 def build_has_amx() -> bool:
     sys.path.insert(0, str(ROOT))
-    from appliance.engine import backends, native
+    from appliance.resources import repack
 
-    native.init_backend()
-    return backends.registry.features().get("CPU", {}).get("AMX_INT8") == "1"
+    return repack.build_has_amx()
 
 
 if __name__ == "__main__":

@@ -47,10 +47,19 @@ def repacked_output_bytes(shape: GgufShape) -> int:
 @functools.cache
 def cpu_repacks_with_amx() -> bool:
     """Whether the output layer runs on the CPU (no GPU backend takes it) with ggml's AMX buffer."""
+    from ..engine import native
+
+    return native.gpu_backend() is None and build_has_amx()
+
+
+@functools.cache
+def build_has_amx() -> bool:
+    """Whether this host has AMX and the loaded llama.cpp CPU backend was built with it."""
     from ..engine import backends, native
 
-    if native.gpu_backend() is not None or not host_has_amx():
+    if not host_has_amx():
         return False
+    native.init_backend()
     return backends.registry.features().get("CPU", {}).get("AMX_INT8") == "1"
 
 
