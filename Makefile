@@ -41,7 +41,7 @@ binary: setup
 # The portable build the images ship: every CPU variant and the GPU modules this host can build
 # (native/release-cmake-args.sh; EIE_GPU=cuda|rocm|none), in its own venv; takes long, not in `make test`.
 release:
-	EIE_CMAKE_ARGS="$$(native/release-cmake-args.sh)" $(MAKE) binary VENV=.venv-release DIST=dist-release
+	args="$$(native/release-cmake-args.sh)" && EIE_CMAKE_ARGS="$$args" $(MAKE) binary VENV=.venv-release DIST=dist-release
 
 # Install the onedir build as a systemd service under /opt/eie (DESTDIR= for a staging root).
 install:

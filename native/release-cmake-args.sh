@@ -1,18 +1,40 @@
 #!/usr/bin/env bash
 # CMake flags of the release build (`make release`, the images): ggml backends as modules, every
 # CPU variant (the best one for the machine is chosen at start-up), and the GPU modules.
-# EIE_GPU: cuda | rocm | none | auto (default: cuda when nvcc is found, rocm when hipcc is).
+# EIE_GPU: cuda | rocm | none | auto (default: cuda where nvcc and cuBLAS's headers are found,
+# rocm where hipcc is, else none). A CUDA toolkit without cuBLAS (nvcc alone, as on some build
+# hosts) cannot build ggml's CUDA module, so auto leaves CUDA out there and says so on stderr.
 set -euo pipefail
 args="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 args="$args -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF"
+
+# cuBLAS's header where CMake's FindCUDAToolkit looks: the toolkit nvcc belongs to (nvcc may be a
+# wrapper script elsewhere, so also CUDA_PATH and /usr/local/cuda), and the system include dir.
+cublas_header() {
+  local dirs=("${CUDA_PATH:-}" "${CUDAToolkit_ROOT:-}" /usr/local/cuda /usr)
+  local nvcc
+  nvcc="$(command -v nvcc 2>/dev/null || true)"
+  [ -n "$nvcc" ] && dirs+=("$(dirname "$(dirname "$(readlink -f "$nvcc")")")")
+  local d
+  for d in "${dirs[@]}"; do
+    [ -n "$d" ] && [ -f "$d/include/cublas_v2.h" ] && { echo "$d/include/cublas_v2.h"; return 0; }
+  done
+  return 1
+}
+
 gpu="${EIE_GPU:-auto}"
 if [ "$gpu" = auto ]; then
-  if command -v nvcc >/dev/null 2>&1; then gpu=cuda
+  if command -v nvcc >/dev/null 2>&1 && cublas_header >/dev/null; then gpu=cuda
   elif command -v hipcc >/dev/null 2>&1 || [ -x /opt/rocm/bin/hipcc ]; then gpu=rocm
-  else gpu=none; fi
+  else
+    command -v nvcc >/dev/null 2>&1 && echo "release-cmake-args: nvcc found but not cuBLAS (cublas_v2.h): building without CUDA" >&2
+    gpu=none
+  fi
 fi
 case "$gpu" in
-  cuda) args="$args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-75;80;86;89;90}" ;;
+  cuda)
+    cublas_header >/dev/null || { echo "EIE_GPU=cuda needs cuBLAS (cublas_v2.h) beside nvcc; none found" >&2; exit 2; }
+    args="$args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-75;80;86;89;90}" ;;
   rocm) args="$args -DGGML_HIP=ON -DAMDGPU_TARGETS=${AMDGPU_TARGETS:-gfx1100;gfx1030;gfx90a;gfx942}" ;;
   none) ;;
   *) echo "EIE_GPU must be cuda, rocm, none or auto, not $gpu" >&2; exit 2 ;;

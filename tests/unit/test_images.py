@@ -68,3 +68,40 @@ def test_pi_stage_installs_the_unit_and_the_pi_preset():
     assert "systemctl enable eie.service" in run and "ROOTFS_DIR" in run
     prepare = (ROOT / "images/pi-gen/prepare.sh").read_text()
     assert "presets/raspberry-pi.yaml" in prepare and (ROOT / "presets/raspberry-pi.yaml").is_file()
+
+
+def _release_args(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """native/release-cmake-args.sh with PATH holding only a stub nvcc (and the shell's tools)."""
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "nvcc").write_text("#!/bin/sh\nexit 0\n")
+    (stub / "nvcc").chmod(0o755)
+    base = {"PATH": f"{stub}:/usr/bin:/bin", **env}
+    return subprocess.run(["bash", str(ROOT / "native/release-cmake-args.sh")], env=base, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_release_build_takes_cuda_only_with_cublas(tmp_path):
+    """nvcc alone cannot build ggml's CUDA module (it links cuBLAS): `make release` on such a
+    host failed in CMake. Auto mode builds without CUDA there and says why; with cuBLAS's header
+    beside the toolkit it builds CUDA; EIE_GPU=cuda without cuBLAS stops before CMake."""
+    if any(Path(d, "include/cublas_v2.h").is_file() for d in ("/usr/local/cuda", "/usr")):
+        pytest.skip("this host has cuBLAS: the no-cuBLAS cases cannot be made here")
+    toolkit = tmp_path / "cuda"
+    without = _release_args(tmp_path, {"CUDA_PATH": str(toolkit)})
+    assert without.returncode == 0, without.stderr
+    assert "GGML_CUDA" not in without.stdout and "-DGGML_CPU_ALL_VARIANTS=ON" in without.stdout
+    assert "not cuBLAS" in without.stderr
+    forced = _release_args(tmp_path, {"CUDA_PATH": str(toolkit), "EIE_GPU": "cuda"})
+    assert forced.returncode == 2 and "cuBLAS" in forced.stderr and not forced.stdout
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "include/cublas_v2.h").write_text("")
+    found = _release_args(tmp_path, {"CUDA_PATH": str(toolkit)})
+    assert found.returncode == 0 and "-DGGML_CUDA=ON" in found.stdout, found.stderr
+
+
+def test_make_release_stops_when_its_flags_cannot_be_chosen():
+    """The flags come from a command substitution, whose failure make would not see: the recipe
+    must check it, or a failed choice builds a release without the GPU modules it asked for."""
+    recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+    assert re.search(r'args="\$\$\(native/release-cmake-args\.sh\)"\s*&&', recipe), recipe
