@@ -10,7 +10,7 @@ of its own. ggml asks them in order (ggml-cpu.cpp, `ggml_backend_cpu_get_extra_b
 - CPU_REPACK (ggml-cpu/repack.cpp, `ggml_repack_get_optimal_repack_type`): interleaved blocks of
   the same size, for Q4_0, Q4_K, IQ4_NL and MXFP4 on AVX2, Q2_K on AVX-512, and Q4_0, Q4_K-Q6_K,
   Q8_0, IQ4_NL, MXFP4 on ARM with dotprod or i8mm (a Raspberry Pi 5: Gemma 3 270M's Q8_0
-  embeddings, 160 MiB). RISC-V's layouts depend on a compile flag the backend does not report
+  embeddings, 170 MiB). RISC-V's layouts depend on a compile flag the backend does not report
   and are not counted.
 The estimates count that copy (estimate.py); llama.cpp's own report of the load counts it too
 (patch 0010 reports what a buffer mapped from the file holds).
