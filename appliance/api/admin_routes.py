@@ -86,7 +86,11 @@ class AdminRoutes:
         ]
         # an estimate not made yet reads the GGUF header (a vocab-only load, seconds): off the loop too
         models, budgets = await run_probe(self._memory_by_model)
+        proc = memory.process_memory()
         await request.json(200, {"devices": devices, "budgets": budgets, "models": models,
+                                 "process": {"rss_bytes": proc.rss_bytes, "anonymous_bytes": proc.anonymous_bytes,
+                                             "file_bytes": proc.file_bytes, "shared_bytes": proc.shared_bytes,
+                                             "source": proc.source},
                                  "watermarks": {"low_percent": self.config.vram.low_watermark,
                                                 "critical_percent": self.config.vram.critical_watermark,
                                                 "reserve_mb": self.config.vram.reserve_mb}})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .context import RequestInfo
@@ -155,6 +155,9 @@ class Metrics:
                                        ["group", "fallback"], registry=r)
         self.refused = Counter("eie_limit_refusals", "Requests refused by a limit", ["limit"], registry=r)
         r.register(EngineCollector(manager, devices, extra))
+        # process_resident_memory_bytes, process_cpu_seconds_total, open fds, start time: what
+        # every Prometheus exporter has, and the RSS a budget's models add up to
+        ProcessCollector(registry=r)
 
     def tap(self, gens: Any, i: int, ev: Any, first: bool, seconds: float) -> None:
         """A Generations tap (engine/client.py)."""

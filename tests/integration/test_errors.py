@@ -206,6 +206,11 @@ def test_admin_status_needs_key_and_reports_measured_memory(strict_server):
     assert smol["compute_bytes"] > 0
     assert smol["kv_type_k"] == "f16" and smol["n_ctx"] == 512
     assert models["broken"]["state"] == "failed" and models["broken"]["weights_bytes"] == 0
+    # the server's own resident memory, split as the kernel counts it: SmolLM2's repacked or
+    # anonymous copies, KV and compute buffers are anonymous; the file pages it still reads stay
+    proc = body["process"]
+    assert proc["source"] == "procfs" and proc["rss_bytes"] == proc["anonymous_bytes"] + proc["file_bytes"] + proc["shared_bytes"]
+    assert proc["anonymous_bytes"] > smol["kv_cache_bytes"] + smol["compute_bytes"]
 
 
 def test_504_when_the_deadline_passes(server_factory):

@@ -67,3 +67,12 @@ def test_requests_and_groups_are_counted_with_their_labels():
     assert v[("eie_group_executions_total", (("group", "g"), ("outcome", "partial")))] == 1
     assert v[("eie_group_fallbacks_total", (("fallback", "replace_with"), ("group", "g")))] == 1
     assert v[("eie_group_fallbacks_total", (("fallback", "retry_once"), ("group", "g")))] == 1
+
+
+def test_process_families_are_exported():
+    """process_resident_memory_bytes and the other standard process families (prometheus_client's
+    ProcessCollector) come with the engine's."""
+    m = Metrics(SimpleNamespace(runners={}))
+    got = values(m)
+    assert got[("process_resident_memory_bytes", ())] > 0
+    assert ("process_cpu_seconds_total", ()) in got and ("process_open_fds", ()) in got

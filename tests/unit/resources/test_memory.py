@@ -51,3 +51,18 @@ def test_ggml_devices_report_no_gpu_on_a_cpu_build():
 
     native.init_backend()
     assert memory.ggml_devices() == []  # the CPU device is RAM, reported by psutil
+
+
+def test_process_memory_splits_the_rss_from_procfs():
+    proc = memory.process_memory()
+    assert proc.source == "procfs" and proc.rss_bytes > 0
+    # VmRSS is the sum of the three (the kernel adds them up, in kB)
+    assert proc.anonymous_bytes + proc.file_bytes + proc.shared_bytes == proc.rss_bytes
+
+
+def test_process_memory_without_procfs_falls_back_to_psutil(tmp_path):
+    proc = memory.process_memory(tmp_path / "missing")
+    assert proc.source == "psutil" and proc.rss_bytes > 0 and proc.file_bytes is None
+    partial = tmp_path / "status"
+    partial.write_text("Name:\tpython\nVmRSS:\t  1000 kB\n")  # a kernel without the split (before 4.5)
+    assert memory.process_memory(partial).source == "psutil"
