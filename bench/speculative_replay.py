@@ -47,8 +47,10 @@ MODEL = "smollm2-135m"  # the model bench/q4_1_rows.py measures
 COSTS = ROOT / "bench" / "results" / "q4_1_rows.json"
 
 
-def row_costs(path: Path = COSTS) -> dict[int, float]:
-    medians = json.loads(path.read_text())["median_ms"]["tiled"]
+def row_costs(path: Path = COSTS, setting: str = "tiled") -> dict[int, float]:
+    """ms by rows of one setting of a row_costs.py table (q4_1_rows.py's "tiled", amx_rows.py's
+    "AMX + vnni rows" or "file layout")."""
+    medians = json.loads(path.read_text())["median_ms"][setting]
     return {int(k): v for k, v in medians.items() if k.isdigit()}
 
 
@@ -74,7 +76,8 @@ def answers(model: str, task: str, n: int) -> list[str]:
             server.stop()
 
 
-def replay(model: str, task: str, texts: list[str], exact: bool, costs: Path = COSTS) -> list[float]:
+def replay(model: str, task: str, texts: list[str], exact: bool, costs: Path = COSTS,
+           setting: str = "tiled") -> list[float]:
     import llama_cpp as lc
 
     from appliance.config import SpeculativeConfig
@@ -93,7 +96,7 @@ def replay(model: str, task: str, texts: list[str], exact: bool, costs: Path = C
         buf = (lc.llama_token * (len(raw) + 16))()
         return list(buf[: lc.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, True)])
 
-    table = row_costs(costs)
+    table = row_costs(costs, setting)
     spec = Speculator(SpeculativeConfig(sources=["ngram", "history"]), history=HistoryIndex(None))
     for _ in range(20):
         spec.cost.observe(1, step_ms(table, 1) / 1000)
@@ -154,10 +157,12 @@ def main() -> int:
     ap.add_argument("--task", default="json", choices=list(S.TASKS))
     ap.add_argument("--answers", type=int, default=12)
     ap.add_argument("--costs", type=Path, default=COSTS, help="decode cost by rows (bench/q4_1_rows.py's JSON)")
+    ap.add_argument("--setting", default="tiled", help="the table's column (amx_rows.json: 'AMX + vnni rows')")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "speculative_replay.json")
     args = ap.parse_args()
     texts = answers(MODEL, args.task, args.answers)
-    rows = {plan: replay(MODEL, args.task, texts, plan == "exact", args.costs) for plan in ("planned", "exact")}
+    rows = {plan: replay(MODEL, args.task, texts, plan == "exact", args.costs, args.setting)
+            for plan in ("planned", "exact")}
     print(f"\n| plan | {' | '.join(f'answer {k + 1}' for k in range(len(texts)))} | mean of 2.. |")
     print("|---|" + "---|" * (len(texts) + 1))
     for plan, speedups in rows.items():
@@ -165,6 +170,7 @@ def main() -> int:
         print(f"| {plan} | {' | '.join(f'{x:.2f}×' for x in speedups)} | {warm:.2f}× |")
     args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "model": MODEL, "task": args.task,
                                     "costs": str(args.costs.resolve().relative_to(ROOT)) if args.costs.resolve().is_relative_to(ROOT) else str(args.costs),
+                                    "setting": args.setting,
                                     "speedup_by_answer": {p: [round(x, 3) for x in v] for p, v in rows.items()}},
                                    indent=1))
     print(f"wrote {args.out}")
