@@ -600,14 +600,15 @@ class ModelRunner:
                 seq.pos += 1
             # a decode right after a prompt chunk is slowed by the chunk as much as by the change of
             # width: the cost model learns switch costs from step-to-step changes only
-            before = self.spec.cost.previous if self.spec is not None and self._last_was_step else None
+            before = self.spec.costs.previous if self.spec is not None and self._last_was_step else None
             t0 = time.perf_counter()
             self._decode(n, step=True)
             took = time.perf_counter() - t0
             self._decode_times.append(took)
             self.stats["decode_tokens"] += n
             if self.spec is not None and len(widths) == 1:
-                self.spec.cost.observe(n, took, before)  # one pass over the weights: the cost line's data (planner.py)
+                # one pass over the weights: the cost line's data, by the decode's sequences (planner.py)
+                self.spec.costs.observe(len(decoding), n, took, before)
             drafted = n > len(decoding)
             emitted = self._sample(decoding)
             if speculating:
@@ -743,7 +744,7 @@ class ModelRunner:
         rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
                                                   self._threads_set)
         if self.spec is not None:
-            self.spec.cost.previous = n_tokens  # what the next decode switches from (planner.StepCost)
+            self.spec.costs.previous = n_tokens  # what the next decode switches from (planner.StepCosts)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 

@@ -157,6 +157,37 @@ class StepCost:
                 "switch_wider_ms": round(self.switch_up * 1000, 2), "switch_narrower_ms": round(self.switch_down * 1000, 2)}
 
 
+class StepCosts:
+    """A `StepCost` per number of sequences in the decode. n rows of one sequence (a token and its
+    drafts, one KV stream) and n rows of n sequences (one token each, each its own KV stream) are
+    different decodes: in the server on the AMX Xeon, 2 rows took 11.1-12.7 ms as two sequences
+    and 6.7 ms as one sequence with a draft (one row 4.5-5.6 ms). Pooled, the two-sequence decodes
+    at the end of a 4-stream run set the width-2 cost, the lone plan then avoided a single draft
+    as twice as dear as it is, and so never measured that width again (one-stream JSON after
+    4-stream runs: 0.96-1.18x; without 4-stream runs before it 1.51x). `previous` is the
+    context's last decode width, whatever its sequences (what a switch is counted from)."""
+
+    def __init__(self) -> None:
+        self._by: dict[int, StepCost] = {}
+        self.previous: int | None = None
+
+    def of(self, sequences: int) -> StepCost:
+        """The cost model of decodes with this many sequences (made on first use), its `previous`
+        set to the context's."""
+        cost = self._by.get(sequences)
+        if cost is None:
+            cost = self._by[sequences] = StepCost()
+        cost.previous = self.previous
+        return cost
+
+    def observe(self, sequences: int, rows: int, seconds: float, previous: int | None = None) -> None:
+        self.of(sequences).observe(rows, seconds, previous)
+
+    def snapshot(self) -> dict:
+        """Each sequence count's `StepCost.snapshot()`."""
+        return {str(n): cost.snapshot() for n, cost in sorted(self._by.items())}
+
+
 class Acceptance:
     """How far one source's drafts run before the first wrong token, per draft position: position
     j was reached `reach[j]` times and held the first wrong token `fail[j]` times (older

@@ -13,7 +13,7 @@ from .controller import Controller
 from .draft_model import DraftModel
 from .history import HistoryIndex
 from .ngram import NgramIndex, match_class
-from .planner import Acceptance, Candidate, StepCost, plan, survival
+from .planner import Acceptance, Candidate, StepCost, StepCosts, plan, survival
 
 # A sequence's estimate for a source mixes in this many observations of its model's, and the
 # model's, per position, this many of its own estimate over all positions (which starts at
@@ -92,7 +92,7 @@ class Speculator:
         self.history = history
         self.draft = draft
         self.controller = Controller()
-        self.cost = StepCost()
+        self.costs = StepCosts()  # decode cost by rows, per number of sequences in the decode
         self.accept = _Estimates(cfg.max_draft, decay=0.98)
         self.draft_seconds = 0.0  # a draft model's time per drafted token (moving average)
         self._draft_declines = 0
@@ -103,6 +103,12 @@ class Speculator:
                       **{f"{s}_drafted": 0 for s in self.sources}, **{f"{s}_accepted": 0 for s in self.sources}}
         self._lengths: collections.deque[int] = collections.deque(maxlen=256)  # recent draft lengths
         self._model_hazards: dict[str, tuple[int, list[float]]] = {}  # kind -> (version, hazards)
+
+    @property
+    def cost(self) -> StepCost:
+        """The cost model of a lone sequence's decodes (its token and drafts): the one the status's
+        `step_ms_by_rows` shows."""
+        return self.costs.of(1)
 
     def new_sequence(self, prompt: list[int]) -> SeqDrafts:
         self.controller.new_request()
@@ -167,7 +173,7 @@ class Speculator:
         if not chosen:
             return
         cands = [Candidate(gains, self.draft_seconds if src == "draft_model" else 0.0) for _, _, src, _, gains in chosen]
-        counts = plan(base_rows, cands, self.cost)
+        counts = plan(base_rows, cands, self.costs.of(base_rows))
         jobs = []
         for (sid, st, src, drafts, gains), k in zip(chosen, counts):
             cap = len(gains)
@@ -291,6 +297,7 @@ class Speculator:
                              for kind in sorted(self.accept)},
             "median_draft_length": lengths[len(lengths) // 2] if lengths else None,
             "step_ms_by_rows": self.cost.snapshot(),
+            "step_ms_by_sequences": self.costs.snapshot(),
             "controller_on": self.controller.on,
             "controller": self.controller.snapshot(),
             "history_tokens": self.history.n_tokens if self.history is not None else None,

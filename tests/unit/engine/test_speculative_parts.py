@@ -477,6 +477,7 @@ def test_the_guard_stops_drafts_of_a_lone_sequence_whose_steps_lose():
     for _ in range(20):  # plain steps of the model: 100 tokens per second; extra rows cheap
         for rows in range(1, 7):
             spec.cost.observe(rows, 0.010 + 0.0005 * (rows - 1))
+            spec.costs.observe(2, 2 * rows, 0.011 + 0.0005 * (2 * rows - 1))  # two sequences' decodes
         spec.controller.record(1, False, 0.010, 1)
     losing, paying = spec.new_sequence([1, 100, 101]), spec.new_sequence([2, 100, 101])
     for n in range(1, 9):
@@ -543,3 +544,26 @@ def test_a_step_with_drafts_stays_under_the_batch_invariant_rows():
     jobs.clear()
     ModelRunner._propose(runner, seqs[:1], seqs[:1])  # one sequence: its exact width decides
     assert [room for _, _, room in jobs] == [16]
+
+
+def test_decode_costs_are_kept_per_number_of_sequences():
+    """Two sequences' decodes do not set what a lone sequence's draft costs: pooled, the slow
+    two-sequence decodes at the end of a batched run made the lone plan avoid single drafts."""
+    spec = Speculator(SpeculativeConfig(sources=["ngram"]))
+    for _ in range(12):
+        for rows in range(1, 6):
+            spec.costs.observe(1, rows, 0.005 + 0.0007 * (rows - 1))  # one sequence and its drafts
+        spec.costs.observe(2, 2, 0.011)  # two sequences, a token each: dearer
+    assert spec.cost.time(2) == pytest.approx(0.0057, rel=0.05)
+    assert spec.costs.of(2).time(2) == pytest.approx(0.011, rel=0.05)
+    st = spec.new_sequence([5, 6, 7, 8, 9, 5, 6, 7])  # a repeat: drafts of 1-3 tokens are likely
+    for kind in ("ngram:3",):
+        for _ in range(20):
+            spec.accept[kind].update(4, 4)
+    spec.propose([(0, st, 1)], 1)  # room for one draft: it pays at the lone sequence's cost
+    assert st.pending == [8]
+    snap = spec.snapshot()
+    assert set(snap["step_ms_by_sequences"]) == {"1", "2"} and snap["step_ms_by_rows"] == snap["step_ms_by_sequences"]["1"]
+    # the context's last width is shared: a switch is counted from it whatever the sequences
+    spec.costs.previous = 4
+    assert spec.costs.of(2).previous == 4 and spec.cost.previous == 4
