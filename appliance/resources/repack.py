@@ -72,8 +72,7 @@ def repacked_output_bytes(shape: GgufShape, features: Mapping[str, str] | None =
         if features is None:
             return 0
     amx = AMX_TYPES.get(shape.tied_output_type)
-    if (amx is not None and features.get("AMX_INT8") == "1" and host_has_amx() and not shape.n_embd % amx[1]
-            and not shape.n_vocab % AMX_OUTPUTS_ALIGN):
+    if amx is not None and _amx_runs(features) and not shape.n_embd % amx[1] and not shape.n_vocab % AMX_OUTPUTS_ALIGN:
         return int(shape.tied_output_bytes * amx[0])
     if features.get("REPACK") == "1" and _has_repack_layout(shape.tied_output_type, shape.n_vocab, features):
         return shape.tied_output_bytes
@@ -101,6 +100,11 @@ def cpu_output_features() -> dict[str, str] | None:
     return dict(backends.registry.features().get("CPU", {}))
 
 
+def _amx_runs(features: Mapping[str, str]) -> bool:
+    """Whether a CPU backend with `features` runs AMX here: built with it, on a host that has it."""
+    return features.get("AMX_INT8") == "1" and host_has_amx()
+
+
 @functools.cache
 def build_has_amx() -> bool:
     """Whether this host has AMX and the loaded llama.cpp CPU backend was built with it."""
@@ -109,7 +113,7 @@ def build_has_amx() -> bool:
     if not host_has_amx():
         return False
     native.init_backend()
-    return backends.registry.features().get("CPU", {}).get("AMX_INT8") == "1"
+    return _amx_runs(backends.registry.features().get("CPU", {}))
 
 
 @functools.cache
