@@ -149,7 +149,8 @@ def c_plugin(tmp_path_factory) -> Path:
 
 
 def copy_mib(path: Path) -> int:
-    """MiB of the repacked copy of the model's tied output matrix on this build (AMX or CPU_REPACK; 0 where none takes it)."""
+    """MiB of the repacked copy of the model's tied output matrix on this build (AMX or CPU_REPACK;
+    0 where none takes it)."""
     return round(repack.repacked_output_bytes(shape_of(path)) / (1024 * 1024))
 
 
