@@ -61,7 +61,6 @@ class StepCost:
         self._by_rows: dict[int, collections.deque[float]] = {}  # recent decodes over the line's time
         self._factors: dict[int, float] = {}  # their medians
         self._fitted: tuple[float, float] | None = None  # fit() until the next decode counts (a plan asks ~17 times)
-        self.previous: int | None = None  # rows of the context's last decode, prompt chunks included
         self._switched = {True: collections.deque(maxlen=self.SWITCH_SAMPLES),  # wider than the previous
                           False: collections.deque(maxlen=self.SWITCH_SAMPLES)}  # narrower
         self.switch_up = self.switch_down = 0.0
@@ -131,14 +130,15 @@ class StepCost:
             return 0.0
         return self.switch_up if rows > before else self.switch_down
 
-    def switch_time(self, rows: int, base_rows: int) -> float:
+    def switch_time(self, rows: int, base_rows: int, previous: int | None) -> float:
         """The switches a step of `rows` rows commits to, where a plain step has `base_rows`: from
-        the previous decode's width to `rows`, and for a step with drafts the return to `base_rows`
-        after it (a plain step pays that return now; a step with drafts only defers it, so
-        drafts are charged for it and a plain step after drafts is not charged twice)."""
+        the previous decode's width (`previous`, None: unknown) to `rows`, and for a step with
+        drafts the return to `base_rows` after it (a plain step pays that return now; a step with
+        drafts only defers it, so drafts are charged for it and a plain step after drafts is not
+        charged twice)."""
         if not PLAN_SWITCHES:
             return 0.0
-        extra = self._switch(self.previous, rows)
+        extra = self._switch(previous, rows)
         if rows != base_rows:
             extra += self._switch(rows, base_rows)
         return extra
@@ -165,19 +165,17 @@ class StepCosts:
     at the end of a 4-stream run set the width-2 cost, the lone plan then avoided a single draft
     as twice as dear as it is, and so never measured that width again (one-stream JSON after
     4-stream runs: 0.96-1.18x; without 4-stream runs before it 1.51x). `previous` is the
-    context's last decode width, whatever its sequences (what a switch is counted from)."""
+    context's last decode width, whatever its sequences (what the plan counts a switch from)."""
 
     def __init__(self) -> None:
         self._by: dict[int, StepCost] = {}
         self.previous: int | None = None
 
     def of(self, sequences: int) -> StepCost:
-        """The cost model of decodes with this many sequences (made on first use), its `previous`
-        set to the context's."""
+        """The cost model of decodes with this many sequences (made on first use)."""
         cost = self._by.get(sequences)
         if cost is None:
             cost = self._by[sequences] = StepCost()
-        cost.previous = self.previous
         return cost
 
     def observe(self, sequences: int, rows: int, seconds: float, previous: int | None = None) -> None:
@@ -252,16 +250,18 @@ class Candidate:
     draft_cost: float = 0.0  # seconds to produce each draft (a draft model); 0 for lookups
 
 
-def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, margin: float = 0.02) -> list[int]:
+def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, previous: int | None = None,
+         margin: float = 0.02) -> list[int]:
     """Drafts per candidate for a step whose plain decode has `base_rows` rows (one per decoding
-    sequence): the count with the most expected tokens per second, 0 where none pays."""
+    sequence), after a decode of `previous` rows (None: unknown): the count with the most expected
+    tokens per second, 0 where none pays."""
     counts = [0] * len(candidates)
     t0 = cost.time(base_rows)
     if t0 is None or not candidates:
         return counts
-    t0 += cost.switch_time(base_rows, base_rows)
+    t0 += cost.switch_time(base_rows, base_rows, previous)
     if base_rows > 1:
-        return _plan_streams(base_rows, candidates, cost, t0, margin)
+        return _plan_streams(base_rows, candidates, cost, previous, t0, margin)
     gains = []  # (gain, seq index, draft cost); a sequence's gains never grow with position
     for i, c in enumerate(candidates):
         gains += [(g, i, c.draft_cost) for g in c.gains if g >= 1e-3]
@@ -271,7 +271,7 @@ def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, margin: fl
     for m, (g, _, dc) in enumerate(gains, start=1):
         tokens += g
         drafting += dc
-        t = cost.time(base_rows + m) + cost.switch_time(base_rows + m, base_rows)
+        t = cost.time(base_rows + m) + cost.switch_time(base_rows + m, base_rows, previous)
         rate = tokens / (t + drafting)
         if rate > best_rate:
             best_rate, best_m = rate, m
@@ -280,7 +280,8 @@ def plan(base_rows: int, candidates: list[Candidate], cost: StepCost, margin: fl
     return counts
 
 
-def _plan_streams(base_rows: int, candidates: list[Candidate], cost: StepCost, t0: float, margin: float) -> list[int]:
+def _plan_streams(base_rows: int, candidates: list[Candidate], cost: StepCost, previous: int | None, t0: float,
+                  margin: float) -> list[int]:
     """Several sequences: llama.cpp splits a batch over several KV streams into ubatches with the
     same number of tokens of every sequence in them (and consecutive sequence ids), so unequal
     drafts cost whole extra passes over the weights: rows 7, 1, 1, 1 take a pass of 4 rows and
@@ -293,7 +294,7 @@ def _plan_streams(base_rows: int, candidates: list[Candidate], cost: StepCost, t
         tokens = base_rows + sum(sum(c.gains[:k]) for c in candidates)
         drafting = sum(c.draft_cost * k for c in candidates)
         rows = base_rows * (1 + k)
-        rate = tokens / (cost.time(rows) + cost.switch_time(rows, base_rows) + drafting)
+        rate = tokens / (cost.time(rows) + cost.switch_time(rows, base_rows, previous) + drafting)
         if rate > best_rate:
             best_rate, best_k = rate, k
     return [best_k] * len(candidates)

@@ -173,7 +173,7 @@ class Speculator:
         if not chosen:
             return
         cands = [Candidate(gains, self.draft_seconds if src == "draft_model" else 0.0) for _, _, src, _, gains in chosen]
-        counts = plan(base_rows, cands, self.costs.of(base_rows))
+        counts = plan(base_rows, cands, self.costs.of(base_rows), self.costs.previous)
         jobs = []
         for (sid, st, src, drafts, gains), k in zip(chosen, counts):
             cap = len(gains)

@@ -294,11 +294,12 @@ def test_step_cost_learns_what_a_change_of_width_costs_and_the_plan_pays_for_it(
     assert snap["switch_narrower_ms"] == pytest.approx(3.0, rel=0.1) and snap["switch_wider_ms"] > 0
     drafts = [Candidate([0.6, 0.5])]
     assert plan(1, drafts, cpu_like_cost())[0] > 0  # pays on the steady costs alone
-    cost.previous = 1  # after plain steps: going wide and back costs 3.5 ms more than it brings
-    assert plan(1, drafts, cost) == [0]
-    cost.previous = 2  # after a step with one draft: a plain step pays the way back now, a draft later
-    assert plan(1, drafts, cost)[0] > 0
-    assert cost.switch_time(1, 1) == pytest.approx(cost.switch_down) and cost.switch_time(2, 1) == pytest.approx(cost.switch_down)
+    # after plain steps: going wide and back costs 3.5 ms more than it brings
+    assert plan(1, drafts, cost, previous=1) == [0]
+    # after a step with one draft: a plain step pays the way back now, a draft later
+    assert plan(1, drafts, cost, previous=2)[0] > 0
+    assert cost.switch_time(1, 1, 2) == pytest.approx(cost.switch_down)
+    assert cost.switch_time(2, 1, 2) == pytest.approx(cost.switch_down)
 
 
 def test_acceptance_counts_each_position_a_draft_reached_and_where_it_failed():
@@ -564,6 +565,12 @@ def test_decode_costs_are_kept_per_number_of_sequences():
     assert st.pending == [8]
     snap = spec.snapshot()
     assert set(snap["step_ms_by_sequences"]) == {"1", "2"} and snap["step_ms_by_rows"] == snap["step_ms_by_sequences"]["1"]
-    # the context's last width is shared: a switch is counted from it whatever the sequences
-    spec.costs.previous = 4
-    assert spec.costs.of(2).previous == 4 and spec.cost.previous == 4
+    # the plan counts a switch from the context's last width (`costs.previous`), whatever set it
+    spec.costs.of(1).switch_up = 0.05  # going wider costs far more than a draft brings
+    spec.costs.previous = 1
+    st.pending = []
+    spec.propose([(0, st, 1)], 1)
+    assert st.pending == []
+    spec.costs.previous = 2  # a two-sequence decode, as wide as the draft's step: nothing to switch
+    spec.propose([(0, st, 1)], 1)
+    assert st.pending == [8]
