@@ -558,9 +558,8 @@ def test_decode_costs_are_kept_per_number_of_sequences():
     assert spec.cost.time(2) == pytest.approx(0.0057, rel=0.05)
     assert spec.costs.of(2).time(2) == pytest.approx(0.011, rel=0.05)
     st = spec.new_sequence([5, 6, 7, 8, 9, 5, 6, 7])  # a repeat: drafts of 1-3 tokens are likely
-    for kind in ("ngram:3",):
-        for _ in range(20):
-            spec.accept[kind].update(4, 4)
+    for _ in range(20):
+        spec.accept["ngram:3"].update(4, 4)
     spec.propose([(0, st, 1)], 1)  # room for one draft: it pays at the lone sequence's cost
     assert st.pending == [8]
     snap = spec.snapshot()
