@@ -127,7 +127,8 @@ def replay(model: str, task: str, texts: list[str], exact: bool, costs: Path = C
             ms = step_ms(table, 1 + verified) + (PROPOSE_MS if proposed else 0.0)
             spec.cost.observe(1 + verified, ms / 1000)
             if not exact:
-                spec.controller.record(1, proposed, ms / 1000, right + 1)
+                declined = (ms - PROPOSE_MS) / 1000 if proposed and not drafts else None  # as the runner
+                spec.controller.record(1, proposed, ms / 1000, right + 1, declined)
                 if drafts:
                     spec.lone_step(st, ms / 1000, right + 1)
                 spec.verified(st, right)

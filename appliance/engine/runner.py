@@ -582,6 +582,7 @@ class ModelRunner:
             speculate = bool(speculating) and self.spec.controller.speculate(len(decoding))
             if speculate:
                 self._propose(decoding, speculating)
+            t_proposed = time.perf_counter()
             tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
             n = 0
             widths = set()  # rows per sequence: unequal ones make llama.cpp split the batch
@@ -613,7 +614,9 @@ class ModelRunner:
             emitted = self._sample(decoding)
             if speculating:
                 took_step = time.perf_counter() - t_step
-                self.spec.controller.record(len(decoding), speculate, took_step, emitted)
+                # a step whose plan declined every draft was a plain step and the lookups
+                plain = took_step - (t_proposed - t_step) if speculate and not drafted else None
+                self.spec.controller.record(len(decoding), speculate, took_step, emitted, plain)
                 if drafted and len(decoding) == 1:
                     self.spec.lone_step(decoding[0].spec, took_step, emitted)
                 self.spec.stats["spec_steps" if drafted else "plain_steps"] += 1

@@ -8,8 +8,11 @@ drafts differently than a lone stream). A step whose plan declined every draft c
 with speculation on: it paid for the lookups and the plan (0.06 ms of a 5 ms SmolLM2 step per
 sequence), and where nothing repeats (stories) that is most of what speculation costs; counted
 as plain, as it was until 2026-12-01, it hid that cost in the baseline (SmolLM2's stories with 4
-streams, where the plan drafted 19 tokens in 640: 0.94× of plain decoding). While speculation is
-on, one step in `probe_every` runs without it so the baseline stays current; while it is off, a
+streams, where the plan drafted 19 tokens in 640: 0.94× of plain decoding). Such a step is also a
+plain step plus the lookups: its time less theirs is a sample of the baseline. While speculation
+is on, a step runs without it when the baseline has had no sample for `probe_every` steps (a step
+that could have verified drafts, lost where drafts pay: in a copying answer the plan declines
+now and then, and those steps keep the baseline current instead); while it is off, a
 burst of `probe_steps` steps with it is tried after `reprobe_after` steps, a wait that doubles
 after each failed probe (up to `max_reprobe`) and resets after a success, and that is cut short
 when a new request comes (it may be another workload: a repeated request, which copies an
@@ -78,7 +81,7 @@ class _Arm:
     spec: _Window
     plain: _Window
     on: bool = True
-    steps: int = 0
+    since_plain: int = 0  # steps since the baseline's last sample
     probing: int = 0  # steps with speculation on still to see in the current probe (while off)
     wait: int = 0  # steps until the next probe (while off)
     backoff: int = 0
@@ -109,11 +112,12 @@ class Controller:
         """Whether the next step with `batch` decoding sequences should draft."""
         self.last_batch = batch
         arm = self._arm(batch)
-        arm.steps += 1
+        arm.since_plain += 1
         if arm.on:
-            # the baseline: every probe_every-th step plain (every 4th until there are enough)
+            # the baseline: a plain step when it has had no sample for probe_every steps (4 until
+            # there are enough)
             every = self.probe_every if len(arm.plain) >= self.min_samples else 4
-            return arm.steps % every != 0
+            return arm.since_plain < every
         if arm.probing > 0:
             return True
         arm.wait -= 1
@@ -123,13 +127,21 @@ class Controller:
             return True
         return False
 
-    def record(self, batch: int, speculated: bool, seconds: float, tokens: int) -> None:
+    def record(self, batch: int, speculated: bool, seconds: float, tokens: int,
+               plain_seconds: float | None = None) -> None:
         """One step's wall time (the speculative path, decode and verification) and the tokens it
-        emitted; `speculated`: speculation was on for it (`speculate` said so), drafts or not."""
+        emitted; `speculated`: speculation was on for it (`speculate` said so), drafts or not;
+        `plain_seconds`: for such a step that verified no drafts, its time without the speculative
+        path's (a sample of the baseline too)."""
         if tokens <= 0 or seconds <= 0:
             return
         arm = self._arm(batch)
         (arm.spec if speculated else arm.plain).append(seconds, tokens)
+        if not speculated:
+            arm.since_plain = 0
+        elif plain_seconds is not None and plain_seconds > 0:
+            arm.plain.append(plain_seconds, tokens)
+            arm.since_plain = 0
         if arm.on:
             if len(arm.spec) < self.min_samples or len(arm.plain) < self.min_samples:
                 return

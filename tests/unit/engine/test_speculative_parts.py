@@ -454,6 +454,24 @@ def test_controller_keeps_speculation_on_where_it_pays_and_keeps_a_baseline():
     assert 20 <= chosen.count(False) <= 40  # the plain baseline keeps being measured (1 in 4, then 1 in 16)
 
 
+def test_steps_whose_plan_declined_keep_the_baseline_without_plain_steps():
+    c = Controller(probe_every=16)
+    drive(c, 80, spec_rate=150, plain_rate=90)  # a baseline of forced plain steps to begin with
+    chosen = []
+    for n in range(320):  # a copying answer: the plan declines in one step of 10
+        spec = c.speculate(1)
+        chosen.append(spec)
+        declined = spec and n % 10 == 0
+        c.record(1, spec, 1.0 / (89 if declined else 150 if spec else 90), 1, 1.0 / 91 if declined else None)
+    assert chosen.count(False) == 0  # each declined step's time less the lookups' was a plain sample
+    assert c.on and 90 < c.snapshot()["by_batch"]["1"]["plain_tok_s"] < 91
+    for n in range(64):  # drafts in every step again: plain steps come back, one in 16
+        spec = c.speculate(1)
+        chosen.append(spec)
+        c.record(1, spec, 1.0 / (150 if spec else 90), 1)
+    assert chosen[-64:].count(False) == 4
+
+
 def test_controller_judges_each_batch_size_on_its_own():
     c = Controller()
     drive(c, 80, spec_rate=150, plain_rate=90, batch=1)
