@@ -1,9 +1,9 @@
 """Patch 0009 on a host with AMX (the setup build turns ggml's AMX backend on there): the weights
 load into the AMX buffer, decodes of several rows no longer die with SIGILL (the tile configuration
 GCC dropped), and batches of every kernel give, bit for bit, the logits of one-row decodes: 2-4 rows
-patch 0009's vnni kernel, 5-16 rows of Q4_1/Q8_0 weights patch 0013's AMX rows kernel (Gemma's
-K-quants: the one-row kernel per row up to 8 rows, upstream's AMX tiles above), 17 and more
-upstream's AMX tiles, with each kernel's tile configuration loaded after the other's. Patch 0010: the weights measured are
+patch 0009's vnni kernel, 5-32 rows of Q4_1/Q8_0 weights patch 0013's AMX rows kernel (16 rows a
+pass; Gemma's K-quants: the one-row kernel per row up to 8 rows, upstream's AMX tiles above), 33
+and more upstream's AMX tiles, with each kernel's tile configuration loaded after the other's. Patch 0010: the weights measured are
 what the buffers hold (the file plus the repacked copy of the tied output matrix), which is what
 the estimate says. Skipped on hosts without AMX."""
 
@@ -41,8 +41,8 @@ def test_amx_weights_give_row_invariant_logits(amx_build, real_models, tmp_path:
                     flash_attn="on", cache_dir=tmp_path)
     try:
         assert any(AMX_BUFFER.match(r.getMessage().strip()) for r in caplog.records)
-        tokens = [(7907 * i + 3) % m.n_vocab for i in range(300)]
-        for width in (2, 4, 5, 8, 9, 13, 16, 17, 3, 12):
+        tokens = [(7907 * i + 3) % m.n_vocab for i in range(320)]
+        for width in (2, 4, 5, 8, 9, 13, 16, 17, 3, 24, 33):
             single, batched = logits_after(m, tokens, 280, width)
             assert all(np.array_equal(a, b) for a, b in zip(single, batched)), width
     finally:

@@ -15,7 +15,7 @@ import pytest
 import llama_cpp as lc
 
 from appliance.engine import native
-from appliance.engine.speculative.exactness import exact_rows
+from appliance.engine.speculative.exactness import BATCH_INVARIANT_ROWS, exact_rows
 from conftest import GEMMA3, SMOLLM2
 
 
@@ -64,5 +64,21 @@ def test_probe_fits_a_small_context(real_models, tmp_path: Path):
                     flash_attn="on")
     try:
         assert exact_rows(m.ctx, m.n_vocab, 65) >= 17
+    finally:
+        m.free()
+
+
+@pytest.mark.parametrize("path", [SMOLLM2, GEMMA3], ids=["smollm2", "gemma3"])
+def test_steps_up_to_the_invariant_bound_are_exact(real_models, tmp_path: Path, path: Path):
+    """The runner lets a step with drafts have up to BATCH_INVARIANT_ROWS - 1 rows (several
+    sequences verifying together); with an f16 KV cache, 33 rows and more had left the blocked
+    flash attention's chunked path for llama.cpp's tiled one, which sums in another order (patch 0014)."""
+    m = native.load(path, n_ctx_total=2048, n_seq_max=1, n_batch=512, n_threads=2, type_k="f16", type_v="f16",
+                    flash_attn="on", cache_dir=tmp_path)
+    try:
+        tokens = [(7907 * i + 3) % m.n_vocab for i in range(280 + BATCH_INVARIANT_ROWS)]
+        for width in (33, 48, BATCH_INVARIANT_ROWS - 1):
+            single, batched = logits_after(m, tokens, 280, width)
+            assert all(np.array_equal(a, b) for a, b in zip(single, batched)), width
     finally:
         m.free()
