@@ -1,9 +1,11 @@
 """What a batch of n rows costs with SmolLM2's weights in ggml's AMX buffer, on a host with AMX (where
-the setup build has it; elsewhere the script refuses to run). Patch
-0009's avx512-vnni kernel up to EIE_AMX_VNNI_ROWS rows (default 8) and AMX tiles beyond, against
-upstream's split (the vnni kernel for one row, AMX tiles from two: EIE_AMX_VNNI_ROWS=1) and against
-the weights in the file's layout (no extra buffer types: patches 0002-0006's Q4_1 kernels and patch
-0004's Q8_0 output layer, what a host without AMX runs), side by side in one run (row_costs.py).
+the setup build has it; elsewhere the script refuses to run). The setup build (patch 0009's
+avx512-vnni kernel up to 4 rows, patch 0013's AMX rows kernel for 5-32 rows, AMX tiles beyond),
+against patch 0009 alone (EIE_AMX_ROWS_MIN=0: the vnni kernel up to EIE_AMX_VNNI_ROWS rows,
+default 8, AMX tiles beyond), upstream's split (the vnni kernel for one row, AMX tiles from two)
+and the weights in the file's layout (no extra buffer types: patches 0002-0006's Q4_1 kernels and
+patch 0004's Q8_0 output layer, what a host without AMX runs), side by side in one run
+(row_costs.py).
 
 Usage: .venv/bin/python bench/amx_rows.py [--repeats 3] [--threads 2] [--context 300] [--out PATH]
 Prints a table and writes bench/results/amx_rows.json (or --out).
@@ -17,7 +19,8 @@ from pathlib import Path
 from row_costs import ROOT, arguments, compare
 from row_decoder import MODEL
 
-SETTINGS = {"AMX + vnni rows": {}, "AMX tiles from 2 rows": {"EIE_AMX_VNNI_ROWS": "1"},
+SETTINGS = {"AMX rows + vnni rows": {}, "vnni rows, AMX tiles from 9": {"EIE_AMX_ROWS_MIN": "0"},
+            "AMX tiles from 2 rows": {"EIE_AMX_VNNI_ROWS": "1", "EIE_AMX_ROWS_MIN": "0"},
             "file layout": {"EIE_BENCH_NO_EXTRA_BUFTS": "1"}}
 
 

@@ -49,7 +49,7 @@ COSTS = ROOT / "bench" / "results" / "q4_1_rows.json"
 
 def row_costs(path: Path = COSTS, setting: str = "tiled") -> dict[int, float]:
     """ms by rows of one setting of a row_costs.py table (q4_1_rows.py's "tiled", amx_rows.py's
-    "AMX + vnni rows" or "file layout")."""
+    "AMX + vnni rows" or "file layout"; amx_rows_0013.json: "AMX rows + vnni rows", ...)."""
     medians = json.loads(path.read_text())["median_ms"][setting]
     return {int(k): v for k, v in medians.items() if k.isdigit()}
 
