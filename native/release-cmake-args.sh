@@ -3,7 +3,9 @@
 # CPU variant (the best one for the machine is chosen at start-up), and the GPU modules.
 # EIE_GPU: cuda | rocm | none | auto (default: cuda where nvcc and cuBLAS's headers are found,
 # rocm where hipcc is, else none). A CUDA toolkit without cuBLAS (nvcc alone, as on some build
-# hosts) cannot build ggml's CUDA module, so auto leaves CUDA out there and says so on stderr.
+# hosts) cannot build ggml's CUDA module by itself: auto leaves CUDA out there and says so on
+# stderr; EIE_GPU=cuda takes cuBLAS from NVIDIA's wheel on PyPI instead (native/cuda-pypi-deps.sh,
+# about 450 MB, downloaded once).
 set -euo pipefail
 args="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 args="$args -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF"
@@ -27,14 +29,19 @@ if [ "$gpu" = auto ]; then
   if command -v nvcc >/dev/null 2>&1 && cublas_header >/dev/null; then gpu=cuda
   elif command -v hipcc >/dev/null 2>&1 || [ -x /opt/rocm/bin/hipcc ]; then gpu=rocm
   else
-    command -v nvcc >/dev/null 2>&1 && echo "release-cmake-args: nvcc found but not cuBLAS (cublas_v2.h): building without CUDA" >&2
+    command -v nvcc >/dev/null 2>&1 && echo "release-cmake-args: nvcc found but not cuBLAS (cublas_v2.h): building without CUDA (EIE_GPU=cuda takes cuBLAS from PyPI)" >&2
     gpu=none
   fi
 fi
 case "$gpu" in
   cuda)
-    cublas_header >/dev/null || { echo "EIE_GPU=cuda needs cuBLAS (cublas_v2.h) beside nvcc; none found" >&2; exit 2; }
-    args="$args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-75;80;86;89;90}" ;;
+    args="$args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-75;80;86;89;90}"
+    if ! cublas_header >/dev/null; then
+      nvcc="$(command -v nvcc 2>/dev/null)" || { echo "EIE_GPU=cuda needs nvcc; none found" >&2; exit 2; }
+      major="$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
+      deps="$("$(dirname "$0")/cuda-pypi-deps.sh" "$(dirname "$(dirname "$(readlink -f "$nvcc")")")" "$major")"
+      args="$args $deps"
+    fi ;;
   rocm) args="$args -DGGML_HIP=ON -DAMDGPU_TARGETS=${AMDGPU_TARGETS:-gfx1100;gfx1030;gfx90a;gfx942}" ;;
   none) ;;
   *) echo "EIE_GPU must be cuda, rocm, none or auto, not $gpu" >&2; exit 2 ;;

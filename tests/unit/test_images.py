@@ -74,7 +74,7 @@ def _release_args(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedPr
     """native/release-cmake-args.sh with PATH holding only a stub nvcc (and the shell's tools)."""
     stub = tmp_path / "bin"
     stub.mkdir(exist_ok=True)
-    (stub / "nvcc").write_text("#!/bin/sh\nexit 0\n")
+    (stub / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
     (stub / "nvcc").chmod(0o755)
     base = {"PATH": f"{stub}:/usr/bin:/bin", **env}
     return subprocess.run(["bash", str(ROOT / "native/release-cmake-args.sh")], env=base, capture_output=True,
@@ -84,7 +84,8 @@ def _release_args(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedPr
 def test_release_build_takes_cuda_only_with_cublas(tmp_path):
     """nvcc alone cannot build ggml's CUDA module (it links cuBLAS): `make release` on such a
     host failed in CMake. Auto mode builds without CUDA there and says why; with cuBLAS's header
-    beside the toolkit it builds CUDA; EIE_GPU=cuda without cuBLAS stops before CMake."""
+    beside the toolkit it builds CUDA; EIE_GPU=cuda without cuBLAS takes it from NVIDIA's wheel
+    on PyPI (native/cuda-pypi-deps.sh) and stops before CMake where the wheel cannot be had."""
     if any(Path(d, "include/cublas_v2.h").is_file() for d in ("/usr/local/cuda", "/usr")):
         pytest.skip("this host has cuBLAS: the no-cuBLAS cases cannot be made here")
     toolkit = tmp_path / "cuda"
@@ -92,8 +93,26 @@ def test_release_build_takes_cuda_only_with_cublas(tmp_path):
     assert without.returncode == 0, without.stderr
     assert "GGML_CUDA" not in without.stdout and "-DGGML_CPU_ALL_VARIANTS=ON" in without.stdout
     assert "not cuBLAS" in without.stderr
-    forced = _release_args(tmp_path, {"CUDA_PATH": str(toolkit), "EIE_GPU": "cuda"})
-    assert forced.returncode == 2 and "cuBLAS" in forced.stderr and not forced.stdout
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable}
+    deps = tmp_path / "deps"
+    forced = _release_args(tmp_path, {"CUDA_PATH": str(toolkit), "EIE_GPU": "cuda", "EIE_CUDA_DEPS_DIR": str(deps),
+                                      **offline})
+    assert forced.returncode == 2 and "nvidia-cublas could not be downloaded" in forced.stderr, forced.stderr
+    assert not forced.stdout
+    # the wheel's files, as a download left them: the flags point CMake at them and at a driver stub
+    (deps / "cu13/include").mkdir(parents=True)
+    (deps / "cu13/include/cublas_v2.h").write_text("")
+    (deps / "cu13/lib").mkdir()
+    cached = _release_args(tmp_path, {"CUDA_PATH": str(toolkit), "EIE_GPU": "cuda", "EIE_CUDA_DEPS_DIR": str(deps),
+                                      **offline})
+    assert cached.returncode == 0, cached.stderr
+    assert "-DGGML_CUDA=ON" in cached.stdout
+    assert f"-DCUDA_cublas_LIBRARY={deps}/cu13/lib/libcublas.so.13" in cached.stdout
+    assert f"-DCMAKE_CUDA_FLAGS=-I{deps}/cu13/include" in cached.stdout
+    stub = deps / "cu13/stubs/libcuda.so"
+    assert f"-DCUDA_cuda_driver_LIBRARY={stub}" in cached.stdout
+    soname = subprocess.run(["objdump", "-p", str(stub)], capture_output=True, text=True).stdout
+    assert re.search(r"SONAME\s+libcuda\.so\.1", soname), soname
     (toolkit / "include").mkdir(parents=True)
     (toolkit / "include/cublas_v2.h").write_text("")
     found = _release_args(tmp_path, {"CUDA_PATH": str(toolkit)})

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What ggml's CUDA module links and a bare toolkit (nvcc and the runtime, as on some build hosts)
+# lacks: cuBLAS, from NVIDIA's redistributable wheel on PyPI (nvidia-cublas for CUDA 13,
+# nvidia-cublas-cu12 for 12), unpacked once into a cache; and, where the toolkit has no
+# lib64/stubs/libcuda.so, a link stub for the driver library (no symbols, soname libcuda.so.1: the
+# module's driver calls stay unresolved until the GPU host's driver is loaded, as with NVIDIA's
+# stub). Prints the CMake flags that point the build at them.
+# Usage: native/cuda-pypi-deps.sh TOOLKIT_DIR CUDA_MAJOR
+#   EIE_CUDA_DEPS_DIR: the cache (default ~/.cache/eie/cuda-deps); PYTHON: the pip to download with.
+set -euo pipefail
+toolkit="$1"
+major="$2"
+case "$major" in
+  12) package=nvidia-cublas-cu12 ;;
+  13) package=nvidia-cublas ;;
+  *) echo "cuda-pypi-deps: no cuBLAS wheel known for CUDA $major (12 or 13)" >&2; exit 2 ;;
+esac
+dest="${EIE_CUDA_DEPS_DIR:-$HOME/.cache/eie/cuda-deps}/cu$major"
+if [ ! -f "$dest/include/cublas_v2.h" ]; then
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+  if ! "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary :all: -d "$work" "$package==$major.*" >&2; then
+    echo "cuda-pypi-deps: cuBLAS is not beside nvcc and $package could not be downloaded from the package index" >&2
+    exit 2
+  fi
+  "${PYTHON:-python3}" -m zipfile -e "$work"/*.whl "$work/wheel"
+  header="$(find "$work/wheel" -path '*/include/cublas_v2.h' | head -n1)"
+  [ -n "$header" ] || { echo "cuda-pypi-deps: $package holds no cublas_v2.h" >&2; exit 2; }
+  root="$(dirname "$(dirname "$header")")"
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  cp -r "$root/include" "$root/lib" "$dest.tmp/"
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+fi
+flags="-DCUDA_cublas_LIBRARY=$dest/lib/libcublas.so.$major -DCUDA_cublasLt_LIBRARY=$dest/lib/libcublasLt.so.$major"
+flags="$flags -DCMAKE_CUDA_FLAGS=-I$dest/include"
+if [ ! -f "$toolkit/lib64/stubs/libcuda.so" ]; then
+  if [ ! -f "$dest/stubs/libcuda.so" ]; then
+    mkdir -p "$dest/stubs"
+    printf 'void eie_libcuda_link_stub(void) {}\n' | "${CC:-cc}" -shared -fPIC -x c - -Wl,-soname,libcuda.so.1 \
+      -o "$dest/stubs/libcuda.so"
+  fi
+  flags="$flags -DCUDA_cuda_driver_LIBRARY=$dest/stubs/libcuda.so"
+fi
+echo "$flags"
