@@ -2,9 +2,10 @@
 # What ggml's CUDA module links and a bare toolkit (nvcc and the runtime, as on some build hosts)
 # lacks: cuBLAS, from NVIDIA's redistributable wheel on PyPI (nvidia-cublas for CUDA 13,
 # nvidia-cublas-cu12 for 12), unpacked once into a cache; and, where the toolkit has no
-# lib64/stubs/libcuda.so, a link stub for the driver library (no symbols, soname libcuda.so.1: the
-# module's driver calls stay unresolved until the GPU host's driver is loaded, as with NVIDIA's
-# stub). Prints the CMake flags that point the build at them.
+# lib64/stubs/libcuda.so, a link stub for the driver library, as NVIDIA's: every CUresult function
+# cuda.h declares, empty, soname libcuda.so.1, so the module records libcuda.so.1 as needed (a stub
+# without the symbols is dropped by --as-needed, and the module then fails to load on a GPU host
+# with its driver calls unresolved). Prints the CMake flags that point the build at them.
 # Usage: native/cuda-pypi-deps.sh TOOLKIT_DIR CUDA_MAJOR
 #   EIE_CUDA_DEPS_DIR: the cache (default ~/.cache/eie/cuda-deps); PYTHON: the pip to download with.
 set -euo pipefail
@@ -36,8 +37,11 @@ flags="$flags -DCMAKE_CUDA_FLAGS=-I$dest/include"
 if [ ! -f "$toolkit/lib64/stubs/libcuda.so" ]; then
   if [ ! -f "$dest/stubs/libcuda.so" ]; then
     mkdir -p "$dest/stubs"
-    printf 'void eie_libcuda_link_stub(void) {}\n' | "${CC:-cc}" -shared -fPIC -x c - -Wl,-soname,libcuda.so.1 \
-      -o "$dest/stubs/libcuda.so"
+    names="$(echo '#include <cuda.h>' | "${CC:-cc}" -E -I"$toolkit/include" -x c - \
+      | grep -oE 'CUresult[[:space:]]+cu[A-Za-z0-9_]+[[:space:]]*\(' | grep -oE 'cu[A-Za-z0-9_]+' | sort -u)"
+    [ -n "$names" ] || { echo "cuda-pypi-deps: no driver functions found in $toolkit/include/cuda.h" >&2; exit 2; }
+    for name in $names; do echo "int $name(void) { return 0; }"; done \
+      | "${CC:-cc}" -shared -fPIC -x c - -Wl,-soname,libcuda.so.1 -o "$dest/stubs/libcuda.so"
   fi
   flags="$flags -DCUDA_cuda_driver_LIBRARY=$dest/stubs/libcuda.so"
 fi

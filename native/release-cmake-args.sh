@@ -24,6 +24,19 @@ cublas_header() {
   return 1
 }
 
+# the toolkit's root: the first of those places with the driver API's header (cuda.h)
+toolkit_root() {
+  local dirs=("${CUDA_PATH:-}" "${CUDAToolkit_ROOT:-}" /usr/local/cuda)
+  local nvcc
+  nvcc="$(command -v nvcc 2>/dev/null || true)"
+  [ -n "$nvcc" ] && dirs+=("$(dirname "$(dirname "$(readlink -f "$nvcc")")")")
+  local d
+  for d in "${dirs[@]}"; do
+    [ -n "$d" ] && [ -f "$d/include/cuda.h" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+
 gpu="${EIE_GPU:-auto}"
 if [ "$gpu" = auto ]; then
   if command -v nvcc >/dev/null 2>&1 && cublas_header >/dev/null; then gpu=cuda
@@ -39,7 +52,8 @@ case "$gpu" in
     if ! cublas_header >/dev/null; then
       nvcc="$(command -v nvcc 2>/dev/null)" || { echo "EIE_GPU=cuda needs nvcc; none found" >&2; exit 2; }
       major="$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
-      deps="$("$(dirname "$0")/cuda-pypi-deps.sh" "$(dirname "$(dirname "$(readlink -f "$nvcc")")")" "$major")"
+      root="$(toolkit_root)" || { echo "EIE_GPU=cuda: no CUDA toolkit (include/cuda.h) found beside nvcc" >&2; exit 2; }
+      deps="$("$(dirname "$0")/cuda-pypi-deps.sh" "$root" "$major")"
       args="$args $deps"
     fi ;;
   rocm) args="$args -DGGML_HIP=ON -DAMDGPU_TARGETS=${AMDGPU_TARGETS:-gfx1100;gfx1030;gfx90a;gfx942}" ;;

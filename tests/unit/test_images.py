@@ -93,6 +93,9 @@ def test_release_build_takes_cuda_only_with_cublas(tmp_path):
     assert without.returncode == 0, without.stderr
     assert "GGML_CUDA" not in without.stdout and "-DGGML_CPU_ALL_VARIANTS=ON" in without.stdout
     assert "not cuBLAS" in without.stderr
+    (toolkit / "include").mkdir(parents=True)  # the driver API's header, which the link stub is made from
+    (toolkit / "include/cuda.h").write_text("typedef int CUresult;\nCUresult cuInit(unsigned int flags);\n"
+                                            "CUresult cuMemCreate(void *handle, unsigned long size);\n")
     offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable}
     deps = tmp_path / "deps"
     forced = _release_args(tmp_path, {"CUDA_PATH": str(toolkit), "EIE_GPU": "cuda", "EIE_CUDA_DEPS_DIR": str(deps),
@@ -113,7 +116,8 @@ def test_release_build_takes_cuda_only_with_cublas(tmp_path):
     assert f"-DCUDA_cuda_driver_LIBRARY={stub}" in cached.stdout
     soname = subprocess.run(["objdump", "-p", str(stub)], capture_output=True, text=True).stdout
     assert re.search(r"SONAME\s+libcuda\.so\.1", soname), soname
-    (toolkit / "include").mkdir(parents=True)
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(stub)], capture_output=True, text=True).stdout
+    assert {"cuInit", "cuMemCreate"} <= set(re.findall(r" T (\w+)", symbols)), symbols  # kept by --as-needed
     (toolkit / "include/cublas_v2.h").write_text("")
     found = _release_args(tmp_path, {"CUDA_PATH": str(toolkit)})
     assert found.returncode == 0 and "-DGGML_CUDA=ON" in found.stdout, found.stderr
