@@ -20,7 +20,7 @@ import yaml
 
 from conftest import ROOT, free_port
 
-HOST_LIBS = re.compile(r"^lib(cuda|nvidia-|amdhip64|hsa-runtime64|hsakmt|amd_comgr)")
+HOST_LIBS = re.compile(r"^lib(cuda|cublas|nvidia-|amdhip64|hsa-runtime64|hsakmt|amd_comgr)")
 
 
 def freeze(dest: Path) -> Path:
@@ -51,17 +51,39 @@ def test_the_bundle_holds_llama_cpp_and_its_backend_modules_but_no_driver(frozen
                 if p.parent != lib and not (p.is_symlink() and p.resolve().parent == lib.resolve())]
 
 
+def unloadable_module(tmp: Path, lib: Path) -> Path:
+    """A backend module in `lib` that needs a library the loader cannot find, as a CUDA module does
+    on a host without the driver (libcuda.so.1)."""
+    (tmp / "absent.c").write_text("int eie_absent(void) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libeie-absent.so.1", "-o", str(tmp / "libeie-absent.so"),
+                    str(tmp / "absent.c")], check=True)
+    (tmp / "module.c").write_text("int eie_absent(void);\nint ggml_backend_score(void) { return eie_absent(); }\n")
+    module = lib / "libggml-eietest.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(module), str(tmp / "module.c"), "-L", str(tmp),
+                    "-leie-absent"], check=True)
+    return module
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_frozen_doctor_from_an_empty_environment(frozen):
-    out = subprocess.run(["env", "-i", str(frozen), "doctor", "--json"], cwd="/", capture_output=True, text=True,
-                         timeout=120, check=True)
+def test_frozen_doctor_from_an_empty_environment(frozen, tmp_path):
+    # PyInstaller's ctypes says only "not found when the application was frozen" for a module that
+    # does not load; doctor must show the loader's reason instead
+    module = unloadable_module(tmp_path, frozen.parent / "_internal" / "llama_cpp" / "lib")
+    try:
+        out = subprocess.run(["env", "-i", str(frozen), "doctor", "--json"], cwd="/", capture_output=True, text=True,
+                             timeout=120, check=True)
+    finally:
+        module.unlink()
     r = json.loads(out.stdout)
     assert r["frozen"] is True
     cpu = next(b for b in r["backends"] if b["name"] == "cpu")
     assert cpu["registered"] == "CPU" and cpu["score"] > 0
     assert "/_internal/llama_cpp/lib/" in cpu["chosen"]
     assert "turbo3" in r["kv_types"]
+    broken = next(b for b in r["backends"] if b["name"] == "eietest")
+    assert broken["chosen"] is None
+    assert "libeie-absent.so.1: cannot open shared object file" in broken["candidates"][0]["error"], broken
 
 
 @pytest.mark.slow
