@@ -10,36 +10,24 @@ set -euo pipefail
 args="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 args="$args -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF"
 
-# cuBLAS's header where CMake's FindCUDAToolkit looks: the toolkit nvcc belongs to (nvcc may be a
-# wrapper script elsewhere, so also CUDA_PATH and /usr/local/cuda), and the system include dir.
-cublas_header() {
+# The first directory holding include/<header>, where CMake's FindCUDAToolkit looks: CUDA_PATH,
+# CUDAToolkit_ROOT, /usr/local/cuda, the system (/usr), and the toolkit nvcc belongs to (nvcc
+# may be a wrapper script elsewhere, hence the others).
+cuda_dir_with() {
   local dirs=("${CUDA_PATH:-}" "${CUDAToolkit_ROOT:-}" /usr/local/cuda /usr)
   local nvcc
   nvcc="$(command -v nvcc 2>/dev/null || true)"
   [ -n "$nvcc" ] && dirs+=("$(dirname "$(dirname "$(readlink -f "$nvcc")")")")
   local d
   for d in "${dirs[@]}"; do
-    [ -n "$d" ] && [ -f "$d/include/cublas_v2.h" ] && { echo "$d/include/cublas_v2.h"; return 0; }
-  done
-  return 1
-}
-
-# the toolkit's root: the first of those places with the driver API's header (cuda.h)
-toolkit_root() {
-  local dirs=("${CUDA_PATH:-}" "${CUDAToolkit_ROOT:-}" /usr/local/cuda)
-  local nvcc
-  nvcc="$(command -v nvcc 2>/dev/null || true)"
-  [ -n "$nvcc" ] && dirs+=("$(dirname "$(dirname "$(readlink -f "$nvcc")")")")
-  local d
-  for d in "${dirs[@]}"; do
-    [ -n "$d" ] && [ -f "$d/include/cuda.h" ] && { echo "$d"; return 0; }
+    [ -n "$d" ] && [ -f "$d/include/$1" ] && { echo "$d"; return 0; }
   done
   return 1
 }
 
 gpu="${EIE_GPU:-auto}"
 if [ "$gpu" = auto ]; then
-  if command -v nvcc >/dev/null 2>&1 && cublas_header >/dev/null; then gpu=cuda
+  if command -v nvcc >/dev/null 2>&1 && cuda_dir_with cublas_v2.h >/dev/null; then gpu=cuda
   elif command -v hipcc >/dev/null 2>&1 || [ -x /opt/rocm/bin/hipcc ]; then gpu=rocm
   else
     command -v nvcc >/dev/null 2>&1 && echo "release-cmake-args: nvcc found but not cuBLAS (cublas_v2.h): building without CUDA (EIE_GPU=cuda takes cuBLAS from PyPI)" >&2
@@ -49,10 +37,10 @@ fi
 case "$gpu" in
   cuda)
     args="$args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-75;80;86;89;90}"
-    if ! cublas_header >/dev/null; then
+    if ! cuda_dir_with cublas_v2.h >/dev/null; then
       nvcc="$(command -v nvcc 2>/dev/null)" || { echo "EIE_GPU=cuda needs nvcc; none found" >&2; exit 2; }
       major="$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
-      root="$(toolkit_root)" || { echo "EIE_GPU=cuda: no CUDA toolkit (include/cuda.h) found beside nvcc" >&2; exit 2; }
+      root="$(cuda_dir_with cuda.h)" || { echo "EIE_GPU=cuda: no CUDA toolkit (include/cuda.h) found beside nvcc" >&2; exit 2; }
       deps="$("$(dirname "$0")/cuda-pypi-deps.sh" "$root" "$major")"
       args="$args $deps"
     fi ;;
