@@ -207,10 +207,15 @@ def test_admin_status_needs_key_and_reports_measured_memory(strict_server):
     assert smol["kv_type_k"] == "f16" and smol["n_ctx"] == 512
     assert models["broken"]["state"] == "failed" and models["broken"]["weights_bytes"] == 0
     # the server's own resident memory, split as the kernel counts it: SmolLM2's repacked or
-    # anonymous copies, KV and compute buffers are anonymous; the file pages it still reads stay
+    # anonymous copies, KV and compute buffers are anonymous; the file pages it still reads stay.
+    # The KV cache is cleared at load, so all of it is resident; the compute buffer is not: most of
+    # it is the logits of a whole 512-token batch (100 MB), whose pages only the rows written touch
+    # (on the Zen 4 EPYC, with no repacked copies, 98 MB anonymous against 115 MB of both buffers)
     proc = body["process"]
     assert proc["source"] == "procfs" and proc["rss_bytes"] == proc["anonymous_bytes"] + proc["file_bytes"] + proc["shared_bytes"]
-    assert proc["anonymous_bytes"] > smol["kv_cache_bytes"] + smol["compute_bytes"]
+    assert proc["anonymous_bytes"] > smol["kv_cache_bytes"]
+    # the weights are resident one way or the other: mapped file pages, or anonymous repacked copies
+    assert proc["anonymous_bytes"] + proc["file_bytes"] > smol["weights_bytes"] + smol["kv_cache_bytes"]
 
 
 def test_504_when_the_deadline_passes(server_factory):
