@@ -29,6 +29,8 @@ from pathlib import Path
 
 import llama_cpp as lc
 
+from ..shared_library import open_library
+
 # ggml_backend_load_all's order: GPU backends register their devices before the CPU.
 _ORDER = ("blas", "zendnn", "cann", "cuda", "hip", "metal", "rpc", "sycl", "vulkan", "virtgpu", "opencl",
           "hexagon", "musa", "openvino", "cpu")
@@ -133,28 +135,12 @@ def find_modules(dirs: list[Path]) -> dict[str, list[Path]]:
                                                        kv[0])))
 
 
-def _loader_error(path: Path, fallback: str) -> str:
-    """The dynamic loader's own reason a module does not load (a missing libcuda.so.1, say): in a
-    frozen program PyInstaller's ctypes replaces it with "not found when the application was frozen"."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.dlopen.restype, libc.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
-        libc.dlerror.restype, libc.dlerror.argtypes = ctypes.c_char_p, []
-        libc.dlerror()  # clears an earlier error
-        if libc.dlopen(os.fsencode(path), os.RTLD_NOW | os.RTLD_LOCAL):
-            return fallback  # it loads now: nothing better to say
-        reason = libc.dlerror()
-    except (OSError, AttributeError):
-        return fallback
-    return reason.decode(errors="replace") if reason else fallback
-
-
 def _probe(path: Path) -> Candidate:
     """Open a module and ask its score (0: this machine lacks what it was built for)."""
     try:
-        mod = ctypes.CDLL(str(path))
+        mod = open_library(path)
     except OSError as e:
-        return Candidate(str(path), None, _loader_error(path, str(e)))
+        return Candidate(str(path), None, str(e))
     fn = getattr(mod, "ggml_backend_score", None)
     if fn is None:
         return Candidate(str(path), None)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ..config import Config
+from ..shared_library import open_library
 from .strategies import Candidate, GenericStrategy
 
 log = logging.getLogger("eie.policy")
@@ -60,7 +61,7 @@ class CPluginStrategy(GenericStrategy):
         if not lib_path.is_absolute():
             lib_path = Path(config.source_dir) / lib_path
         try:
-            self._lib = ctypes.CDLL(str(lib_path))
+            self._lib = open_library(lib_path)
         except OSError as e:
             raise PluginError(f"policy.strategy: cannot load plugin library {lib_path}: {e}") from e
         try:
