@@ -128,3 +128,27 @@ def test_make_release_stops_when_its_flags_cannot_be_chosen():
     must check it, or a failed choice builds a release without the GPU modules it asked for."""
     recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
     assert re.search(r'args="\$\$\(native/release-cmake-args\.sh\)"\s*&&', recipe), recipe
+
+
+def test_release_bundle_carries_no_build_host_runpath(tmp_path):
+    """llama-cpp-python's build kept its link directories in each module's RUNPATH: the CUDA module
+    of a release built against cuBLAS from PyPI named the build host's download cache (patch 0015
+    drops them). `make release` checks its bundle with native/check-runpath.sh, which must catch
+    such an entry and pass `$ORIGIN`-relative ones and the setup build's libraries."""
+    recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+    assert "native/check-runpath.sh dist-release/eie" in recipe, recipe
+    check = ROOT / "native/check-runpath.sh"
+    src = tmp_path / "m.c"
+    src.write_text("int eie_module_probe(void) { return 1; }\n")
+    for name, rpath in (("good", "$ORIGIN:$ORIGIN/../numpy.libs"), ("bad", f"$ORIGIN:{tmp_path}/cache/lib")):
+        (tmp_path / name).mkdir()
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / name / "libggml-x.so"), str(src),
+                        f"-Wl,-rpath,{rpath}", "-Wl,--enable-new-dtags"], check=True)
+    good = subprocess.run([str(check), str(tmp_path / "good")], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    bad = subprocess.run([str(check), str(tmp_path / "good"), str(tmp_path / "bad")], capture_output=True, text=True)
+    assert bad.returncode == 1 and f"RUNPATH entry {tmp_path}/cache/lib" in bad.stderr, bad.stderr
+    import llama_cpp
+
+    built = subprocess.run([str(check), str(Path(llama_cpp.__file__).parent)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
