@@ -43,7 +43,7 @@ def test_amx_weights_give_row_invariant_logits(amx_build, real_models, tmp_path:
     try:
         assert any(AMX_BUFFER.match(r.getMessage().strip()) for r in caplog.records)
         tokens = [(7907 * i + 3) % m.n_vocab for i in range(320)]
-        for width in (2, 3, 4, 5, 8, 9, 13, 16, 17, 24, 33):
+        for width in (2, 3, 4, 5, 8, 9, 13, 16, 17, 20, 24, 32, 33):
             single, batched = logits_after(m, tokens, 280, width)
             assert all(np.array_equal(a, b) for a, b in zip(single, batched)), width
     finally:
