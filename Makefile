@@ -42,7 +42,7 @@ binary: setup
 # (native/release-cmake-args.sh; EIE_GPU=cuda|rocm|none), in its own venv; takes long, not in `make test`.
 release:
 	args="$$(native/release-cmake-args.sh)" && EIE_CMAKE_ARGS="$$args" $(MAKE) binary VENV=.venv-release DIST=dist-release
-	native/check-runpath.sh dist-release/eie
+	native/check-runpath.sh dist-release/eie/_internal/llama_cpp
 
 # Install the onedir build as a systemd service under /opt/eie (DESTDIR= for a staging root).
 install:

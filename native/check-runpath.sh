@@ -2,7 +2,9 @@
 # Fails when a shared library under the given directories has a RUNPATH or RPATH entry that
 # does not start with $ORIGIN: such an entry names a directory of the build host (a toolkit, a
 # downloaded cuBLAS, the build tree), which on the target is missing or, worse, another library.
-# `make release` runs it on its bundle. Usage: native/check-runpath.sh DIR...
+# `make release` runs it on llama.cpp's libraries and modules in its bundle (not on the Python
+# runtime's: an interpreter built under pyenv names its own lib directory, which only the
+# interpreter's build can change). Usage: native/check-runpath.sh DIR...
 set -euo pipefail
 bad=0
 while IFS= read -r -d '' lib; do

@@ -136,7 +136,7 @@ def test_release_bundle_carries_no_build_host_runpath(tmp_path):
     drops them). `make release` checks its bundle with native/check-runpath.sh, which must catch
     such an entry and pass `$ORIGIN`-relative ones and the setup build's libraries."""
     recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
-    assert "native/check-runpath.sh dist-release/eie" in recipe, recipe
+    assert "native/check-runpath.sh dist-release/eie/_internal/llama_cpp" in recipe, recipe
     check = ROOT / "native/check-runpath.sh"
     src = tmp_path / "m.c"
     src.write_text("int eie_module_probe(void) { return 1; }\n")
