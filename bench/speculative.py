@@ -186,7 +186,8 @@ def bench_model(model: str, args, state: Path) -> list[dict]:
                       f"draft len {row['median_draft_length']}  same {same}", flush=True)
         status = server.spec()
         rows.append({"model": model, "controller": status["controller"],
-                     "exact_verify_rows": status["exact_verify_rows"], "step_ms_by_rows": status["step_ms_by_rows"]})
+                     "exact_verify_rows": status["exact_verify_rows"], "step_ms_by_rows": status["step_ms_by_rows"],
+                     "step_ms_by_sequences": status["step_ms_by_sequences"]})
     finally:
         server.stop()
     return rows
