@@ -148,6 +148,8 @@ def test_release_bundle_carries_no_build_host_runpath(tmp_path):
     assert good.returncode == 0, good.stderr
     bad = subprocess.run([str(check), str(tmp_path / "good"), str(tmp_path / "bad")], capture_output=True, text=True)
     assert bad.returncode == 1 and f"RUNPATH entry {tmp_path}/cache/lib" in bad.stderr, bad.stderr
+    moved = subprocess.run([str(check), str(tmp_path / "not-there")], capture_output=True, text=True)
+    assert moved.returncode == 2 and "no directory" in moved.stderr  # a moved bundle layout is no pass
     import llama_cpp
 
     built = subprocess.run([str(check), str(Path(llama_cpp.__file__).parent)], capture_output=True, text=True)
