@@ -62,9 +62,10 @@ echo "building llama-cpp-python $version (CMAKE_ARGS=$CMAKE_ARGS, $CMAKE_BUILD_P
 "$python" -m pip wheel --no-deps ${EIE_PIP_WHEEL_ARGS:-} -w "$work/wheel" "$src" >&2
 mkdir -p "$dest.tmp"
 cp "$work"/wheel/llama_cpp_python-*.whl "$dest.tmp/"
-# What native/build-test-backend-ops.sh needs to build llama.cpp's op tests against this wheel.
+# The prepared ggml tree: its headers build llama.cpp's op tests against this wheel
+# (native/build-test-backend-ops.sh), and tests configure it to see what a release build gets.
+cp -r "$src/vendor/llama.cpp/ggml" "$dest.tmp/ggml"
 mkdir -p "$dest.tmp/test-backend-ops"
-cp -r "$src/vendor/llama.cpp/ggml/include" "$dest.tmp/test-backend-ops/include"
 cp "$src/vendor/llama.cpp/tests/test-backend-ops.cpp" "$dest.tmp/test-backend-ops/"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"

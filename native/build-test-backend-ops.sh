@@ -8,12 +8,12 @@ python="$2"
 out="$3"
 lib="$("$python" -c 'import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / "lib")')"
 src="$cache/test-backend-ops"
-if [ ! -f "$src/test-backend-ops.cpp" ]; then
+if [ ! -f "$src/test-backend-ops.cpp" ] || [ ! -d "$cache/ggml/include" ]; then
   echo "no test-backend-ops sources next to the wheel in $cache (rebuild the wheel)" >&2
   exit 1
 fi
 echo "building test-backend-ops against $lib" >&2
-g++ -std=c++17 -O1 -pthread -I"$src/include" "$src/test-backend-ops.cpp" -o "$out.tmp" \
+g++ -std=c++17 -O1 -pthread -I"$cache/ggml/include" "$src/test-backend-ops.cpp" -o "$out.tmp" \
   -L"$lib" -lggml -lggml-base -Wl,-rpath,"$lib"
 mv "$out.tmp" "$out"
 # ggml backends are loadable modules (GGML_BACKEND_DL): test-backend-ops loads them from its own

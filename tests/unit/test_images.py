@@ -154,3 +154,33 @@ def test_release_bundle_carries_no_build_host_runpath(tmp_path):
 
     built = subprocess.run([str(check), str(Path(llama_cpp.__file__).parent)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
+
+
+def _release_cpu_variants(tmp_path: Path, cmake_args: list[str]) -> set[str]:
+    """The CPU variant modules a release build of the prepared ggml tree (kept next to the setup
+    wheel) would compile, read from a configure-only run with `make release`'s CPU flags."""
+    wheel = Path((Path(sys.prefix) / ".llama-wheel").read_text().splitlines()[-1])
+    ggml = wheel.parent / "ggml"
+    assert (ggml / "CMakeLists.txt").is_file(), f"no prepared ggml tree next to {wheel}: rebuild the wheel"
+    release = subprocess.run([str(ROOT / "native/release-cmake-args.sh")], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "EIE_GPU": "none"}, check=True)
+    flags = [f for f in release.stdout.split() if f.startswith("-DGGML_")]
+    assert "-DGGML_CPU_ALL_VARIANTS=ON" in flags, flags
+    # ggml's own CMakeLists as llama.cpp includes it (not standalone: no pkg-config file, no tests)
+    (tmp_path / "CMakeLists.txt").write_text(
+        f"cmake_minimum_required(VERSION 3.21)\nproject(eie_release_variants C CXX)\nadd_subdirectory({ggml} ggml)\n")
+    configure = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "build"), *flags, *cmake_args],
+                               capture_output=True, text=True)
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    targets = subprocess.run(["cmake", "--build", str(tmp_path / "build"), "--target", "help"],
+                             capture_output=True, text=True, check=True).stdout
+    return set(re.findall(r"\bggml-cpu-([\w.]+?)(?:-feats)?$", targets, re.M))
+
+
+def test_arm64_release_builds_without_sme_on_gcc_12(tmp_path):
+    """Debian 12 and Raspberry Pi OS 12 ship GCC 12, which has no `-march=...+sme`: ggml's ARM
+    variant list stopped the whole arm64 release at its armv9.2 variants. Patch 0016 leaves those
+    two out where the compiler cannot build them. The host's compiler stands in for such a one
+    here (it knows no ARM -march at all; the configure step compiles nothing for the variants)."""
+    variants = _release_cpu_variants(tmp_path, ["-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=aarch64"])
+    assert variants == {"armv8.0_1", "armv8.2_1", "armv8.2_2", "armv8.2_3", "armv8.6_1", "armv8.6_2"}, variants
