@@ -2,7 +2,7 @@
 # Builds the llama-cpp-python wheel from source once per (version, CMake flags, patches)
 # and caches it, so a second setup on the same machine installs in seconds.
 # Prints the path of the cached wheel on its last line. Next to the wheel it keeps the prepared
-# ggml headers and tests/test-backend-ops.cpp (see native/build-test-backend-ops.sh).
+# ggml tree and tests/test-backend-ops.cpp (see native/build-test-backend-ops.sh).
 set -euo pipefail
 
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
