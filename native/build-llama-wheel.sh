@@ -29,9 +29,23 @@ host_cpu_args() {
   done
   echo "$out"
 }
+# EIE_CROSS_AARCH64=1 (with EIE_CMAKE_ARGS): compiles llama.cpp for arm64 with Debian's
+# aarch64-linux-gnu cross compiler and caches the wheel where an arm64 host with this Python
+# version looks for it (images/pi-gen/build-arm64-release.sh). llama-cpp-python's Python code
+# is the same on every machine, so only the wheel's platform tag changes (native/retag-wheel.py).
+arch="$(uname -m)"
+cross_args=""
+if [ "${EIE_CROSS_AARCH64:-}" = 1 ]; then
+  [ -n "${EIE_CMAKE_ARGS:-}" ] || { echo "EIE_CROSS_AARCH64 needs EIE_CMAKE_ARGS (the target's flags)" >&2; exit 2; }
+  arch=aarch64
+  cross_args="-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64"
+  cross_args="$cross_args -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++"
+  cross_args="$cross_args -DCMAKE_FIND_ROOT_PATH=/usr/aarch64-linux-gnu -DCMAKE_FIND_ROOT_PATH_MODE_PROGRAM=NEVER"
+  cross_args="$cross_args -DCMAKE_FIND_ROOT_PATH_MODE_LIBRARY=ONLY -DCMAKE_FIND_ROOT_PATH_MODE_INCLUDE=ONLY"
+fi
 cmake_args="${EIE_CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_BACKEND_DL=ON $(host_cpu_args)}"
 
-key_material="$version|$cmake_args|$(uname -m)|$("$python" -c 'import sys; print(sys.version_info[:2])')"
+key_material="$version|$cmake_args|$arch|$("$python" -c 'import sys; print(sys.version_info[:2])')"
 key_material="$key_material|$(cat "$here"/prepare-llama-source.sh "$here"/patches/*.patch "$here"/turboquant/*.[ch] 2>/dev/null | sha256sum | cut -c1-16)"
 key="$(printf '%s' "$key_material" | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
@@ -55,13 +69,17 @@ src="$(echo "$work"/llama_cpp_python-*/)"
 "$here/prepare-llama-source.sh" "$src/vendor/llama.cpp" >&2
 
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-export CMAKE_ARGS="$cmake_args"
+export CMAKE_ARGS="$cmake_args${cross_args:+ $cross_args}"
 echo "building llama-cpp-python $version (CMAKE_ARGS=$CMAKE_ARGS, $CMAKE_BUILD_PARALLEL_LEVEL jobs)" >&2
 # EIE_PIP_WHEEL_ARGS: e.g. --no-build-isolation where the build backend is installed and no index is.
 # shellcheck disable=SC2086
 "$python" -m pip wheel --no-deps ${EIE_PIP_WHEEL_ARGS:-} -w "$work/wheel" "$src" >&2
 mkdir -p "$dest.tmp"
-cp "$work"/wheel/llama_cpp_python-*.whl "$dest.tmp/"
+if [ -n "$cross_args" ]; then
+  "$python" "$here/retag-wheel.py" "$work"/wheel/llama_cpp_python-*.whl linux_aarch64 "$dest.tmp" >&2
+else
+  cp "$work"/wheel/llama_cpp_python-*.whl "$dest.tmp/"
+fi
 # The prepared ggml tree: its headers build llama.cpp's op tests against this wheel
 # (native/build-test-backend-ops.sh), and tests configure it to see what a release build gets.
 cp -r "$src/vendor/llama.cpp/ggml" "$dest.tmp/ggml"

