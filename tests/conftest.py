@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +19,14 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_spec_host_libs() -> re.Pattern[str]:
+    """build.spec's HOST_LIBS: the libraries the frozen bundle leaves to the host."""
+    for node in ast.parse((ROOT / "build.spec").read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "HOST_LIBS":
+            return re.compile(ast.literal_eval(node.value.args[0]))
+    raise AssertionError("build.spec has no HOST_LIBS")
 MODELS = ROOT / "models"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"

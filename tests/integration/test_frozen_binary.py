@@ -18,9 +18,9 @@ import httpx
 import pytest
 import yaml
 
-from conftest import ROOT, free_port
+from conftest import ROOT, build_spec_host_libs, free_port
 
-HOST_LIBS = re.compile(r"^lib(cuda|cublas|nvidia-|amdhip64|hsa-runtime64|hsakmt|amd_comgr)")
+HOST_LIBS = build_spec_host_libs()
 
 
 def freeze(dest: Path) -> Path:

@@ -237,3 +237,20 @@ def test_the_release_venv_takes_no_test_tools():
     assert '-e ".[build]"' in release and "test-backend-ops" not in release, release
     default = setup_commands()
     assert '-e ".[test,build]"' in default and "native/build-test-backend-ops.sh" in default, default
+
+
+def test_the_bundle_leaves_every_gpu_library_the_modules_link_to_the_host():
+    """What the GPU modules of real release builds link (`readelf -d`): the CUDA module (CUDA 13,
+    cuBLAS from PyPI, session 23) and the HIP module (ROCm 6.4, session 25). PyInstaller follows
+    those links; the first HIP release bundled rocBLAS (996 MB, and without the kernel files it
+    looks for beside itself) and hipBLAS."""
+    from conftest import build_spec_host_libs
+
+    host_libs = build_spec_host_libs()
+    linked = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcuda.so.1",
+              "libamdhip64.so.6", "libhipblas.so.2", "librocblas.so.4", "libhsa-runtime64.so.1",
+              "libnvidia-ml.so.1", "librocm_smi64.so.7"]
+    assert [n for n in linked if not host_libs.match(n)] == []
+    bundled = ["libggml-cuda.so", "libggml-hip.so", "libggml-base.so.0", "libstdc++.so.6", "libgomp.so.1",
+               "libpython3.11.so.1.0"]
+    assert [n for n in bundled if host_libs.match(n)] == []
