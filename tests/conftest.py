@@ -27,6 +27,8 @@ def build_spec_host_libs() -> re.Pattern[str]:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "HOST_LIBS":
             return re.compile(ast.literal_eval(node.value.args[0]))
     raise AssertionError("build.spec has no HOST_LIBS")
+
+
 MODELS = ROOT / "models"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"

@@ -3,7 +3,7 @@
 # llama.cpp is cross-compiled here with the release's CMake flags (Debian's aarch64-linux-gnu GCC,
 # minutes instead of hours under emulation); everything else runs as `make release` in an arm64
 # Debian 12 chroot under qemu-user (pip, the models, PyInstaller, the RUNPATH check), which finds
-# that wheel in its cache and compiles nothing but the op test.
+# that wheel in its cache and compiles nothing (the release skips the op test).
 # Needs root, network to the Debian mirror and PyPI, and
 #   apt-get install debootstrap qemu-user-static g++-aarch64-linux-gnu
 # Usage: images/pi-gen/build-arm64-release.sh [CHROOT_DIR]   (default: build/arm64-chroot)

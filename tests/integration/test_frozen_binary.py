@@ -7,7 +7,6 @@ libraries and the backend modules where llama_cpp looks for them, no GPU driver 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys

