@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from ..kv.migrate import read_sequence
 from ..resources import file_facts
 from ..resources.cores import CoreBudget
 from .decode import decode_with_cores
+from .load_cancel import raise_if_set
 from .prefix import build_id
 
 
@@ -85,8 +87,10 @@ def calibration_text() -> str:
     return resources.files("appliance.kv").joinpath("calibration.txt").read_text(encoding="utf-8")
 
 
-def measure(model: lc.llama_model_p, n_threads: int, cores: CoreBudget | None = None) -> np.ndarray:
-    """Per-layer mean K (float32, all KV layers in state order, unrotated) over the calibration text."""
+def measure(model: lc.llama_model_p, n_threads: int, cores: CoreBudget | None = None,
+            cancel: threading.Event | None = None) -> np.ndarray:
+    """Per-layer mean K (float32, all KV layers in state order, unrotated) over the calibration text;
+    raises LoadCancelled before a chunk once `cancel` is set."""
     vocab = lc.llama_model_get_vocab(model)
     data = calibration_text().encode()
     arr = (lc.llama_token * (len(data) + 8))()
@@ -108,6 +112,7 @@ def measure(model: lc.llama_model_p, n_threads: int, cores: CoreBudget | None = 
     threads_set = n_threads
     try:
         for start in range(0, len(tokens), _CHUNK):
+            raise_if_set(cancel)
             chunk = tokens[start : start + _CHUNK]
             for i, t in enumerate(chunk):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, start + i, 1, 0
@@ -132,14 +137,14 @@ def measure(model: lc.llama_model_p, n_threads: int, cores: CoreBudget | None = 
 
 
 def centers_for(model: lc.llama_model_p, path: Path, n_threads: int, cache_dir: Path | None,
-                cores: CoreBudget | None = None) -> np.ndarray:
+                cores: CoreBudget | None = None, cancel: threading.Event | None = None) -> np.ndarray:
     """The model's K means: from the cache directory when measured before, else measured (and saved)."""
     text = calibration_text()
     key = (*file_facts.stat_key(path), build_id(), CALIBRATION_TOKENS, hashlib.sha256(text.encode()).hexdigest())
     stored = file_facts.load(cache_dir, "k-centers", key)
     if isinstance(stored, list) and stored and all(isinstance(v, float) for v in stored):
         return np.asarray(stored, dtype=np.float32)
-    centers = measure(model, n_threads, cores)
+    centers = measure(model, n_threads, cores, cancel)
     file_facts.save(cache_dir, "k-centers", key, [float(v) for v in centers])
     return centers
 

@@ -26,6 +26,7 @@ from ..kv import migrate
 from ..kv.prefix_store import PrefixStore
 from . import k_centering, native
 from .client import render_chat
+from .load_cancel import LoadCancelled
 from .prefix import PrefixCache, file_sha256, model_identity
 from .speculative.draft_model import DraftModel
 from .speculative.history import HistoryIndex
@@ -122,7 +123,7 @@ class ModelManager:
     def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
         return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores,
                            prefix_factory=self._prefix_cache, speculator_factory=self._speculator,
-                           cache_dir=self.config.cache_dir())
+                           cache_dir=self.config.cache_dir(), cancel=self._stop)
 
     def _speculator(self, runner: ModelRunner) -> Speculator | None:
         """The speculative decoding of a runner whose model just loaded (None when it has no
@@ -142,7 +143,8 @@ class ModelManager:
                                what=f"models[{index}].speculative.draft_model ({spec.draft_model!r} for "
                                     f"model {runner.name!r})",
                                n_seq_max=runner.cfg.n_parallel, n_ctx_total=runner.cfg.n_ctx * runner.cfg.n_parallel,
-                               n_batch=runner.batch_cap, threads=runner.threads, cores=self.cores)
+                               n_batch=runner.batch_cap, threads=runner.threads, cores=self.cores,
+                               cancel=runner.cancel)
         return Speculator(spec, history, draft)
 
     def _prefix_cache(self, runner: ModelRunner) -> PrefixCache | None:
@@ -362,6 +364,8 @@ class ModelManager:
         return not self._threads[0].is_alive()
 
     def stop(self) -> None:
+        """Stop everything. Loads still under way give up at their next check (runners share
+        `_stop` as their cancel flag: engine/load_cancel.py), so a stop during the boot is quick."""
         self._stop.set()
         self._demand_pool.shutdown(wait=True, cancel_futures=True)
         self.wait_booted(timeout=120)
@@ -506,6 +510,8 @@ class ModelManager:
                     self.counters["loads"] += 1
                     self._event("load", name, f"loaded in {runner.load_seconds:.2f}s")
                     self._warm_prefixes(runner)
+                elif isinstance(runner.load_exception, LoadCancelled):
+                    self._event("load_cancelled", name, runner.error or "")
                 else:
                     self.counters["load_failures"] += 1
                     self._event("load_failed", name, runner.error or "")
@@ -648,6 +654,8 @@ class ModelManager:
         return added
 
     def _load_quietly(self, name: str) -> None:
+        if self._stop.is_set():  # stopping: the boot set's later models are not started
+            return
         try:
             self.load(name, boot=True)
         except (InsufficientMemory, PolicyRefused) as e:

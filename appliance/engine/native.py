@@ -21,6 +21,7 @@ from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from he
 from ..kv.migrate import rotation_sizes
 from ..resources.cores import CoreBudget
 from . import backends, held_gil, k_centering
+from .load_cancel import raise_if_set
 
 log = logging.getLogger("eie.llama")
 
@@ -281,12 +282,14 @@ def load(
     center_k: bool = False,
     cache_dir: Path | None = None,
     cores: CoreBudget | None = None,
+    cancel: threading.Event | None = None,
 ) -> LoadedModel:
     """Load weights and create one context with `n_seq_max` sequences, one KV stream each.
 
     With `center_k`, keys are stored minus the model's mean key (engine/k_centering.py) where
     the model allows it; the means are cached under `cache_dir`, and measuring them takes its
-    threads from `cores`.
+    threads from `cores`. Once `cancel` is set, the load stops at its next check and raises
+    LoadCancelled (engine/load_cancel.py).
     """
     init_backend()
     if not path.is_file():
@@ -298,7 +301,11 @@ def load(
     try:
         mparams = lc.llama_model_default_params()
         mparams.use_mmap = True
+        if cancel is not None:  # llama.cpp stops reading tensors when the callback returns false
+            progress = lc.llama_progress_callback(lambda _progress, _data: not cancel.is_set())
+            mparams.progress_callback = progress
         model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        raise_if_set(cancel)
         if not model:
             raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
         args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn)
@@ -318,8 +325,13 @@ def load(
             type_k=type_k,
             type_v=type_v,
         )
-        if center_k:
-            _center(loaded, path, cache_dir, cores, lines)
+        try:
+            raise_if_set(cancel)
+            if center_k:
+                _center(loaded, path, cache_dir, cores, lines, cancel)
+        except BaseException:
+            lc.llama_free(ctx)
+            raise
         model = None
         return loaded
     finally:
@@ -329,7 +341,7 @@ def load(
 
 
 def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: CoreBudget | None,
-            lines: list[str]) -> None:
+            lines: list[str], cancel: threading.Event | None = None) -> None:
     """Measure (or read) the K means and apply them to the context; off, with a log line, where
     the model or the build does not allow it. `lines` is the load's log capture."""
     reason = k_centering.unsupported_reason(loaded.metadata, gpu_backend())
@@ -339,7 +351,7 @@ def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: Core
         log.info("K centring off for %s: %s", path.name, reason)
         return
     try:
-        centers = k_centering.centers_for(loaded.model, path, loaded.args.n_threads, cache_dir, cores)
+        centers = k_centering.centers_for(loaded.model, path, loaded.args.n_threads, cache_dir, cores, cancel)
         loaded.buffers = _apply_centers(loaded.ctx, centers, loaded.type_k, loaded.metadata, loaded.buffers, lines)
     except k_centering.CenteringError as e:  # an optimisation of the cache: serve without it
         log.warning("K centring off for %s: %s", path.name, e)

@@ -30,6 +30,7 @@ from ..resources import file_facts
 from ..resources.cores import CoreBudget
 from . import held_gil, native
 from .decode import decode_with_cores
+from .load_cancel import LoadCancelled, raise_if_set
 from .chat_template import ChatTemplate, default_template
 from .sampling import SamplingParams, build_chain, free_chain
 from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
@@ -180,8 +181,9 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, path: Path, cores: CoreBudget,
                  prefix_factory: Callable[["ModelRunner"], PrefixCache | None] | None = None,
                  speculator_factory: Callable[["ModelRunner"], Speculator | None] | None = None,
-                 cache_dir: Path | None = None):
+                 cache_dir: Path | None = None, cancel: threading.Event | None = None):
         self.cfg = cfg
+        self.cancel = cancel or threading.Event()  # set: a load in progress gives up (engine/load_cancel.py)
         self.cache_dir = cache_dir  # where measured K means are kept (engine/k_centering.py)
         self._prefix_factory = prefix_factory
         self.prefix: PrefixCache | None = None
@@ -192,6 +194,7 @@ class ModelRunner:
         self.cores = cores
         self.state = "unloaded"  # unloaded | loading | ready | failed | stopped
         self.error: str | None = None
+        self.load_exception: Exception | None = None  # why the load failed
         self.loaded: native.LoadedModel | None = None
         self.vocab: native.Vocab | None = None
         self.template: ChatTemplate | None = None
@@ -223,6 +226,7 @@ class ModelRunner:
         """Load weights and context (blocking), then start the step thread."""
         t0 = time.monotonic()
         try:
+            raise_if_set(self.cancel)
             self.loaded = native.load(
                 self.path,
                 n_ctx_total=self.cfg.n_ctx * self.cfg.n_parallel,
@@ -235,6 +239,7 @@ class ModelRunner:
                 center_k=self.cfg.kv_cache.center_k,
                 cache_dir=self.cache_dir,
                 cores=self.cores,
+                cancel=self.cancel,
             )
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
@@ -243,8 +248,9 @@ class ModelRunner:
                 self.spec = self._speculator_factory(self)
             if self.spec is not None:
                 self._measure_exact_rows()
+            raise_if_set(self.cancel)  # stopping: no prefix cache, no step thread
         except Exception as e:  # a load failure is a state, reported by /health, never a crash
-            self.error = str(e)
+            self.error, self.load_exception = str(e), e
             self.state = "failed"
             if self.spec is not None:
                 self.spec.close()
@@ -252,7 +258,10 @@ class ModelRunner:
             if self.loaded:
                 self.loaded.free()
                 self.loaded = None
-            log.error("model %s failed to load: %s", self.name, e)
+            if isinstance(e, LoadCancelled):
+                log.info("model %s: %s after %.2fs", self.name, e, time.monotonic() - t0)
+            else:
+                log.error("model %s failed to load: %s", self.name, e)
             return
         self._mem = lc.llama_get_memory(self.loaded.ctx)
         if self._prefix_factory is not None:
@@ -290,7 +299,8 @@ class ModelRunner:
             try:
                 lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
                 self._threads_set = granted
-                self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id)
+                self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id,
+                                                  cancel=self.cancel)
             finally:
                 self.cores.release(granted)
             file_facts.save(self.cache_dir, "exact-verify-rows", key, self.spec.exact_rows)
@@ -567,6 +577,8 @@ class ModelRunner:
             self._exact_stale = False
             try:
                 self._measure_exact_rows(self._free_ids[0])  # the lowest free id: not admitted
+            except LoadCancelled:  # the server is stopping
+                pass
             except Exception:  # greedy sequences keep verifying no drafts
                 log.exception("model %s: measuring exact verification for the new KV types failed", self.name)
         now = time.monotonic()

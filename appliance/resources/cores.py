@@ -33,13 +33,18 @@ class CoreBudget:
         self._free = self.total
         self._cond = threading.Condition()
         self._last_held = 0.0  # time.monotonic() when a core was last given back
+        self._waiting = 0  # threads blocked in acquire
 
     def acquire(self, want: int) -> int:
         """Block until at least one core is free, then take up to `want` of them."""
         want = max(1, min(want, self.total))
         with self._cond:
-            while self._free < 1:
-                self._cond.wait()
+            self._waiting += 1
+            try:
+                while self._free < 1:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
             granted = min(want, self._free)
             self._free -= granted
             return granted
@@ -67,6 +72,12 @@ class CoreBudget:
                     return False
                 wake = deadline if self._free < self.total else min(deadline, self._last_held + quiet_s)
                 self._cond.wait(max(0.001, wake - now))
+
+    @property
+    def waiting(self) -> int:
+        """Threads blocked in `acquire` now."""
+        with self._cond:
+            return self._waiting
 
     @property
     def busy(self) -> int:

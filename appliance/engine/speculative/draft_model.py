@@ -8,6 +8,7 @@ one batch; then k − 1 more single-token rounds, again batched over the sequenc
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import llama_cpp as lc
@@ -39,10 +40,11 @@ def check_vocab(target: native.Vocab, draft: native.Vocab, what: str) -> None:
 
 class DraftModel:
     def __init__(self, path: Path, target: native.Vocab, *, what: str, n_seq_max: int, n_ctx_total: int,
-                 n_batch: int, threads: int, cores: CoreBudget):
+                 n_batch: int, threads: int, cores: CoreBudget, cancel: threading.Event | None = None):
         try:
             self.loaded = native.load(path, n_ctx_total=n_ctx_total, n_seq_max=n_seq_max, n_batch=n_batch,
-                                      n_threads=threads, type_k="f16", type_v="f16", flash_attn="auto")
+                                      n_threads=threads, type_k="f16", type_v="f16", flash_attn="auto",
+                                      cancel=cancel)
         except native.LoadError as e:
             raise native.LoadError(f"{what}: {e}") from e
         try:

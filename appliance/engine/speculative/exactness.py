@@ -18,9 +18,12 @@ takes the smallest width over several context lengths (CONTEXTS).
 from __future__ import annotations
 
 import os
+import threading
 
 import llama_cpp as lc
 import numpy as np
+
+from ..load_cancel import raise_if_set
 
 CONTEXTS = (24, 200)  # part of the runner's cache key: a change re-measures
 
@@ -42,26 +45,29 @@ BATCH_INVARIANT_ROWS = _invariant_rows(os.environ.get("EIE_BATCH_INVARIANT_ROWS"
 
 
 def exact_rows(ctx: lc.llama_context_p, n_vocab: int, max_rows: int, seq_id: int = 0,
-               contexts: tuple[int, ...] = CONTEXTS) -> int:
+               contexts: tuple[int, ...] = CONTEXTS, cancel: threading.Event | None = None) -> int:
     """The largest w <= max_rows such that, after each of `contexts` tokens of context, every
-    batch of w' <= w tokens is exact (at least 1)."""
+    batch of w' <= w tokens is exact (at least 1). Raises LoadCancelled before a decode once
+    `cancel` is set."""
     width = max_rows
     room = lc.llama_n_ctx_seq(ctx)  # a sequence's positions: context + rows must fit
     for context in contexts:
         context = min(context, room - width)
         if width == 1 or context < 1:
             break
-        width = _exact_rows_after(ctx, n_vocab, width, seq_id, context)
+        width = _exact_rows_after(ctx, n_vocab, width, seq_id, context, cancel)
     return width
 
 
-def _exact_rows_after(ctx: lc.llama_context_p, n_vocab: int, max_rows: int, seq_id: int, context: int) -> int:
+def _exact_rows_after(ctx: lc.llama_context_p, n_vocab: int, max_rows: int, seq_id: int, context: int,
+                      cancel: threading.Event | None) -> int:
     mem = lc.llama_get_memory(ctx)
     tokens = [(7919 * i + 13) % n_vocab for i in range(context + max_rows)]  # arbitrary, fixed
     chunk = max(1, min(context, lc.llama_n_batch(ctx)))
     batch = lc.llama_batch_init(max(chunk, max_rows), 0, 1)
 
     def decode(start: int, n: int, logits: bool = True) -> list[np.ndarray]:
+        raise_if_set(cancel)
         for i in range(n):
             batch.token[i] = tokens[start + i]
             batch.pos[i] = start + i
