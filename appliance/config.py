@@ -115,6 +115,10 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     threads: Annotated[int, Meta(ge=1, le=512)] | None = None
     kv_cache: KvCacheConfig = field(default_factory=KvCacheConfig)
     flash_attn: FlashAttn = "auto"
+    # Layers on the GPU, where llama.cpp offloads (resources/offload.py): auto takes all of them
+    # (the repeating layers and the output) when they fit the budget, else the most that fit;
+    # a number takes that many (0: weights and KV cache stay in host memory). No effect on a CPU.
+    n_gpu_layers: Annotated[int, Meta(ge=0, le=100_000)] | Literal["auto"] = "auto"
     chat_template: str | None = None
     # Requests waiting for a sequence slot beyond this are refused with 429.
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64

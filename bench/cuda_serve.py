@@ -3,8 +3,10 @@
 Starts a real `eie serve` (fixed-appliance: SmolLM2 with an f16 KV cache and SmolLM2 with q8_0),
 times exec to /health 200, saves /health, /v1/admin/vram/status, a greedy chat completion and the
 memory/KV lines of /metrics, times decoding with 1 and 4 streams (median of 3), and checks that a
-TurboQuant KV cache is refused at load on the GPU with a clear message. Writes cuda.json and
-prints a table.
+TurboQuant KV cache is refused at load on the GPU with a clear message. Then serves SmolLM2 again
+with `n_gpu_layers: auto` under a budget of about half of what it took on the GPU, and records the
+layers the server placed there, its estimate against llama.cpp's GPU buffers, and an answer.
+Writes cuda.json and prints a table.
 """
 
 from __future__ import annotations
@@ -32,6 +34,29 @@ def config(model_dir: Path, cache_dir: Path, kv_modes: dict[str, str]) -> dict:
         "models": [{"name": name, "path": MODEL, "n_ctx": 4096, "n_parallel": 4, "kv_cache": {"mode": mode}}
                    for name, mode in kv_modes.items()],
     }
+
+
+def partial_offload(model_dir: Path, state: Path, full_gpu_bytes: int, results: Path) -> dict:
+    """SmolLM2 (f16 KV) under a budget whose critical watermark holds about half of what the whole
+    model took on the GPU: `auto` places fewer layers there; what did the GPU get?"""
+    cfg = config(model_dir, state / "cache", {"smollm2-half": "f16"})
+    budget_mb = max(1, round(full_gpu_bytes / 2 / 0.95 / (1 << 20)))
+    cfg["vram"] = {"budget_mb": budget_mb}
+    srv = EieServer(cfg, state)
+    try:
+        status = httpx.get(srv.base + "/v1/admin/vram/status", timeout=30).json()
+        (results / "vram-status-partial.json").write_text(json.dumps(status, indent=2))
+        model = next(m for m in status["models"] if m["name"] == "smollm2-half")
+        answer = httpx.post(srv.base + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2-half", "temperature": 0, "max_tokens": 24,
+            "messages": [{"role": "user", "content": "Name three colours of the rainbow."}]}).json()
+    finally:
+        srv.stop()
+    critical = status["budgets"]["device"]["critical_watermark_bytes"]
+    return {"budget_mb": budget_mb, "gpu_layers": model["gpu_layers"], "device": model["device"],
+            "gpu_memory_bytes": model["gpu_memory_bytes"], "host_memory_bytes": model["host_memory_bytes"],
+            "critical_watermark_bytes": critical, "within_budget": model["gpu_memory_bytes"] <= critical,
+            "answer": answer["choices"][0]["message"]["content"]}
 
 
 def decode_rate(base: str, model: str, streams: int) -> float:
@@ -64,6 +89,10 @@ def main() -> None:
     try:
         for path, name in (("/health", "health"), ("/v1/admin/vram/status", "vram-status")):
             (args.results / f"{name}.json").write_text(json.dumps(httpx.get(srv.base + path, timeout=30).json(), indent=2))
+        vram = json.loads((args.results / "vram-status.json").read_text())
+        f16 = next(m for m in vram["models"] if m["name"] == "smollm2-f16")
+        report["whole_model_on_gpu"] = {k: f16[k] for k in ("device", "gpu_layers", "gpu_memory_bytes",
+                                                             "host_memory_bytes", "estimate")}
         chat = httpx.post(srv.base + "/v1/chat/completions", timeout=120, json={
             "model": "smollm2-f16", "temperature": 0, "max_tokens": 48,
             "messages": [{"role": "user", "content": "Name three colours of the rainbow."}]}).json()
@@ -90,12 +119,25 @@ def main() -> None:
         log = e.log.read_text(errors="replace").splitlines()
         report["turbo3_on_gpu"] = next((line for line in reversed(log) if "turbo3" in line), log[-1] if log else str(e))
 
+    if report["whole_model_on_gpu"]["device"] != "cpu":
+        report["partial_offload"] = partial_offload(args.model_dir, state,
+                                                    report["whole_model_on_gpu"]["gpu_memory_bytes"], args.results)
+    else:
+        report["partial_offload"] = None  # a CPU-only build (bench/cuda_check.sh serve run without a GPU)
+
     (args.results / "cuda.json").write_text(json.dumps(report, indent=2))
     print(f"exec to /health 200: {report['health_s']} s\nanswer: {report['chat_answer']!r}")
     print(f"{'model x streams':<20} {'median tok/s':>12}  runs")
     for k, v in report["decode"].items():
         print(f"{k:<20} {v['median_tok_s']:>12}  {v['runs']}")
     print(f"turbo3 on the GPU: {report['turbo3_on_gpu']}")
+    whole, part = report["whole_model_on_gpu"], report["partial_offload"]
+    print(f"whole model: {whole['gpu_layers']} on {whole['device']}, {whole['gpu_memory_bytes'] / 2**20:.0f} MiB "
+          f"of GPU memory, {whole['host_memory_bytes'] / 2**20:.0f} MiB of host memory")
+    if part is not None:
+        print(f"budget {part['budget_mb']} MiB: {part['gpu_layers']} on {part['device']}, "
+              f"{part['gpu_memory_bytes'] / 2**20:.0f} MiB of GPU memory (critical watermark "
+              f"{part['critical_watermark_bytes'] / 2**20:.0f} MiB), answer {part['answer']!r}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@ libllama loaded: the same parser as the load, and nothing the frozen build has t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import backends
@@ -23,6 +25,8 @@ def _lib() -> ctypes.CDLL:
                             ("gguf_find_tensor", ctypes.c_int64, [vp, ctypes.c_char_p]),
                             ("gguf_get_tensor_type", ctypes.c_int, [vp, ctypes.c_int64]),
                             ("gguf_get_tensor_size", ctypes.c_size_t, [vp, ctypes.c_int64]),
+                            ("gguf_get_n_tensors", ctypes.c_int64, [vp]),
+                            ("gguf_get_tensor_name", ctypes.c_char_p, [vp, ctypes.c_int64]),
                             ("ggml_type_name", ctypes.c_char_p, [ctypes.c_int])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -31,14 +35,9 @@ def _lib() -> ctypes.CDLL:
 
 def read(path: Path, names: tuple[str, ...]) -> dict[str, tuple[str, int]]:
     """name -> (ggml type name, bytes) for those of `names` the file has; {} when it cannot be read."""
-    from . import native
-
-    native.init_backend()  # loads libllama and so the libggml it uses
-    lib = _lib()
-    ctx = lib.gguf_init_from_file(str(path).encode(), _InitParams(True, None))
-    if not ctx:
-        return {}
-    try:
+    with _opened(path) as (lib, ctx):
+        if not ctx:
+            return {}
         found = {}
         for name in names:
             tid = lib.gguf_find_tensor(ctx, name.encode())
@@ -46,5 +45,27 @@ def read(path: Path, names: tuple[str, ...]) -> dict[str, tuple[str, int]]:
                 found[name] = (lib.ggml_type_name(lib.gguf_get_tensor_type(ctx, tid)).decode().upper(),
                                int(lib.gguf_get_tensor_size(ctx, tid)))
         return found
+
+
+def sizes(path: Path) -> dict[str, int]:
+    """Every tensor's name -> bytes; {} when the file cannot be read."""
+    with _opened(path) as (lib, ctx):
+        if not ctx:
+            return {}
+        return {lib.gguf_get_tensor_name(ctx, i).decode("utf-8", "replace"): int(lib.gguf_get_tensor_size(ctx, i))
+                for i in range(lib.gguf_get_n_tensors(ctx))}
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[tuple[ctypes.CDLL, int | None]]:
+    """ggml's GGUF context of the file's header (None when it cannot be read), freed afterwards."""
+    from . import native
+
+    native.init_backend()  # loads libllama and so the libggml it uses
+    lib = _lib()
+    ctx = lib.gguf_init_from_file(str(path).encode(), _InitParams(True, None))
+    try:
+        yield lib, ctx
     finally:
-        lib.gguf_free(ctx)
+        if ctx:
+            lib.gguf_free(ctx)

@@ -16,7 +16,7 @@ from msgspec import structs
 
 from ..config import Config, ModelConfig
 from ..policy import Candidate, make_policy
-from ..resources import file_facts, memory, repack
+from ..resources import file_facts, memory, offload, repack
 from ..resources.cores import CoreBudget
 from ..resources.estimate import Estimate, GgufShape, draft_estimate, estimate, shape_from_header
 from ..kv.adaptive import Change, Controller, ModelKv, Pressure
@@ -24,7 +24,7 @@ from ..resources.estimate import KV_BYTES_PER_VALUE
 from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label, ladder
 from ..kv import migrate
 from ..kv.prefix_store import PrefixStore
-from . import k_centering, native
+from . import gguf_tensors, k_centering, native
 from .client import render_chat
 from .load_cancel import LoadCancelled
 from .prefix import PrefixCache, file_sha256, model_identity
@@ -65,7 +65,7 @@ class Budget:
 _shapes: dict[tuple[str, int, int], GgufShape] = {}
 
 
-SHAPE_FACTS = "gguf-shape-2"  # -2: with the tied output matrix (resources/repack.py)
+SHAPE_FACTS = "gguf-shape-3"  # -2: with the tied output matrix (resources/repack.py); -3: the layer table
 
 
 def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
@@ -75,11 +75,13 @@ def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
     if key not in _shapes:
         stored = file_facts.load(cache_dir, SHAPE_FACTS, key)
         try:
-            _shapes[key] = GgufShape(**stored)
-        except TypeError:  # missing, unreadable or from another version of this code
+            _shapes[key] = GgufShape(**{**stored, "block_bytes": tuple(stored["block_bytes"])})
+        except (TypeError, KeyError):  # missing, unreadable or from another version of this code
             shape = shape_from_header(native.read_header(path), path.stat().st_size)
             tied_type, tied_bytes = repack.tied_output(path)
-            _shapes[key] = dataclasses.replace(shape, tied_output_type=tied_type, tied_output_bytes=tied_bytes)
+            blocks, output = offload.layer_table(gguf_tensors.sizes(path), shape.n_layer, tied_bytes)
+            _shapes[key] = dataclasses.replace(shape, tied_output_type=tied_type, tied_output_bytes=tied_bytes,
+                                               block_bytes=blocks, output_bytes=output)
             file_facts.save(cache_dir, SHAPE_FACTS, key, dataclasses.asdict(_shapes[key]))
     return _shapes[key]
 
@@ -109,6 +111,10 @@ class ModelManager:
         for g in config.groups:
             for m in g.models:
                 self._group_of.setdefault(m, g)
+        # The GPU backend llama.cpp offloads to (None: the CPU). A GPU's budget counts what models
+        # put in its memory; the RAM's counts everything (resources/offload.py).
+        self.gpu = native.gpu_backend()
+        self._charged: dict[str, int] = {}  # bytes a load in flight is charged (its estimate on the budget's device)
         self.kv_choices: dict[str, KvChoice] = self._choose_kv()
         self.runners: dict[str, ModelRunner] = {m.name: self._new_runner(m) for m in config.models}
         self.kv_controller = self._kv_controller(config)
@@ -287,7 +293,10 @@ class ModelManager:
 
     def _spill_prefixes(self) -> None:
         """Above the low watermark, saved prefixes (idle conversations among them) leave RAM for
-        the disk tier, where the next request of the conversation finds them."""
+        the disk tier, where the next request of the conversation finds them. (A GPU's budget does not
+        count them: they are in RAM.)"""
+        if self.gpu:
+            return
         for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():
             if self.used(budget) <= budget.low:
                 continue
@@ -402,24 +411,43 @@ class ModelManager:
         draft = self._draft_path(cfg)
         return draft_estimate(shape_of(draft, self.config.cache_dir()), cfg) if draft is not None else 0
 
-    @staticmethod
-    def draft_measured(runner: ModelRunner) -> int:
-        """Bytes of the runner's draft model (weights, KV, compute), 0 without one."""
-        spec = runner.spec
-        return spec.draft.loaded.buffers.total if spec is not None and spec.draft is not None else 0
+    def gpu_layers(self, name: str) -> dict | None:
+        """The model's layers on the GPU, {"offloaded", "of"} (for `auto`, all of them until a
+        load places fewer), None without a GPU."""
+        if self.gpu is None:
+            return None
+        runner = self.runners[name]
+        try:
+            total = offload.all_layers(shape_of(runner.path, self.config.cache_dir()))
+        except (OSError, ValueError):
+            return {"offloaded": None, "of": None}
+        return {"offloaded": total if runner.gpu_layers < 0 else min(runner.gpu_layers, total), "of": total}
 
-    @classmethod
-    def measured(cls, runner: ModelRunner) -> int:
+    def _charge(self, buffers: native.BufferSizes) -> int:
+        """What the budget's device holds of these buffers: a GPU its own memory's part, the RAM all."""
+        return buffers.device if self.gpu else buffers.total
+
+    def draft_measured(self, runner: ModelRunner) -> int:
+        """Bytes of the runner's draft model (weights, KV, compute) on the budget's device, 0 without one."""
+        spec = runner.spec
+        return self._charge(spec.draft.loaded.buffers) if spec is not None and spec.draft is not None else 0
+
+    def measured(self, runner: ModelRunner) -> int:
+        """Bytes of a loaded model (and its draft model) on the budget's device."""
         if runner.loaded is None:
             return 0
-        return runner.loaded.buffers.total + cls.draft_measured(runner)
+        return self._charge(runner.loaded.buffers) + self.draft_measured(runner)
 
     def _held(self, name: str) -> int:
-        """Memory a model holds now: measured when loaded, estimated while loading."""
+        """Memory a model holds now: measured when loaded, estimated while loading. Saved prefixes
+        in RAM count against the RAM's budget, not a GPU's."""
         r = self.runners[name]
         if r.state == "ready":
-            return self.measured(r) + (r.prefix.store.ram_used if r.prefix is not None else 0)
+            ram = r.prefix.store.ram_used if r.prefix is not None and not self.gpu else 0
+            return self.measured(r) + ram
         if r.state == "loading":
+            if name in self._charged:
+                return self._charged[name]
             est = self.estimates.get(name)
             return est.total if est else 0
         return 0
@@ -464,18 +492,60 @@ class ModelManager:
             out.append(Candidate(name, self.measured(r), last, group.name if group else None))
         return out
 
-    def _make_room(self, name: str, need: int) -> None:
+    def _evict_for(self, name: str, need: int) -> bool:
+        """Evict what the strategy lets go until `need` more bytes fit under the critical watermark;
+        False when they still do not."""
         budget = self.budget(name)
         while self.used(budget, exclude=name) + need > budget.critical:
             victim = self.policy.choose_eviction(self._candidates(budget, name), name)
             if victim is None:
-                self.counters["loads_refused"] += 1
-                raise InsufficientMemory(
-                    f"loading {name!r} needs about {need / MIB:.0f} MiB; {self.used(budget, name) / MIB:.0f} MiB of the "
-                    f"{budget.capacity / MIB:.0f} MiB {budget.scope} budget are in use, the critical watermark is "
-                    f"{self.config.vram.critical_watermark:g}% and no idle, unpinned model can be evicted"
-                )
+                return False
             self._unload(victim, f"evicted by {self.policy.name} to make room for {name}")
+        return True
+
+    def _make_room(self, name: str, need: int) -> None:
+        if not self._evict_for(name, need):
+            budget = self.budget(name)
+            self.counters["loads_refused"] += 1
+            raise InsufficientMemory(
+                f"loading {name!r} needs about {need / MIB:.0f} MiB; {self.used(budget, name) / MIB:.0f} MiB of the "
+                f"{budget.capacity / MIB:.0f} MiB {budget.scope} budget are in use, the critical watermark is "
+                f"{self.config.vram.critical_watermark:g}% and no idle, unpinned model can be evicted"
+            )
+
+    def _place(self, name: str, cfg: ModelConfig, est: Estimate) -> tuple[int | None, int]:
+        """Make room for a model's load and, on a GPU, decide how many layers it offloads
+        (`n_gpu_layers: auto`: all when they fit, after any evictions the strategy allows, else
+        the most that fit). Returns (the layers, None where the config's number stands; the bytes
+        the budget is charged while it loads). Raises InsufficientMemory."""
+        shape = None
+        if self.gpu is not None:
+            try:
+                shape = shape_of(self.config.model_path(cfg), self.config.cache_dir())
+            except (OSError, ValueError):
+                pass  # unreadable: charged its whole estimate, and the load reports why
+        if shape is None:
+            self._make_room(name, est.total)
+            return None, est.total
+        if cfg.n_gpu_layers != "auto":
+            need = offload.device_bytes(shape, est, cfg.n_gpu_layers)
+            self._make_room(name, need)
+            return None, need
+        need = offload.device_bytes(shape, est, -1)
+        if self._evict_for(name, need):
+            return -1, need
+        budget = self.budget(name)
+        room = budget.critical - self.used(budget, exclude=name)
+        layers = offload.fit_layers(shape, est, room)
+        if layers is None:
+            self._make_room(name, need)  # raises, with what the whole model needs
+        part = offload.device_bytes(shape, est, layers)
+        why = (f"{layers} of {offload.all_layers(shape)} layers on {self.gpu}: all of them need about "
+               f"{need / MIB:.0f} MiB, {max(room, 0) / MIB:.0f} MiB of the {budget.scope} budget are free under "
+               f"the critical watermark")
+        log.warning("model %s: %s", name, why)
+        self._event("partial_offload", name, why)
+        return layers, part
 
     # ---- load and unload -------------------------------------------------------------------
 
@@ -492,10 +562,13 @@ class ModelManager:
             in_flight = self._loading.get(name)
             if in_flight is None:
                 est = self.estimate_for(name)
-                if est is not None:
-                    self._make_room(name, est.total)  # counts other loads in flight by their estimates
+                layers = None
+                if est is not None:  # counts other loads in flight by what they are charged
+                    layers, self._charged[name] = self._place(name, runner.cfg, est)
                 if runner.state not in ("unloaded", "loading"):
                     runner = self.runners[name] = self._new_runner(runner.cfg)
+                if layers is not None:
+                    runner.gpu_layers = layers
                 runner.state = "loading"
                 self._loading[name] = threading.Event()
         if in_flight is not None:  # someone else is loading it: wait for that load
@@ -516,6 +589,7 @@ class ModelManager:
                     self.counters["load_failures"] += 1
                     self._event("load_failed", name, runner.error or "")
                 self._loading.pop(name).set()
+                self._charged.pop(name, None)
         return runner
 
     async def load_async(self, name: str, timeout: float | None = None) -> ModelRunner:

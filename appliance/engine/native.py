@@ -104,10 +104,26 @@ class BufferSizes:
     kv: int = 0
     compute: int = 0
     output: int = 0
+    # The part of each of the above in a GPU's own memory (not in a CPU or pinned host buffer).
+    weights_device: int = 0
+    kv_device: int = 0
+    compute_device: int = 0
+    output_device: int = 0
 
     @property
     def total(self) -> int:
         return self.weights + self.kv + self.compute + self.output
+
+    @property
+    def device(self) -> int:
+        """Bytes in GPU memory: what a GPU's budget is charged."""
+        return self.weights_device + self.kv_device + self.compute_device + self.output_device
+
+
+def on_host(buffer: str) -> bool:
+    """Whether a llama.cpp buffer (by the name its log lines give) is in host memory: the CPU's own
+    (CPU, CPU_Mapped, CPU_REPACK, AMX) or a GPU backend's pinned host buffers (CUDA_Host, ...)."""
+    return buffer.startswith("CPU") or buffer == "AMX" or buffer.endswith("_Host")
 
 
 def parse_buffer_sizes(lines: list[str]) -> BufferSizes:
@@ -115,20 +131,28 @@ def parse_buffer_sizes(lines: list[str]) -> BufferSizes:
     buffers took tensors from inside that span (a GPU's layers, weights repacked for AMX), patch
     0010's next line says what it holds, and that is what it counts."""
     sizes = {"model": 0, "KV": 0, "RS": 0, "compute": 0, "output": 0}
+    device = dict.fromkeys(sizes, 0)
     last_model: dict[str, int] = {}  # buffer name -> the bytes its last size line added
     for line in lines:
         m = _BUFFER_LINE.match(line.strip())
         if m:
             size = int(float(m.group("mib")) * 1024 * 1024)
             sizes[m.group("kind")] += size
+            if not on_host(m.group("buf")):
+                device[m.group("kind")] += size
             if m.group("kind") == "model":
                 last_model[m.group("buf")] = size
             continue
         held = _HOLDS_LINE.match(line.strip())
         if held and held.group("buf") in last_model:
-            sizes["model"] += int(float(held.group("mib")) * 1024 * 1024) - last_model.pop(held.group("buf"))
+            change = int(float(held.group("mib")) * 1024 * 1024) - last_model.pop(held.group("buf"))
+            sizes["model"] += change
+            if not on_host(held.group("buf")):
+                device["model"] += change
     return BufferSizes(
-        weights=sizes["model"], kv=sizes["KV"] + sizes["RS"], compute=sizes["compute"], output=sizes["output"]
+        weights=sizes["model"], kv=sizes["KV"] + sizes["RS"], compute=sizes["compute"], output=sizes["output"],
+        weights_device=device["model"], kv_device=device["KV"] + device["RS"], compute_device=device["compute"],
+        output_device=device["output"],
     )
 
 
@@ -283,13 +307,15 @@ def load(
     cache_dir: Path | None = None,
     cores: CoreBudget | None = None,
     cancel: threading.Event | None = None,
+    n_gpu_layers: int = -1,
 ) -> LoadedModel:
     """Load weights and create one context with `n_seq_max` sequences, one KV stream each.
 
     With `center_k`, keys are stored minus the model's mean key (engine/k_centering.py) where
     the model allows it; the means are cached under `cache_dir`, and measuring them takes its
     threads from `cores`. Once `cancel` is set, the load stops at its next check and raises
-    LoadCancelled (engine/load_cancel.py).
+    LoadCancelled (engine/load_cancel.py). Where llama.cpp has a GPU, the last `n_gpu_layers`
+    layers go to it (negative: all, the output layer included; resources/offload.py).
     """
     init_backend()
     if not path.is_file():
@@ -301,6 +327,7 @@ def load(
     try:
         mparams = lc.llama_model_default_params()
         mparams.use_mmap = True
+        mparams.n_gpu_layers = n_gpu_layers
         if cancel is not None:  # llama.cpp stops reading tensors when the callback returns false
             progress = lc.llama_progress_callback(lambda _progress, _data: not cancel.is_set())
             mparams.progress_callback = progress
@@ -366,7 +393,7 @@ def _apply_centers(ctx: lc.llama_context_p, centers: np.ndarray, type_k: str, me
     mark = len(lines)
     k_centering.apply(ctx, centers, type_k, rotation_sizes(metadata)[0])
     again = parse_buffer_sizes(lines[mark:])
-    return dataclasses.replace(buffers, compute=again.compute) if again.compute else buffers
+    return dataclasses.replace(buffers, compute=again.compute, compute_device=again.compute_device) if again.compute else buffers
 
 
 def _check_kv_types(type_k: str, type_v: str) -> None:
@@ -418,7 +445,7 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
                 raise
     finally:
         _router.stop_capture()
-    return ctx, BufferSizes(weights=loaded.buffers.weights, kv=fresh.kv, compute=fresh.compute, output=fresh.output)
+    return ctx, dataclasses.replace(fresh, weights=loaded.buffers.weights, weights_device=loaded.buffers.weights_device)
 
 
 def _last_error(lines: list[str]) -> str | None:

@@ -199,6 +199,8 @@ class ModelRunner:
         self.vocab: native.Vocab | None = None
         self.template: ChatTemplate | None = None
         self.threads = min(cfg.threads or cores.total, cores.total)
+        # Layers llama.cpp offloads where it has a GPU (-1: all); the manager sets it for `auto`.
+        self.gpu_layers = -1 if cfg.n_gpu_layers == "auto" else cfg.n_gpu_layers
         self.batch_cap = max(cfg.n_batch, cfg.n_parallel)
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Sequence] = collections.deque()
@@ -240,6 +242,7 @@ class ModelRunner:
                 cache_dir=self.cache_dir,
                 cores=self.cores,
                 cancel=self.cancel,
+                n_gpu_layers=self.gpu_layers,
             )
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)

@@ -49,6 +49,10 @@ class GgufShape:
     # type and bytes, "" and 0 otherwise (resources/repack.py).
     tied_output_type: str = ""
     tied_output_bytes: int = 0
+    # Bytes of each repeating layer's tensors, and of what the output layer puts on a GPU
+    # (resources/offload.py); () and 0 when the tensor table was not read.
+    block_bytes: tuple[int, ...] = ()
+    output_bytes: int = 0
 
 
 def shape_from_header(meta: dict[str, str], file_size: int) -> GgufShape:
