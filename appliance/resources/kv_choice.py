@@ -7,16 +7,21 @@ The ladder is f16 → q8_0 → turbo4 → turbo3 → turbo2 (f16 → q8_0 → q4
 run: a GPU build that offloads, or a llama.cpp without the types). All auto models start at f16;
 while the estimate of all models together exceeds the usable bytes, the auto model with the
 largest KV cache steps one rung down; then, in config order, each steps back up while everything
-still fits. Explicit types never change. K follows V, except that a
+still fits. Explicit types never change. On a GPU a model counts what it puts there (its
+offloaded layers with their KV, the compute buffer, a draft model: resources/offload.py), as the
+GPU's budget charges it; `n_gpu_layers: auto` counts as every layer, so auto compresses the KV
+before a model would run partly on the CPU. K follows V, except that a
 model with GQA ≥ 6 (n_head / n_head_kv) keeps K at q8_0 past q8_0 (with few KV heads each K error
 reaches many query heads), and a configured `k` is kept as it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..config import ModelConfig
+from . import offload
 from .estimate import GgufShape, estimate
 
 LADDER = ("f16", "q8_0", "turbo4", "turbo3", "turbo2")
@@ -93,7 +98,8 @@ def choose_kv(
 
     `usable` None: not checked against the budget (no auto model; shapes may be None).
 
-    `gpu`: the GPU backend models are offloaded to (None: CPU), which has no TurboQuant kernels;
+    `gpu`: the GPU backend models are offloaded to (None: CPU), which has no TurboQuant kernels
+    and whose budget counts GPU memory only;
     `turbo_built`: whether llama.cpp has the TurboQuant types at all.
     """
     turbo_ok = gpu is None and turbo_built
@@ -111,8 +117,14 @@ def choose_kv(
     def kv(m: KvInput) -> int:
         return estimate(m.shape, m.cfg, *types(m)).kv if m.shape else 0
 
+    def charged(m: KvInput) -> int:
+        est = dataclasses.replace(estimate(m.shape, m.cfg, *types(m)), draft_model=m.extra_bytes)
+        if gpu is None:
+            return est.total
+        return offload.device_bytes(m.shape, est, -1 if m.cfg.n_gpu_layers == "auto" else m.cfg.n_gpu_layers)
+
     def total() -> int:
-        return sum(estimate(m.shape, m.cfg, *types(m)).total + m.extra_bytes for m in models if m.shape)
+        return sum(charged(m) for m in models if m.shape)
 
     while usable is not None and total() > usable:
         steppable = [m for m in auto if m.shape and at[m.cfg.name] < len(rungs[m.cfg.name]) - 1]

@@ -128,6 +128,36 @@ def test_on_a_gpu_build_auto_stops_at_q4_0():
     assert (c.type_v, c.fits) == ("q4_0", False)
 
 
+MIB = 2**20
+# Two layers of 512 KiB, an output layer of 512 KiB on the GPU, and 1.5 MiB of token embeddings
+# that stay in host memory; KV at f16 is 2 × F16 (two layers).
+OFFLOADABLE = GgufShape(architecture="test", n_layer=2, n_embd=0, n_ff=0, n_head=4, n_head_kv=4, key_length=64,
+                        value_length=64, n_vocab=0, tensor_bytes=3 * MIB, block_bytes=(MIB // 2, MIB // 2),
+                        output_bytes=MIB // 2)
+
+
+def test_on_a_gpu_auto_counts_what_the_gpu_holds_not_the_embeddings_left_on_the_host():
+    gpu_part = 3 * MIB // 2 + 2 * F16
+    inputs = models(AUTO, shapes={"a": OFFLOADABLE})
+    on_gpu = choose_kv(inputs, gpu_part, BUDGET, gpu="CUDA")["a"]
+    assert (on_gpu.type_v, on_gpu.fits) == ("f16", True)
+    assert on_gpu.reason == f"f16: the 1 model fits {BUDGET} (2 MiB needed)"
+    assert choose_kv(inputs, gpu_part - 1, BUDGET, gpu="CUDA")["a"].type_v == "q8_0"
+    # The same budget on the CPU holds every byte of the model: no KV type makes it fit.
+    on_cpu = choose_kv(inputs, gpu_part, BUDGET)["a"]
+    assert (on_cpu.type_v, on_cpu.fits) == ("turbo2", False)
+
+
+def test_on_a_gpu_a_configured_layer_count_counts_those_layers_and_a_draft_model_counts_whole():
+    inputs = models({**AUTO, "n_gpu_layers": 1}, shapes={"a": OFFLOADABLE})
+    one_layer = MIB // 2 + F16  # the last layer and its KV
+    assert choose_kv(inputs, one_layer, BUDGET, gpu="CUDA")["a"].type_v == "f16"
+    assert choose_kv(inputs, one_layer - 1, BUDGET, gpu="CUDA")["a"].type_v == "q8_0"
+    drafted = [KvInput(inputs[0].cfg, OFFLOADABLE, extra_bytes=1000)]
+    assert choose_kv(drafted, one_layer + 1000, BUDGET, gpu="CUDA")["a"].type_v == "f16"
+    assert choose_kv(drafted, one_layer + 999, BUDGET, gpu="CUDA")["a"].type_v == "q8_0"
+
+
 def test_without_turbo_types_in_the_build_auto_stops_at_q4_0():
     c = choose_kv(models(AUTO), TURBO2, BUDGET, turbo_built=False)["a"]
     assert (c.type_v, c.fits) == ("q4_0", False)
