@@ -1,4 +1,4 @@
-"""Type and size of named tensors in a GGUF file, read by ggml's own GGUF reader (libggml-base, which
+"""Type and size of every tensor in a GGUF file, read by ggml's own GGUF reader (libggml-base, which
 libllama loaded: the same parser as the load, and nothing the frozen build has to bundle)."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ def _lib() -> ctypes.CDLL:
     vp = ctypes.c_void_p
     for name, res, args in (("gguf_init_from_file", vp, [ctypes.c_char_p, _InitParams]),
                             ("gguf_free", None, [vp]),
-                            ("gguf_find_tensor", ctypes.c_int64, [vp, ctypes.c_char_p]),
                             ("gguf_get_tensor_type", ctypes.c_int, [vp, ctypes.c_int64]),
                             ("gguf_get_tensor_size", ctypes.c_size_t, [vp, ctypes.c_int64]),
                             ("gguf_get_n_tensors", ctypes.c_int64, [vp]),
@@ -33,27 +32,20 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def read(path: Path, names: tuple[str, ...]) -> dict[str, tuple[str, int]]:
-    """name -> (ggml type name, bytes) for those of `names` the file has; {} when it cannot be read."""
+def table(path: Path) -> dict[str, tuple[str, int]]:
+    """Every tensor's name -> (ggml type name, bytes); {} when the file cannot be read."""
     with _opened(path) as (lib, ctx):
         if not ctx:
             return {}
-        found = {}
-        for name in names:
-            tid = lib.gguf_find_tensor(ctx, name.encode())
-            if tid >= 0:
-                found[name] = (lib.ggml_type_name(lib.gguf_get_tensor_type(ctx, tid)).decode().upper(),
-                               int(lib.gguf_get_tensor_size(ctx, tid)))
-        return found
-
-
-def sizes(path: Path) -> dict[str, int]:
-    """Every tensor's name -> bytes; {} when the file cannot be read."""
-    with _opened(path) as (lib, ctx):
-        if not ctx:
-            return {}
-        return {lib.gguf_get_tensor_name(ctx, i).decode("utf-8", "replace"): int(lib.gguf_get_tensor_size(ctx, i))
+        return {lib.gguf_get_tensor_name(ctx, i).decode("utf-8", "replace"):
+                (lib.ggml_type_name(lib.gguf_get_tensor_type(ctx, i)).decode().upper(),
+                 int(lib.gguf_get_tensor_size(ctx, i)))
                 for i in range(lib.gguf_get_n_tensors(ctx))}
+
+
+def sizes(tensors: dict[str, tuple[str, int]]) -> dict[str, int]:
+    """name -> bytes of a `table`."""
+    return {name: size for name, (_, size) in tensors.items()}
 
 
 @contextlib.contextmanager

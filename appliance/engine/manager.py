@@ -78,8 +78,9 @@ def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
             _shapes[key] = GgufShape(**{**stored, "block_bytes": tuple(stored["block_bytes"])})
         except (TypeError, KeyError):  # missing, unreadable or from another version of this code
             shape = shape_from_header(native.read_header(path), path.stat().st_size)
-            tied_type, tied_bytes = repack.tied_output(path)
-            blocks, output = offload.layer_table(gguf_tensors.sizes(path), shape.n_layer, tied_bytes)
+            tensors = gguf_tensors.table(path)
+            tied_type, tied_bytes = repack.tied_output(tensors)
+            blocks, output = offload.layer_table(gguf_tensors.sizes(tensors), shape.n_layer, tied_bytes)
             _shapes[key] = dataclasses.replace(shape, tied_output_type=tied_type, tied_output_bytes=tied_bytes,
                                                block_bytes=blocks, output_bytes=output)
             file_facts.save(cache_dir, SHAPE_FACTS, key, dataclasses.asdict(_shapes[key]))

@@ -50,11 +50,9 @@ CPU_REPACK_LAYOUTS: dict[str, tuple[tuple[tuple[str, ...], int], ...]] = {
 }
 
 
-def tied_output(path: Path) -> tuple[str, int]:
-    """(type, bytes) of the token embeddings when the GGUF has no separate output matrix, else ("", 0)."""
-    from ..engine import gguf_tensors
-
-    tensors = gguf_tensors.read(path, ("token_embd.weight", "output.weight"))
+def tied_output(tensors: Mapping[str, tuple[str, int]]) -> tuple[str, int]:
+    """(type, bytes) of the token embeddings when the GGUF has no separate output matrix, else ("", 0);
+    `tensors` is the file's tensor table (engine/gguf_tensors.table)."""
     embd = tensors.get("token_embd.weight")
     if embd is None or "output.weight" in tensors:
         return "", 0

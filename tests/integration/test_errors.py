@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from appliance.engine.manager import shape_of
 from appliance.resources import repack
 from conftest import SMOLLM2, model_entry
 
@@ -198,7 +199,7 @@ def test_admin_status_needs_key_and_reports_measured_memory(strict_server):
     # layout for Q8_0, ARM with dotprod one of the same size)
     features = repack.cpu_output_features() or {}
     arm_copy = features.get("DOTPROD") == "1" or features.get("MATMUL_INT8") == "1" and features.get("NEON") == "1"
-    tied = repack.tied_output(SMOLLM2)[1] * (38 / 34 if repack.build_has_amx() else 1 if arm_copy else 0)
+    tied = shape_of(SMOLLM2).tied_output_bytes * (38 / 34 if repack.build_has_amx() else 1 if arm_copy else 0)
     assert abs(smol["estimate"]["weights_bytes"] - SMOLLM2.stat().st_size - tied) < 1024
     # f16 K and V: 2 bytes x 2 x n_layer(30) x n_embd_kv(192) x 512 cells, plus the float32 K
     # centres (30 x 192 x 4 bytes); llama.cpp reports the buffer in MiB with 2 decimals.

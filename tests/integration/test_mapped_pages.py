@@ -58,7 +58,7 @@ def test_pages_not_needed_leave_memory(real_models, tmp_path: Path, caplog, monk
         assert copied > 0.9 * (span - held) - MIB, messages
         # Both models tie their output to the embeddings: these leave only where another buffer
         # (AMX, CPU_REPACK) took the output layer; otherwise the output matmul reads all of them.
-        tied_bytes = repack.tied_output(path)[1]
+        tied_bytes = shape_of(path).tied_output_bytes
         if repack.repacked_output_bytes(shape_of(path)) > 0:
             assert embd > tied_bytes - MIB, messages
         else:

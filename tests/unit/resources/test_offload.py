@@ -18,7 +18,7 @@ MIB = 1 << 20
 @pytest.mark.parametrize("path", [SMOLLM2, GEMMA3], ids=["smollm2", "gemma3"])
 def test_the_layer_table_accounts_for_every_tensor(real_models, tmp_path, path):
     shape = shape_of(path, tmp_path)
-    sizes = gguf_tensors.sizes(path)
+    sizes = gguf_tensors.sizes(gguf_tensors.table(path))
     assert len(shape.block_bytes) == shape.n_layer > 0 and all(shape.block_bytes)
     # both models tie their output to the token embeddings: the GPU gets a copy of them
     assert shape.tied_output_bytes == sizes["token_embd.weight"]

@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
+from appliance.engine import gguf_tensors
 from appliance.resources import repack
 from appliance.resources.estimate import GgufShape
 
@@ -28,9 +29,10 @@ def test_tied_output_is_the_embeddings_when_there_is_no_output_matrix(tmp_path: 
     embd = np.zeros((64, 32), np.float32)
     tied = write_gguf(tmp_path / "tied.gguf", {"token_embd.weight": embd})
     untied = write_gguf(tmp_path / "untied.gguf", {"token_embd.weight": embd, "output.weight": embd})
-    assert repack.tied_output(tied) == ("F32", embd.nbytes)
-    assert repack.tied_output(untied) == ("", 0)
-    assert repack.tied_output(tmp_path / "missing.gguf") == ("", 0)
+    assert repack.tied_output(gguf_tensors.table(tied)) == ("F32", embd.nbytes)
+    assert repack.tied_output(gguf_tensors.table(untied)) == ("", 0)
+    assert gguf_tensors.table(tmp_path / "missing.gguf") == {}
+    assert repack.tied_output({}) == ("", 0)
 
 
 def shape(tied_type: str, tied_bytes: int = 34 * 64, n_embd: int = 64, n_vocab: int = 32) -> GgufShape:
