@@ -1,8 +1,10 @@
 """How much of a model a GPU holds (`models[].n_gpu_layers`).
 
-llama.cpp offloads the last n of a model's L repeating layers, and with n = L + 1 the output layer
-too; the token embeddings stay in host memory (their lookup runs on the CPU). An offloaded layer
-keeps its KV cache on the GPU, and the compute buffer is on the GPU whatever n is. `auto` takes
+llama.cpp counts the output layer as layer L after the L repeating ones and offloads the last n
+of those L + 1 (llama-model.cpp, `i_gpu_start = n_layer + 1 - n_gpu_layers`): n = 1 is the output
+layer alone, n = 2 adds repeating layer L - 1, and so on. The token embeddings stay in host memory
+(their lookup runs on the CPU). An offloaded layer keeps its KV cache on the GPU, and the compute
+buffer is on the GPU whatever n is. `auto` takes
 all L + 1 layers when they fit the budget and otherwise the most that fit: the model then runs
 partly on the CPU, slower, instead of not at all.
 
@@ -45,9 +47,9 @@ def device_bytes(shape: GgufShape, est: Estimate, layers: int) -> int:
     total = all_layers(shape)
     n = total if layers < 0 else min(layers, total)
     n_layer = shape.n_layer
-    repeating = min(n, n_layer)
+    repeating = max(n - 1, 0)  # the output layer goes first
     if len(shape.block_bytes) == n_layer and n_layer:
-        weights = sum(shape.block_bytes[n_layer - repeating:]) + (shape.output_bytes if n > n_layer else 0)
+        weights = sum(shape.block_bytes[n_layer - repeating:]) + (shape.output_bytes if n else 0)
     else:  # no tensor table: a proportional share of the weights
         weights = est.weights * n // total
     kv = est.kv * repeating // n_layer if n_layer else est.kv

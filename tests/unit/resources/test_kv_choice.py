@@ -149,8 +149,8 @@ def test_on_a_gpu_auto_counts_what_the_gpu_holds_not_the_embeddings_left_on_the_
 
 
 def test_on_a_gpu_a_configured_layer_count_counts_those_layers_and_a_draft_model_counts_whole():
-    inputs = models({**AUTO, "n_gpu_layers": 1}, shapes={"a": OFFLOADABLE})
-    one_layer = MIB // 2 + F16  # the last layer and its KV
+    inputs = models({**AUTO, "n_gpu_layers": 2}, shapes={"a": OFFLOADABLE})
+    one_layer = MIB // 2 + MIB // 2 + F16  # the output layer, then the last layer and its KV
     assert choose_kv(inputs, one_layer, BUDGET, gpu="CUDA")["a"].type_v == "f16"
     assert choose_kv(inputs, one_layer - 1, BUDGET, gpu="CUDA")["a"].type_v == "q8_0"
     drafted = [KvInput(inputs[0].cfg, OFFLOADABLE, extra_bytes=1000)]

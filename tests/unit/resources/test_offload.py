@@ -32,16 +32,16 @@ def test_a_table_that_is_not_the_models_layers_is_not_used():
     assert offload.layer_table({"blk.0.w": 4, "blk.1.w": 5, "output.weight": 7}, 2, 99) == ((4, 5), 7)
 
 
-def test_the_gpus_part_grows_layer_by_layer_from_the_last(real_models, tmp_path):
+def test_the_gpus_part_grows_from_the_output_layer_then_layer_by_layer_from_the_last(real_models, tmp_path):
     shape = shape_of(SMOLLM2, tmp_path)
     est = Estimate(weights=100 * MIB, kv=30 * MIB, compute=7 * MIB, draft_model=3 * MIB)
     n, all_layers = shape.n_layer, offload.all_layers(shape)
     parts = [offload.device_bytes(shape, est, k) for k in range(all_layers + 1)]
     assert parts[0] == est.compute + est.draft_model  # no layer: the compute buffer and the draft model
-    for k in range(1, n + 1):  # layer n - k joins, with its share of the KV cache
+    assert parts[1] - parts[0] == shape.output_bytes  # llama.cpp's layer n, the output, goes first
+    for k in range(1, n + 1):  # then layer n - k, with its share of the KV cache
         kv_step = est.kv * k // n - est.kv * (k - 1) // n
-        assert parts[k] - parts[k - 1] == shape.block_bytes[n - k] + kv_step
-    assert parts[all_layers] - parts[n] == shape.output_bytes  # then the output layer
+        assert parts[k + 1] - parts[k] == shape.block_bytes[n - k] + kv_step
     assert offload.device_bytes(shape, est, -1) == offload.device_bytes(shape, est, 10_000) == parts[all_layers]
     assert parts[all_layers] == sum(shape.block_bytes) + shape.output_bytes + est.kv + est.compute + est.draft_model
 
@@ -63,7 +63,7 @@ def test_without_a_layer_table_the_weights_are_shared_out_evenly():
     shape = GgufShape("llama", n_layer=3, n_embd=8, n_ff=8, n_head=1, n_head_kv=1, key_length=8, value_length=8,
                       n_vocab=10, tensor_bytes=400)
     est = Estimate(weights=400, kv=30, compute=5)
-    assert [offload.device_bytes(shape, est, k) for k in range(5)] == [5, 115, 225, 335, 435]
+    assert [offload.device_bytes(shape, est, k) for k in range(5)] == [5, 105, 215, 325, 435]
 
 
 def test_buffer_lines_split_between_gpu_and_host_memory():
