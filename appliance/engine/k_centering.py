@@ -102,6 +102,7 @@ def measure(model: lc.llama_model_p, n_threads: int, cores: CoreBudget | None = 
     cparams.n_ctx = CALIBRATION_TOKENS + 256
     cparams.n_batch = cparams.n_ubatch = _CHUNK
     cparams.n_seq_max = 1
+    cparams.n_outputs_max = 1  # the last row of each chunk: no compute buffer for a chunk of logits
     cparams.n_threads = cparams.n_threads_batch = n_threads
     cparams.type_k = cparams.type_v = ggml_rows.GGML_TYPES["f16"]
     cparams.no_perf = True

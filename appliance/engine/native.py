@@ -167,6 +167,7 @@ class ContextArgs:
     n_batch: int
     n_threads: int
     flash_attn: str
+    n_outputs_max: int = 0  # logits rows one decode asks for at most (0: n_batch; resources/outputs.py)
 
 
 @dataclass
@@ -308,6 +309,7 @@ def load(
     cores: CoreBudget | None = None,
     cancel: threading.Event | None = None,
     n_gpu_layers: int = -1,
+    n_outputs_max: int = 0,
 ) -> LoadedModel:
     """Load weights and create one context with `n_seq_max` sequences, one KV stream each.
 
@@ -315,7 +317,8 @@ def load(
     the model allows it; the means are cached under `cache_dir`, and measuring them takes its
     threads from `cores`. Once `cancel` is set, the load stops at its next check and raises
     LoadCancelled (engine/load_cancel.py). Where llama.cpp has a GPU, the last `n_gpu_layers`
-    layers go to it (negative: all, the output layer included; resources/offload.py).
+    layers go to it (negative: all; resources/offload.py). `n_outputs_max` bounds the logits rows
+    of one decode (0: n_batch), and with them the compute buffer (resources/outputs.py).
     """
     init_backend()
     if not path.is_file():
@@ -335,7 +338,7 @@ def load(
         raise_if_set(cancel)
         if not model:
             raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
-        args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn)
+        args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn, n_outputs_max)
         ctx = _create_context(model, args, type_k, type_v)
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
@@ -411,6 +414,8 @@ def _create_context(model: lc.llama_model_p, args: ContextArgs, type_k: str, typ
     cparams.n_batch = args.n_batch
     cparams.n_ubatch = args.n_batch
     cparams.n_seq_max = args.n_seq_max
+    if args.n_outputs_max:  # llama.cpp needs room for one row per sequence
+        cparams.n_outputs_max = max(args.n_seq_max, min(args.n_batch, args.n_outputs_max))
     cparams.n_threads = args.n_threads
     cparams.n_threads_batch = args.n_threads
     cparams.type_k = GGML_TYPES[type_k]

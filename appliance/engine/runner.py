@@ -26,7 +26,7 @@ from ..config import ModelConfig
 from ..kv import migrate
 from ..kv.prefix_store import block_keys
 from .prefix import PrefixCache, build_id
-from ..resources import file_facts
+from ..resources import file_facts, outputs
 from ..resources.cores import CoreBudget
 from . import held_gil, native
 from .decode import decode_with_cores
@@ -201,7 +201,8 @@ class ModelRunner:
         self.threads = min(cfg.threads or cores.total, cores.total)
         # Layers llama.cpp offloads where it has a GPU (-1: all); the manager sets it for `auto`.
         self.gpu_layers = -1 if cfg.n_gpu_layers == "auto" else cfg.n_gpu_layers
-        self.batch_cap = max(cfg.n_batch, cfg.n_parallel)
+        self.batch_cap = outputs.batch_cap(cfg)
+        self.outputs_cap = outputs.max_outputs(cfg)  # llama.cpp's n_outputs_max: no decode asks for more rows
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._active: list[_Sequence] = []
@@ -243,6 +244,7 @@ class ModelRunner:
                 cores=self.cores,
                 cancel=self.cancel,
                 n_gpu_layers=self.gpu_layers,
+                n_outputs_max=self.outputs_cap,
             )
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
@@ -290,7 +292,7 @@ class ModelRunner:
         """How many tokens per sequence one decode verifies exactly (speculative/exactness.py), on
         the free sequence `seq_id`; measured once per model file, llama.cpp build, KV types and K
         centring, then read from the cache dir."""
-        max_rows = self.spec.cfg.max_draft + 1
+        max_rows = min(self.spec.cfg.max_draft + 1, self.outputs_cap)
         centered = self.loaded.k_centers is not None  # other keys, other rounding
         key = (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v,
                centered, *EXACTNESS_CONTEXTS)
@@ -662,7 +664,7 @@ class ModelRunner:
     def _propose(self, decoding: list[_Sequence], speculating: list[_Sequence]) -> None:
         """Drafts for the speculating sequences, within the batch, max_tokens and n_ctx; the
         step stays under the rows where kernels stop being batch-invariant (exactness.py)."""
-        share = (min(self.batch_cap, BATCH_INVARIANT_ROWS - 1) - len(decoding)) // len(speculating)
+        share = (min(self.batch_cap, BATCH_INVARIANT_ROWS - 1, self.outputs_cap) - len(decoding)) // len(speculating)
         jobs = []
         for seq in speculating:
             # the regular token is at seq.pos; drafts follow it, and the step emits up to k + 1 tokens

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig
+from .outputs import batch_cap, max_outputs
 from .repack import repacked_output_bytes
 
 # Bytes per value of each KV cache type (block size over bytes per block for quantized types).
@@ -97,12 +98,15 @@ def kv_bytes(shape: GgufShape, cells: int, type_k: str, type_v: str) -> int:
     return int(cells * per_cell)
 
 
-def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type_v: str | None = None) -> Estimate:
-    """What loading `cfg` takes; `type_k`/`type_v` replace the configured KV types (needed for mode auto)."""
+def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type_v: str | None = None,
+             n_outputs: int | None = None) -> Estimate:
+    """What loading `cfg` takes; `type_k`/`type_v` replace the configured KV types (needed for mode
+    auto); `n_outputs`: the logits rows of one decode (default: what the runner asks for)."""
     kv = kv_bytes(shape, cfg.n_ctx * cfg.n_parallel, type_k or cfg.kv_cache.type_k, type_v or cfg.kv_cache.type_v)
-    n_batch = max(cfg.n_batch, cfg.n_parallel)
-    # The compute buffer is dominated by the logits of a full ubatch; activations add a little.
-    logits = n_batch * shape.n_vocab * 4
+    n_batch = batch_cap(cfg)
+    # The compute buffer holds the logits of the most rows one decode asks for (resources/outputs.py),
+    # and the activations of a full ubatch.
+    logits = (max_outputs(cfg) if n_outputs is None else n_outputs) * shape.n_vocab * 4
     activations = n_batch * (8 * shape.n_embd + 3 * shape.n_ff) * 4
     outputs = cfg.n_parallel * shape.n_vocab * 4
     return Estimate(weights=shape.tensor_bytes + repacked_output_bytes(shape), kv=kv,
@@ -111,5 +115,6 @@ def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type
 
 def draft_estimate(shape: GgufShape, cfg: ModelConfig) -> int:
     """What the draft model of `cfg` takes: its context holds the target's sequences (n_ctx ×
-    n_parallel cells, f16 KV) with the target's batch size (engine/speculative/draft_model.py)."""
-    return estimate(shape, cfg, "f16", "f16").total
+    n_parallel cells, f16 KV) with the target's batch size and one logits row per sequence
+    (engine/speculative/draft_model.py)."""
+    return estimate(shape, cfg, "f16", "f16", n_outputs=cfg.n_parallel).total

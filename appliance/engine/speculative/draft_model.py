@@ -44,7 +44,7 @@ class DraftModel:
         try:
             self.loaded = native.load(path, n_ctx_total=n_ctx_total, n_seq_max=n_seq_max, n_batch=n_batch,
                                       n_threads=threads, type_k="f16", type_v="f16", flash_attn="auto",
-                                      cancel=cancel)
+                                      cancel=cancel, n_outputs_max=n_seq_max)
         except native.LoadError as e:
             raise native.LoadError(f"{what}: {e}") from e
         try:
@@ -58,6 +58,7 @@ class DraftModel:
         self._threads_set = threads
         self._mem = lc.llama_get_memory(self.loaded.ctx)
         self._cap = n_batch
+        self._outputs_cap = n_seq_max  # the context's n_outputs_max: one row per sequence
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
@@ -124,7 +125,7 @@ class DraftModel:
                 if i == len(toks):
                     self._logits[n - 1] = 1
                     rows.append((j, n - 1))
-                if n == self._cap:
+                if n == self._cap or len(rows) == self._outputs_cap:
                     self._decode(n)
                     nexts.update((jj, self._argmax(r)) for jj, r in rows)
                     rows, n = [], 0

@@ -17,31 +17,19 @@ takes the smallest width over several context lengths (CONTEXTS).
 
 from __future__ import annotations
 
-import os
 import threading
 
 import llama_cpp as lc
 import numpy as np
 
+from ...resources import outputs
 from ..load_cancel import raise_if_set
 
 CONTEXTS = (24, 200)  # part of the runner's cache key: a change re-measures
 
 
-def _invariant_rows(value: str | None) -> int:
-    """EIE_BATCH_INVARIANT_ROWS as the kernel reads it: a positive integer, else 64 (a value that
-    atoi reads otherwise, such as "32abc", is not honoured here)."""
-    try:
-        rows = int(value or "")
-    except ValueError:
-        return 64
-    return rows if rows > 0 else 64
-
-
-# Patch 0004 keeps llama.cpp's tiled K-quant kernel (which sums in another order) for batches of
-# this many rows and more; the runner keeps a decode step with drafts under it, so concurrent
-# speculating sequences also verify exactly. The kernel reads the same variable.
-BATCH_INVARIANT_ROWS = _invariant_rows(os.environ.get("EIE_BATCH_INVARIANT_ROWS"))
+# Re-exported: the runner and the tests read it here, next to the probe that measures below it.
+BATCH_INVARIANT_ROWS = outputs.BATCH_INVARIANT_ROWS
 
 
 def exact_rows(ctx: lc.llama_context_p, n_vocab: int, max_rows: int, seq_id: int = 0,

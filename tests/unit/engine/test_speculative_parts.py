@@ -553,7 +553,7 @@ def test_a_step_with_drafts_stays_under_the_batch_invariant_rows():
 
     jobs: list = []
     spec = SimpleNamespace(exact_rows=17, propose=lambda js, base: jobs.extend(js))
-    runner = SimpleNamespace(batch_cap=512, cfg=SimpleNamespace(n_ctx=4096), spec=spec)
+    runner = SimpleNamespace(batch_cap=512, outputs_cap=63, cfg=SimpleNamespace(n_ctx=4096), spec=spec)
     seqs = [SimpleNamespace(seq_id=i, spec=None, rng=None, pos=100, n_generated=0,
                             req=SimpleNamespace(max_tokens=1000)) for i in range(4)]
     ModelRunner._propose(runner, seqs, seqs)
@@ -563,6 +563,27 @@ def test_a_step_with_drafts_stays_under_the_batch_invariant_rows():
     jobs.clear()
     ModelRunner._propose(runner, seqs[:1], seqs[:1])  # one sequence: its exact width decides
     assert [room for _, _, room in jobs] == [16]
+    jobs.clear()
+    runner.outputs_cap = 12  # the context's n_outputs_max: a decode asking for more rows aborts llama.cpp
+    ModelRunner._propose(runner, seqs, seqs)
+    assert [room for _, _, room in jobs] == [2, 2, 2, 2]  # (12 - 4) // 4
+
+
+def test_the_logits_rows_a_context_reserves_cover_every_decode_the_runner_makes():
+    from appliance.config import parse_config
+    from appliance.resources.outputs import max_outputs
+
+    def cap(**model) -> int:
+        entry = {"name": "m", "path": "m.gguf", "n_parallel": 4, "n_batch": 512, **model}
+        return max_outputs(parse_config({"models": [entry]}).models[0])
+
+    assert cap() == 4  # no speculation: one row per sequence
+    assert cap(speculative={"sources": ["ngram"]}) == 63  # a step's rows stay under 64 (patch 0004)
+    assert cap(n_parallel=1, speculative={"sources": ["ngram"]}) == 17  # one sequence, 16 drafts
+    # the exactness probe decodes max_draft + 1 rows of one sequence
+    assert cap(n_parallel=1, speculative={"sources": ["ngram"], "max_draft": 64}) == 65
+    assert cap(n_parallel=100, n_batch=64, speculative={"sources": ["ngram"]}) == 100  # at least a row each
+    assert cap(n_batch=32, speculative={"sources": ["ngram"]}) == 32  # never beyond the batch
 
 
 def test_decode_costs_are_kept_per_number_of_sequences():
