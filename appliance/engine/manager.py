@@ -151,7 +151,7 @@ class ModelManager:
                                     f"model {runner.name!r})",
                                n_seq_max=runner.cfg.n_parallel, n_ctx_total=runner.cfg.n_ctx * runner.cfg.n_parallel,
                                n_batch=runner.batch_cap, threads=runner.threads, cores=self.cores,
-                               cancel=runner.cancel)
+                               cancel=runner.cancel, n_gpu_layers=0 if runner.gpu_layers == 0 else -1)
         return Speculator(spec, history, draft)
 
     def _prefix_cache(self, runner: ModelRunner) -> PrefixCache | None:

@@ -43,7 +43,8 @@ def all_layers(shape: GgufShape) -> int:
 
 def device_bytes(shape: GgufShape, est: Estimate, layers: int) -> int:
     """What the GPU holds with `layers` offloaded (negative: all): their weights and KV cache, the
-    compute buffer, and a draft model (offloaded whole)."""
+    compute buffer, and a draft model (offloaded whole, unless the target keeps every layer in host
+    memory: then the draft model does too)."""
     total = all_layers(shape)
     n = total if layers < 0 else min(layers, total)
     n_layer = shape.n_layer
@@ -53,7 +54,7 @@ def device_bytes(shape: GgufShape, est: Estimate, layers: int) -> int:
     else:  # no tensor table: a proportional share of the weights
         weights = est.weights * n // total
     kv = est.kv * repeating // n_layer if n_layer else est.kv
-    return weights + kv + est.compute + est.draft_model
+    return weights + kv + est.compute + (est.draft_model if n else 0)
 
 
 def fit_layers(shape: GgufShape, est: Estimate, room: int) -> int | None:

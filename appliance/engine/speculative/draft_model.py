@@ -40,11 +40,12 @@ def check_vocab(target: native.Vocab, draft: native.Vocab, what: str) -> None:
 
 class DraftModel:
     def __init__(self, path: Path, target: native.Vocab, *, what: str, n_seq_max: int, n_ctx_total: int,
-                 n_batch: int, threads: int, cores: CoreBudget, cancel: threading.Event | None = None):
+                 n_batch: int, threads: int, cores: CoreBudget, cancel: threading.Event | None = None,
+                 n_gpu_layers: int = -1):
         try:
             self.loaded = native.load(path, n_ctx_total=n_ctx_total, n_seq_max=n_seq_max, n_batch=n_batch,
                                       n_threads=threads, type_k="f16", type_v="f16", flash_attn="auto",
-                                      cancel=cancel, n_outputs_max=n_seq_max)
+                                      cancel=cancel, n_outputs_max=n_seq_max, n_gpu_layers=n_gpu_layers)
         except native.LoadError as e:
             raise native.LoadError(f"{what}: {e}") from e
         try:

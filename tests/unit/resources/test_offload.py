@@ -37,8 +37,8 @@ def test_the_gpus_part_grows_from_the_output_layer_then_layer_by_layer_from_the_
     est = Estimate(weights=100 * MIB, kv=30 * MIB, compute=7 * MIB, draft_model=3 * MIB)
     n, all_layers = shape.n_layer, offload.all_layers(shape)
     parts = [offload.device_bytes(shape, est, k) for k in range(all_layers + 1)]
-    assert parts[0] == est.compute + est.draft_model  # no layer: the compute buffer and the draft model
-    assert parts[1] - parts[0] == shape.output_bytes  # llama.cpp's layer n, the output, goes first
+    assert parts[0] == est.compute  # no layer: the compute buffer; the draft model stays in host memory too
+    assert parts[1] - parts[0] == shape.output_bytes + est.draft_model  # the output layer goes first, the draft with it
     for k in range(1, n + 1):  # then layer n - k, with its share of the KV cache
         kv_step = est.kv * k // n - est.kv * (k - 1) // n
         assert parts[k + 1] - parts[k] == shape.block_bytes[n - k] + kv_step
