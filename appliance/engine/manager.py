@@ -168,7 +168,7 @@ class ModelManager:
             encode, codec = (lambda state: migrate.compress(state, mode, rot)), mode
         store = PrefixStore(
             model_identity(runner.path, loaded.type_k, loaded.type_v, k_centering.digest(loaded.k_centers),
-                           self.config.cache_dir()),
+                           self.config.cache_dir(), window=bool(loaded.swa_window)),
             block=settings.block_tokens,
             ram_bytes=settings.ram_mb * MIB,
             disk_dir=self.config.kv_disk_dir(runner.cfg),
@@ -178,7 +178,7 @@ class ModelManager:
             wait_quiet=lambda max_s: self.cores.wait_quiet(WRITE_QUIET_S, max_s),
             max_defer_s=WRITE_MAX_DEFER_S,
         )
-        return PrefixCache(store, rot, loaded.args.n_seq_max)
+        return PrefixCache(store, rot, loaded.args.n_seq_max, loaded.swa_window)
 
     def _with_kv_choice(self, cfg: ModelConfig) -> ModelConfig:
         """The model's config with `kv_cache.mode: auto` replaced by the current choice."""

@@ -168,6 +168,7 @@ class ContextArgs:
     n_threads: int
     flash_attn: str
     n_outputs_max: int = 0  # logits rows one decode asks for at most (0: n_batch; resources/outputs.py)
+    swa_full: bool = True  # sliding-window layers keep every cell (False: the window and a batch)
 
 
 @dataclass
@@ -187,6 +188,17 @@ class LoadedModel:
     # K centring (engine/k_centering.py): the per-layer K means every context of this model
     # subtracts, unrotated; None when off.
     k_centers: np.ndarray | None = None
+
+    @property
+    def swa_window(self) -> int:
+        """The attention window of the model's sliding-window layers when their cache keeps only
+        the window (plus a batch) and may reuse cells that fall out of it; 0 when it keeps them all."""
+        n_swa = lc.llama_model_n_swa(self.model)
+        if self.args.swa_full or n_swa <= 0:
+            return 0
+        per_sequence = self.n_ctx_total // max(self.args.n_seq_max, 1)
+        ring = -(-(n_swa + self.args.n_batch) // 256) * 256  # llama.cpp pads it to 256 cells
+        return n_swa if ring < per_sequence else 0
 
     def swap_context(self, ctx: lc.llama_context_p, buffers: BufferSizes, type_k: str, type_v: str) -> None:
         """Install a context from `new_context`, freeing the current one."""
@@ -310,6 +322,7 @@ def load(
     cancel: threading.Event | None = None,
     n_gpu_layers: int = -1,
     n_outputs_max: int = 0,
+    swa_full: bool = True,
 ) -> LoadedModel:
     """Load weights and create one context with `n_seq_max` sequences, one KV stream each.
 
@@ -318,7 +331,8 @@ def load(
     threads from `cores`. Once `cancel` is set, the load stops at its next check and raises
     LoadCancelled (engine/load_cancel.py). Where llama.cpp has a GPU, the last `n_gpu_layers`
     layers go to it (negative: all; resources/offload.py). `n_outputs_max` bounds the logits rows
-    of one decode (0: n_batch), and with them the compute buffer (resources/outputs.py).
+    of one decode (0: n_batch), and with them the compute buffer (resources/outputs.py). Without
+    `swa_full`, sliding-window layers keep only the window and a batch of cells per sequence.
     """
     init_backend()
     if not path.is_file():
@@ -338,7 +352,7 @@ def load(
         raise_if_set(cancel)
         if not model:
             raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
-        args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn, n_outputs_max)
+        args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn, n_outputs_max, swa_full)
         ctx = _create_context(model, args, type_k, type_v)
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
@@ -425,6 +439,7 @@ def _create_context(model: lc.llama_model_p, args: ContextArgs, type_k: str, typ
     # only, so its output does not depend on what the other sequences hold, and greedy
     # results match a solo run (a unified cache interleaves cells and changes the sums).
     cparams.kv_unified = False
+    cparams.swa_full = args.swa_full
     cparams.no_perf = True
     return lc.llama_init_from_model(model, cparams)
 

@@ -63,21 +63,28 @@ def build_id() -> str:
 
 
 def model_identity(path: Path, type_k: str, type_v: str, k_centers: str = "none",
-                   cache_dir: Path | None = None) -> bytes:
-    """What a saved state depends on: the GGUF content, the KV types, the llama.cpp build and the
-    digest of the K centring vector (engine/k_centering.py)."""
-    material = f"{file_sha256(path, cache_dir)}|{type_k}|{type_v}|{build_id()}|{k_centers}".encode()
+                   cache_dir: Path | None = None, window: bool = False) -> bytes:
+    """What a saved state depends on: the GGUF content, the KV types, the llama.cpp build, the
+    digest of the K centring vector (engine/k_centering.py) and whether sliding-window layers keep
+    only their window (such a state holds fewer cells there, and a full-size one may not fit)."""
+    material = f"{file_sha256(path, cache_dir)}|{type_k}|{type_v}|{build_id()}|{k_centers}"
+    if window:  # appended only here: full-size caches keep the identities they had
+        material += "|swa-window"
+    material = material.encode()
     return hashlib.blake2b(material, digest_size=16).digest()
 
 
 class PrefixCache:
     """Saves and restores prompt prefixes of one runner's context."""
 
-    def __init__(self, store: PrefixStore, rot: tuple[int, int], n_stream: int):
+    def __init__(self, store: PrefixStore, rot: tuple[int, int], n_stream: int, swa_window: int = 0):
         self.store = store
         self.block = store.block
         self.rot = rot
         self.n_stream = n_stream
+        # The context's sliding window when its cache reuses cells that leave it (LoadedModel.swa_window):
+        # a longer entry past it cannot be cut back to the blocks that matched.
+        self.swa_window = swa_window
 
     def keys(self, prompt: list[int]) -> list[bytes]:
         """Block keys of the cacheable prefix (all but at least the last prompt token)."""
@@ -92,8 +99,12 @@ class PrefixCache:
         n_tokens = hit.n_blocks * self.block
         try:
             parsed = kv_state.parse(hit.state)
-            if kv_state.cell_count(parsed) < n_tokens:
+            cells = kv_state.cell_count(parsed)
+            if cells < n_tokens:
                 raise kv_state.StateFormatError("the state holds fewer cells than its key says")
+            if self.swa_window and n_tokens < cells > self.swa_window:
+                self.store.stats["window_misses"] += 1
+                return 0, None
             # a state saved before an adaptive KV change has the old types: convert it
             # (convert leaves rows that already have the target type as they are)
             parsed = kv_state.convert(parsed, GGML_TYPES[types[0]], GGML_TYPES[types[1]],

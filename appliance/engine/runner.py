@@ -123,6 +123,7 @@ class _Sequence:
         "spec",
         "rng",
         "argmax",
+        "cut_floor",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -152,6 +153,11 @@ class _Sequence:
         self.prefix_keys: list[bytes] | None = None
         self.save_at = 0
         self.restored = 0
+        # With a window-sized sliding-window cache (kv_cache.sliding_window: window) llama.cpp
+        # reuses a cell once it falls out of the window of the sequence's last position, so the
+        # sequence can be cut back (llama_memory_seq_rm) only to this position or later: its
+        # last position before a decode that could have reused cells, plus one. 0: anywhere.
+        self.cut_floor = 0
         self.decoded: list[int] = []  # generated tokens fed back into the KV, in order
         self.spec: SeqDrafts | None = None  # speculative state (None: this sequence does not speculate)
         # Sampled sequences that speculate draw with this generator (the rejection rule needs
@@ -202,6 +208,7 @@ class ModelRunner:
         # Layers llama.cpp offloads where it has a GPU (-1: all); the manager sets it for `auto`.
         self.gpu_layers = -1 if cfg.n_gpu_layers == "auto" else cfg.n_gpu_layers
         self.batch_cap = outputs.batch_cap(cfg)
+        self.swa_window = 0  # the sliding window whose cells llama.cpp reuses (native.LoadedModel.swa_window)
         self.outputs_cap = outputs.max_outputs(cfg)  # llama.cpp's n_outputs_max: no decode asks for more rows
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Sequence] = collections.deque()
@@ -245,7 +252,9 @@ class ModelRunner:
                 cancel=self.cancel,
                 n_gpu_layers=self.gpu_layers,
                 n_outputs_max=self.outputs_cap,
+                swa_full=self.cfg.kv_cache.sliding_window == "full",
             )
+            self.swa_window = self.loaded.swa_window
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
             self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
@@ -608,6 +617,7 @@ class ModelRunner:
                 widths.add(1 + len(drafts))
                 seq.out_index = n
                 seq.decoded.append(seq.last_token)
+                self._may_reuse_cells(seq, seq.pos)
                 # the regular token, then the drafts after it: verified in this same decode
                 for i, t in enumerate((seq.last_token, *drafts)):
                     tok[n] = t
@@ -692,6 +702,8 @@ class ModelRunner:
                     break
                 n += 1
             n = min(n, other.n_prefilled // prefix.block)
+            if n * prefix.block < other.cut_floor:
+                continue  # cutting its copy back there would lose window cells llama.cpp reused
             if n > best:
                 best, donor = n, other
         if donor is not None:
@@ -699,6 +711,7 @@ class ModelRunner:
             # across KV streams llama.cpp copies whole sequences only: copy, then cut
             lc.llama_memory_seq_cp(self._mem, donor.seq_id, seq.seq_id, -1, -1)
             lc.llama_memory_seq_rm(self._mem, seq.seq_id, n_tokens, -1)
+            seq.cut_floor = donor.cut_floor
             seq.n_prefilled = seq.pos = seq.restored = n_tokens
             self.stats["prefix_live_hits"] += 1
             self.stats["prefix_tokens_restored"] += n_tokens
@@ -711,6 +724,7 @@ class ModelRunner:
             return
         if n_tokens > seq.n_prefilled:
             seq.n_prefilled = seq.pos = seq.restored = n_tokens
+            seq.cut_floor = n_tokens if self.swa_window else 0  # what the saved state lost before is unknown
             self.stats[f"prefix_{tier}_hits"] += 1
             self.stats["prefix_tokens_restored"] += n_tokens
 
@@ -719,8 +733,8 @@ class ModelRunner:
         prefix = self.prefix
         tokens = seq.req.prompt + seq.decoded
         n_tokens = len(tokens) // prefix.block * prefix.block
-        if n_tokens <= seq.save_at:
-            return
+        if n_tokens <= seq.save_at or n_tokens < seq.cut_floor:
+            return  # nothing new, or the window cells the cut would keep may have been reused
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, n_tokens, -1)
         prefix.save(self.loaded.ctx, seq.seq_id, block_keys(prefix.store.identity, tokens[:n_tokens], prefix.block))
 
@@ -735,14 +749,24 @@ class ModelRunner:
         # Copy everything but the last prompt token, whose logits this sequence computes itself.
         last = len(seq.req.prompt) - 1
         lc.llama_memory_seq_cp(self._mem, leader.seq_id, seq.seq_id, -1, -1)
-        lc.llama_memory_seq_rm(self._mem, seq.seq_id, last, -1)
+        lc.llama_memory_seq_rm(self._mem, seq.seq_id, last, -1)  # the leader's last chunk began at or before it
+        seq.cut_floor = leader.cut_floor
         self.stats["kv_copies"] += 1
         seq.n_prefilled = last
         seq.leader = None
         return False
 
+    def _may_reuse_cells(self, seq: _Sequence, start: int) -> None:
+        """A decode writes the sequence's cells from position `start` on: with a window-sized
+        sliding-window cache it may reuse cells that fell out of the window of position start - 1,
+        those at or before start - window (llama.cpp's find_slot), and a later cut must keep every
+        position up to start - 1 for the cells it needs to be there."""
+        if self.swa_window and start >= self.swa_window:
+            seq.cut_floor = start
+
     def _prefill_chunk(self, seq: _Sequence, take: int) -> None:
         start = seq.n_prefilled
+        self._may_reuse_cells(seq, start)
         tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
         tok[:take] = seq.req.prompt[start : start + take]
         pos[:take] = np.arange(start, start + take, dtype=np.int32)

@@ -115,21 +115,22 @@ class PrefixStore:
     # ---- lookups -----------------------------------------------------------------------------
 
     def lookup(self, keys: list[bytes]) -> Hit | None:
-        """The longest saved prefix among `keys` (block keys of a prompt), with its state."""
+        """The longest saved prefix among `keys` (block keys of a prompt), with its state: an entry
+        that ends there when there is one (nothing to cut off, and a smaller state), else a longer
+        entry through it."""
         with self._lock:
             for i in range(len(keys) - 1, -1, -1):
                 ref = self._index.get(keys[i])
-                if ref is None:
-                    continue
-                entry_key, _ = ref
-                got = self._load(entry_key)
-                if got is None:  # it was bad and is gone (or never reached the disk): try shorter
-                    if entry_key not in self._ram and entry_key not in self._disk:
-                        self._index.pop(keys[i], None)
-                    continue
-                state, tier = got
-                self.stats[f"hits_{tier}"] += 1
-                return Hit(i + 1, state, tier)
+                exact = keys[i] in self._ram or keys[i] in self._disk
+                for entry_key in ([keys[i]] if exact else []) + ([ref[0]] if ref and ref[0] != keys[i] else []):
+                    got = self._load(entry_key)
+                    if got is None:  # it was bad and is gone (or never reached the disk): try another
+                        if ref and ref[0] == entry_key and entry_key not in self._ram and entry_key not in self._disk:
+                            self._index.pop(keys[i], None)
+                        continue
+                    state, tier = got
+                    self.stats[f"hits_{tier}"] += 1
+                    return Hit(i + 1, state, tier)
             self.stats["misses"] += 1
             return None
 

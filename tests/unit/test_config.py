@@ -44,7 +44,7 @@ def problems(raw) -> list[str]:
         ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"mode": "turbo5"}}}, 'inference.kv_cache.mode: expected one of auto, bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0, turbo2, turbo3, turbo4, got "turbo5"'),
         ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"k": "auto"}}}, 'inference.kv_cache.k: expected one of bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0, turbo2, turbo3, turbo4, got "auto"'),
         ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"adaptive": "yes"}}}, 'inference.kv_cache.adaptive: expected bool (true or false), got "yes"'),
-        ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"modes": "auto"}}}, "inference.kv_cache.modes: unknown key (allowed: adaptive, center_k, disk, k, max_decode_ms, mode, prefix)"),
+        ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"modes": "auto"}}}, "inference.kv_cache.modes: unknown key (allowed: adaptive, center_k, disk, k, max_decode_ms, mode, prefix, sliding_window)"),
         ({"models": [GOOD_MODEL], "inference": {"kv": {}}}, "inference.kv: unknown key (allowed: kv_adaptive, kv_cache, speculative)"),
         ({"models": [GOOD_MODEL], "inference": {"kv_cache": None}}, "inference.kv_cache: expected a mapping, got null"),
         ({"models": [{**GOOD_MODEL, "kv_cache": {"adaptive": 1}}]}, "models[0].kv_cache.adaptive: expected bool (true or false), got 1"),

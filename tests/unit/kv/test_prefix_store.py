@@ -46,6 +46,19 @@ def test_longest_prefix_wins_and_shorter_matches_reuse_a_longer_entry(tmp_path):
     s.close()
 
 
+def test_an_entry_that_ends_where_the_match_ends_answers_before_a_longer_one(tmp_path):
+    # (a longer entry would have to be cut back: with a window-sized sliding-window cache that can
+    # be refused, engine/prefix.py)
+    s = store(tmp_path)
+    keys = block_keys(ID, list(range(16)), 4)
+    s.put(keys[:3], b"three blocks")
+    s.put(keys, b"four blocks")  # now indexed for the first three blocks too
+    other = block_keys(ID, list(range(12)) + [7, 7, 7, 7], 4)
+    assert (s.lookup(other).n_blocks, s.lookup(other).state) == (3, b"three blocks")
+    assert s.lookup(keys[:2]).state == b"four blocks"  # no entry ends at block 2: the longer one
+    s.close()
+
+
 def test_a_second_store_restores_what_the_first_wrote(tmp_path):
     keys = block_keys(ID, list(range(8)), 4)
     first = store(tmp_path)
