@@ -64,6 +64,7 @@ def eie_compute(spec: bool, state: Path) -> dict[str, int]:
 def llama_server_compute(binary: Path, model: Path, spec: bool, state: Path) -> int:
     """The compute and output buffers llama-server's log reports for the model."""
     from appliance.engine import native
+    from serve_vs_llama_server import Server
 
     port = free_port()
     log_path = state / f"llama-server-{model.stem}-{spec}.log"
@@ -72,24 +73,11 @@ def llama_server_compute(binary: Path, model: Path, spec: bool, state: Path) -> 
             "--fit", "off", "-v", "--host", "127.0.0.1", "--port", str(port)]
     if spec:
         args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", str(DRAFTS)]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            end = time.monotonic() + 180
-            while time.monotonic() < end:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None:
-                    raise RuntimeError(f"llama-server exited with {proc.returncode} (log: {log_path})")
-                time.sleep(0.2)
-            else:
-                raise RuntimeError(f"llama-server did not become healthy (log: {log_path})")
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+    server = Server("llama-server", args, port, log_path)
+    try:
+        server.start()
+    finally:
+        server.stop()
     # "0.00.091.771 I llama_context:        CPU  output buffer size = ..." (-v prefixes time and level)
     lines = [re.sub(r"^\S+ [A-Z] ", "", line) for line in log_path.read_text(errors="replace").splitlines()]
     sizes = native.parse_buffer_sizes(lines)

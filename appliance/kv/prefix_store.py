@@ -121,8 +121,8 @@ class PrefixStore:
         with self._lock:
             for i in range(len(keys) - 1, -1, -1):
                 ref = self._index.get(keys[i])
-                exact = keys[i] in self._ram or keys[i] in self._disk
-                for entry_key in ([keys[i]] if exact else []) + ([ref[0]] if ref and ref[0] != keys[i] else []):
+                # the entry that ends here (if any: _load finds nothing otherwise), then the indexed one
+                for entry_key in dict.fromkeys(k for k in (keys[i], ref[0] if ref else None) if k is not None):
                     got = self._load(entry_key)
                     if got is None:  # it was bad and is gone (or never reached the disk): try another
                         if ref and ref[0] == entry_key and entry_key not in self._ram and entry_key not in self._disk:
