@@ -10,7 +10,11 @@ from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..policy import PluginError
+from ..engine import grammar
+from ..engine.grammar import GrammarError
+from ..engine.native import Vocab
 from ..engine.sampling import SamplingParams
+from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbnf
 from .errors import ApiError, bad_request
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions
 
@@ -60,6 +64,7 @@ def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:
             raise bad_request(f"logit_bias token id {tok} is outside the vocabulary (0..{n_vocab - 1})", param="logit_bias")
         bias[tok] = value
     return SamplingParams(
+        grammar=grammar_text(req),
         temperature=req.temperature,
         top_k=req.top_k,
         top_p=req.top_p,
@@ -70,6 +75,47 @@ def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:
         seed=None if req.seed is None else req.seed & 0xFFFFFFFF,
         logit_bias=bias,
     )
+
+
+def grammar_text(req: SamplingOptions) -> str | None:
+    """The GBNF grammar the output must follow (response_format or grammar), or None."""
+    fmt = req.response_format
+    kind = fmt.type if fmt is not None else "text"
+    if req.grammar is not None:
+        if kind != "text":
+            raise bad_request("grammar and a response_format other than text both constrain the output; "
+                              "send one", param="grammar")
+        return req.grammar
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object_gbnf() if fmt.schema is None else _schema_grammar(fmt.schema, "response_format.schema")
+    if kind == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema is None:
+            raise bad_request("response_format type json_schema needs json_schema.schema",
+                              param="response_format.json_schema.schema")
+        return _schema_grammar(fmt.json_schema.schema, "response_format.json_schema.schema")
+    raise bad_request(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
+                      param="response_format.type")
+
+
+def _schema_grammar(schema: object, param: str) -> str:
+    try:
+        return schema_to_gbnf(schema)
+    except SchemaError as e:
+        where = f"{param}.{e.path}" if e.path else param
+        raise bad_request(f"{where}: {e.reason}", param=where) from None
+
+
+def check_grammar(vocab: Vocab | None, params: SamplingParams, req: SamplingOptions) -> None:
+    """A 400 naming the field if llama.cpp cannot compile the request's grammar (blocking: a
+    thread's work, not the event loop's, for a large one)."""
+    if params.grammar is None:
+        return
+    try:
+        grammar.check(vocab, params.grammar)
+    except GrammarError as e:
+        raise bad_request(str(e), param="grammar" if req.grammar is not None else "response_format") from None
 
 
 def stop_list(req: SamplingOptions) -> list[str]:
@@ -97,8 +143,6 @@ def _message_text(msg: ChatMessage, index: int) -> str:
 def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
     if req.tools:
         raise bad_request("tools are not supported by this server yet", param="tools")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request("only response_format type 'text' is supported", param="response_format")
     return plain_messages(req.messages)
 
 
@@ -160,6 +204,8 @@ def failure_error(ev: Failed) -> ApiError:
         return ApiError(503, ev.message, type="service_unavailable", code="shutting_down")
     if ev.kind == "cancelled":
         return ApiError(499, ev.message, code="cancelled")
+    if ev.kind == "invalid_request":
+        return bad_request(ev.message)
     return ApiError(500, ev.message, type="server_error", code="generation_failed")
 
 

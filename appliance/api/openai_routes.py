@@ -18,6 +18,7 @@ from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
     chat_messages,
+    check_grammar,
     completion_prompts,
     deadline,
     engine_error,
@@ -121,6 +122,7 @@ class OpenAIRoutes:
         runner = await resolve_runner(self.manager, req.model)
         messages = chat_messages(req)
         params = sampling_params(req, runner.vocab.n_vocab)
+        await asyncio.to_thread(check_grammar, runner.vocab, params, req)
         prompt = await asyncio.to_thread(render_chat, runner, messages)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
@@ -141,6 +143,7 @@ class OpenAIRoutes:
         req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await resolve_runner(self.manager, req.model)
         params = sampling_params(req, runner.vocab.n_vocab)
+        await asyncio.to_thread(check_grammar, runner.vocab, params, req)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)
         # OpenAI's default for the legacy completions endpoint is 16 tokens.
         limits = [self._max_tokens(runner, p, req.max_tokens, 16, "prompt") for p in prompts]

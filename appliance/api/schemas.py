@@ -33,8 +33,18 @@ class StreamOptions(Struct, frozen=True):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Struct, frozen=True):
+    name: str | None = None
+    schema: Any = None
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(Struct, frozen=True):
     type: str = "text"
+    json_schema: JsonSchemaFormat | None = None
+    # llama-server's form: {"type": "json_object", "schema": {...}}
+    schema: Any = None
 
 
 class SamplingOptions(Struct, frozen=True, kw_only=True):
@@ -52,6 +62,9 @@ class SamplingOptions(Struct, frozen=True, kw_only=True):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    # llama-server's extension: a GBNF grammar (start symbol `root`) the output must follow.
+    grammar: Annotated[str, Meta(min_length=1, max_length=65536)] | None = None
 
 
 class SamplingFields(SamplingOptions, frozen=True, kw_only=True):
@@ -68,7 +81,6 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):

@@ -30,6 +30,8 @@ get_logits_ith = _holding("llama_get_logits_ith")
 memory_seq_rm = _holding("llama_memory_seq_rm")
 sampler_sample = _holding("llama_sampler_sample")
 sampler_accept = _holding("llama_sampler_accept")
+sampler_apply = _holding("llama_sampler_apply")
 token_to_piece = _holding("llama_token_to_piece")
 
-__all__ = ["get_logits_ith", "memory_seq_rm", "sampler_sample", "sampler_accept", "token_to_piece"]
+__all__ = ["get_logits_ith", "memory_seq_rm", "sampler_sample", "sampler_accept", "sampler_apply",
+           "token_to_piece"]

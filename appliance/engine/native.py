@@ -490,6 +490,11 @@ class Vocab:
         self.bos_text = self.piece(self.bos, special=True).decode("utf-8", "replace") if self.bos >= 0 else ""
         self.eos_text = self.piece(self.eos, special=True).decode("utf-8", "replace") if self.eos >= 0 else ""
 
+    @property
+    def handle(self) -> lc.llama_vocab_p:
+        """llama.cpp's vocab, for what needs it directly (grammar.Constraint)."""
+        return self._vocab
+
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 8

@@ -32,6 +32,7 @@ from . import held_gil, native
 from .decode import decode_with_cores
 from .load_cancel import LoadCancelled, raise_if_set
 from .chat_template import ChatTemplate, default_template
+from .grammar import Constraint, GrammarError
 from .sampling import SamplingParams, build_chain, free_chain
 from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
 from .speculative.rejection import accept_or_resample, draw
@@ -124,6 +125,7 @@ class _Sequence:
         "rng",
         "argmax",
         "cut_floor",
+        "grammar",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -167,6 +169,7 @@ class _Sequence:
         # whole vocabulary into candidates first (0.05 ms against 0.008 for SmolLM2's 49152
         # tokens, per row: a verification of 16 drafts samples 17 rows).
         self.argmax = False
+        self.grammar: Constraint | None = None  # the request's grammar (structured output)
 
 
 class Handle:
@@ -223,7 +226,7 @@ class ModelRunner:
         # Counters since load (read without locking: plain ints, written by the runner thread).
         self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0,
                       "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
-                      "prefix_tokens_restored": 0}
+                      "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_dead_ends": 0}
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
@@ -542,11 +545,20 @@ class ModelRunner:
             if not self._free_ids:
                 kept.append(seq)
                 continue
-            seq.seq_id = heapq.heappop(self._free_ids)  # lowest free id keeps active ids contiguous
             params = seq.req.sampling
+            if params.grammar is not None:
+                try:
+                    seq.grammar = Constraint(self.vocab, params.grammar)
+                except GrammarError as e:
+                    seq.sink(Failed("invalid_request", f"grammar: {e}"))
+                    continue
+                self.stats["grammar_sequences"] += 1
+            seq.seq_id = heapq.heappop(self._free_ids)  # lowest free id keeps active ids contiguous
             if self.spec is not None and seq.req.speculative:
                 seq.spec = self.spec.new_sequence(seq.req.prompt)
-                if not params.greedy:
+                # a grammar draws with the chain: its check-first pick is sample-and-compare,
+                # which for the deterministic drafts here is the rejection rule
+                if not params.greedy and seq.grammar is None:
                     seq.rng = np.random.default_rng(params.seed)
             seq.chain = build_chain(params, self.loaded.n_vocab, draw=seq.rng is None)
             seq.argmax = params.plain_greedy
@@ -571,6 +583,9 @@ class ModelRunner:
             self.spec.finished(seq.seq_id, seq.spec if isinstance(event, Finished) else None)
         free_chain(seq.chain)
         seq.chain = None
+        if seq.grammar is not None:
+            seq.grammar.close()
+            seq.grammar = None
         with self._cond:
             self._active.remove(seq)
             self._by_id.remove(seq)
@@ -823,6 +838,9 @@ class ModelRunner:
 
     def _pick(self, seq: _Sequence, row: int, draft: int | None) -> tuple[int, bool]:
         """The target's token at a logits row, and whether it takes the draft proposed there."""
+        if seq.grammar is not None:
+            token = self._constrained_pick(seq, row)
+            return token, token == draft
         if seq.argmax:
             logits = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(self.loaded.n_vocab,))
             token = int(logits.argmax())
@@ -838,9 +856,41 @@ class ModelRunner:
         held_gil.sampler_accept(seq.chain, token)
         return token, agreed
 
-    def _target_probs(self, seq: _Sequence, row: int) -> np.ndarray:
-        """The distribution the request's sampler chain (bias, penalties, truncation,
-        temperature) gives the logits at `row`: the `p` of the rejection rule."""
+    def _constrained_pick(self, seq: _Sequence, row: int) -> int:
+        """The token under the request's grammar: the pick without it when the grammar allows
+        that token, else the pick over the tokens it allows (grammar.py says why)."""
+        grammar = seq.grammar
+        if seq.argmax:
+            logits = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(self.loaded.n_vocab,))
+            token = int(logits.argmax())
+            if not grammar.allows(token):
+                cand = self._fill_candidates(row)
+                token = int(cand["logit"].argmax()) if grammar.mask(cand) else self._dead_end(seq)
+        else:
+            token = self._chain_pick(seq.chain, self._fill_candidates(row))
+            if not grammar.allows(token):
+                cand = self._fill_candidates(row)
+                token = self._chain_pick(seq.chain, cand) if grammar.mask(cand) else self._dead_end(seq)
+            held_gil.sampler_accept(seq.chain, token)
+        grammar.accept(token)
+        return token
+
+    def _dead_end(self, seq: _Sequence) -> int:
+        """No token can continue the grammar (a grammar that needs text this vocabulary cannot
+        spell): the answer ends here."""
+        log.warning("model %s: sequence %d: the grammar allows no next token; ending the answer", self.name, seq.seq_id)
+        self.stats["grammar_dead_ends"] += 1
+        return self.vocab.eos
+
+    @staticmethod
+    def _chain_pick(chain: lc.llama_sampler_p, cand: np.ndarray) -> int:
+        arr = lc.llama_token_data_array(
+            data=cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=len(cand), selected=-1, sorted=False)
+        lc.llama_sampler_apply(chain, ctypes.byref(arr))
+        return int(arr.data[arr.selected].id)
+
+    def _fill_candidates(self, row: int) -> np.ndarray:
+        """The logits at `row` as llama_token_data, in the runner's reusable buffer."""
         n_vocab = self.loaded.n_vocab
         cand = self._candidates
         if cand is None:
@@ -848,6 +898,13 @@ class ModelRunner:
         cand["id"] = np.arange(n_vocab, dtype=np.int32)
         cand["logit"] = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(n_vocab,))
         cand["p"] = 0.0
+        return cand
+
+    def _target_probs(self, seq: _Sequence, row: int) -> np.ndarray:
+        """The distribution the request's sampler chain (bias, penalties, truncation,
+        temperature) gives the logits at `row`: the `p` of the rejection rule."""
+        n_vocab = self.loaded.n_vocab
+        cand = self._fill_candidates(row)
         arr = lc.llama_token_data_array(
             data=cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=n_vocab, selected=-1, sorted=False)
         lc.llama_sampler_apply(seq.chain, ctypes.byref(arr))

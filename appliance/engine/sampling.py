@@ -20,6 +20,8 @@ class SamplingParams:
     penalty_last_n: int = 64
     seed: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # A GBNF grammar (start symbol `root`) the output must follow (grammar.Constraint).
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:

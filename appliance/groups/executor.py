@@ -241,7 +241,10 @@ class GroupExecutor:
                 step_messages = _apply_template(messages, template)
             else:
                 step_messages = [{"role": "user", "content": (template or "{input}").replace("{input}", output or "")}]
-            await self._member(m.model, [m], replace(call, messages=step_messages), group, on_delta)
+            step = replace(call, messages=step_messages)
+            if i < len(members) - 1 and call.sampling.grammar is not None:
+                step = replace(step, sampling=replace(call.sampling, grammar=None))  # the grammar shapes the output
+            await self._member(m.model, [m], step, group, on_delta)
             await on_done(m)
             if not m.ok:
                 break

@@ -27,6 +27,8 @@ RUNNER_COUNTERS = {
     "sequences": ("eie_sequences", "Sequences admitted to a slot"),
     "prefix_misses": ("eie_prefix_cache_misses", "Prompts that found no cached prefix"),
     "prefix_tokens_restored": ("eie_prefix_cache_restored_tokens", "Prompt tokens restored from the prefix cache"),
+    "grammar_sequences": ("eie_grammar_sequences", "Sequences whose output follows a grammar (response_format, grammar)"),
+    "grammar_dead_ends": ("eie_grammar_dead_ends", "Constrained answers ended because the grammar allowed no next token"),
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),

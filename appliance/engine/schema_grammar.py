@@ -1,0 +1,503 @@
+"""JSON Schema to a GBNF grammar (llama.cpp's grammar format) for structured output.
+
+What the grammar enforces: types (and lists of types), `enum`, `const`, `properties` in their
+declared order with `required` ones always present, `additionalProperties` (only when it is
+`true` or a schema: a schema with `properties` and no `additionalProperties` gets no others, as
+llama.cpp's converter does), `items`, `prefixItems`, `minItems`/`maxItems`, `minLength`/
+`maxLength`, integer `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`, `anyOf`/`oneOf`
+(as alternatives: exclusivity is not enforced), a one-element `allOf`, local `$ref`s (recursive
+ones too), OpenAPI's `nullable`, and the string formats date, time, date-time and uuid. Other
+formats are annotations (JSON Schema's default), as are title, description, default, examples.
+
+A keyword that constrains values in a way the grammar cannot (pattern, multipleOf, number
+bounds, not, if/then/else, ...) raises SchemaError naming its path, never silently dropped.
+Whitespace between tokens is bounded and strings cannot hold raw control characters, so every
+completed output parses with a strict JSON parser. Pure Python: no llama.cpp here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+# llama.cpp treats a repetition bound above this as unbounded and refuses a minimum above it.
+MAX_REPEAT = 2000
+MAX_DIGITS = 16
+MAX_RULES = 5000
+
+PRIMITIVES: dict[str, str] = {
+    # Bounded whitespace: a small model cannot loop on blanks between two tokens.
+    "ws": r'| " " | "\n" [ \t]{0,20}',
+    "char": r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
+    "string": r'"\"" char* "\"" ws',
+    "integer": r'"-"? ("0" | [1-9] [0-9]{0,15}) ws',
+    "number": r'"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? ws',
+    "boolean": r'("true" | "false") ws',
+    "null": r'"null" ws',
+    "value": "object | array | string | number | boolean | null",
+    "object": r'"{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws',
+    "array": r'"[" ws ( value ("," ws value)* )? "]" ws',
+    "date": r'[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [1-2] [0-9] | "3" [0-1])',
+    "time": r'([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? '
+            r'("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
+    "date-time": r'date "T" time',
+    "uuid": r'[0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12}',
+}
+# Which primitives each one uses (so the grammar holds only what it needs).
+_USES = {
+    "string": ("char", "ws"), "integer": ("ws",), "number": ("ws",), "boolean": ("ws",), "null": ("ws",),
+    "value": ("object", "array", "string", "number", "boolean", "null"),
+    "object": ("ws", "string", "value"), "array": ("ws", "value"), "date-time": ("date", "time"),
+}
+STRING_FORMATS = ("date", "time", "date-time", "uuid")
+TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+
+# Keywords that constrain values beyond what a grammar built here enforces: refused, by path.
+_REFUSED = {
+    "pattern": "regular expressions are not supported",
+    "patternProperties": "not supported",
+    "propertyNames": "not supported",
+    "not": "not supported",
+    "if": "not supported", "then": "not supported", "else": "not supported",
+    "dependentRequired": "not supported", "dependentSchemas": "not supported", "dependencies": "not supported",
+    "unevaluatedProperties": "not supported", "unevaluatedItems": "not supported",
+    "contains": "not supported", "minContains": "not supported", "maxContains": "not supported",
+    "multipleOf": "not supported",
+    "minProperties": "not supported", "maxProperties": "not supported",
+}
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+class SchemaError(ValueError):
+    """A schema the grammar cannot express; `path` is the offending key, dotted ('' = root)."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path or '(root)'}: {message}")
+        self.path = path
+        self.reason = message
+
+
+def literal(text: str) -> str:
+    """A GBNF string literal that matches `text` exactly."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def json_literal(value: Any) -> str:
+    return literal(json.dumps(value, ensure_ascii=False))
+
+
+def _join(path: str, key: str | int) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+class _Converter:
+    def __init__(self, root: Any):
+        self.root = root
+        self.rules: dict[str, str] = {}
+        self.by_body: dict[str, str] = {}
+        self.refs: dict[str, str] = {}  # $ref -> rule name
+        self.used: set[str] = set()
+
+    # ---- rules -------------------------------------------------------------------------------
+
+    def prim(self, name: str) -> str:
+        stack = [name]
+        while stack:
+            n = stack.pop()
+            if n not in self.used:
+                self.used.add(n)
+                stack.extend(_USES.get(n, ()))
+        return name
+
+    def rule(self, hint: str, body: str) -> str:
+        """A named rule with this body (an identical body reuses its name)."""
+        if body in self.by_body:
+            return self.by_body[body]
+        name = self.fresh(hint)
+        self.rules[name] = body
+        self.by_body[body] = name
+        return name
+
+    def fresh(self, hint: str) -> str:
+        base = re.sub(r"[^a-zA-Z0-9]+", "-", hint).strip("-").lower() or "r"
+        if base in PRIMITIVES or base == "root":
+            base += "-r"
+        name, k = base, 1
+        while name in self.rules or name in self.refs.values():
+            k += 1
+            name = f"{base}-{k}"
+        if len(self.rules) >= MAX_RULES:
+            raise SchemaError("", f"the schema needs more than {MAX_RULES} grammar rules")
+        return name
+
+    # ---- schemas -----------------------------------------------------------------------------
+
+    def visit(self, schema: Any, path: str, hint: str) -> str:
+        """A grammar expression (a rule name or a short sequence) for values of `schema`."""
+        if schema is True or schema == {}:
+            return self.prim("value")
+        if schema is False:
+            raise SchemaError(path, "false allows no value")
+        if not isinstance(schema, dict):
+            raise SchemaError(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+        for key, why in _REFUSED.items():
+            if key in schema:
+                raise SchemaError(_join(path, key), why)
+        if "$ref" in schema:
+            return self.ref(schema, path)
+        if "allOf" in schema:
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or len(parts) != 1:
+                raise SchemaError(_join(path, "allOf"), "only a one-element allOf is supported")
+            rest = {k: v for k, v in schema.items() if k != "allOf"}
+            return self.visit({**rest, **parts[0]} if isinstance(parts[0], dict) else parts[0], path, hint)
+        nullable = schema.get("nullable") is True
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                alts = schema[key]
+                if not isinstance(alts, list) or not alts:
+                    raise SchemaError(_join(path, key), "must be a non-empty array of schemas")
+                names = [self.visit(a, _join(_join(path, key), i), f"{hint}-{i}") for i, a in enumerate(alts)]
+                if nullable:
+                    names.append(self.prim("null"))
+                return self.rule(hint, " | ".join(names))
+        if "const" in schema:
+            return self.rule(hint, json_literal(schema["const"]) + " " + self.prim("ws"))
+        if "enum" in schema:
+            values = schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise SchemaError(_join(path, "enum"), "must be a non-empty array")
+            return self.rule(hint, "(" + " | ".join(json_literal(v) for v in values) + ") " + self.prim("ws"))
+        types = schema.get("type")
+        if types is None:
+            types = self.implied_types(schema)
+        if isinstance(types, str):
+            types = [types]
+        if not isinstance(types, list) or not types:
+            raise SchemaError(_join(path, "type"), f"must be one of {', '.join(TYPES)} or a list of them")
+        for t in types:
+            if t not in TYPES:
+                raise SchemaError(_join(path, "type"), f"{t!r} is not one of {', '.join(TYPES)}")
+        if nullable and "null" not in types:
+            types = [*types, "null"]
+        names = [self.typed(schema, t, path, hint if len(types) == 1 else f"{hint}-{t}") for t in types]
+        return names[0] if len(names) == 1 else self.rule(hint, " | ".join(names))
+
+    @staticmethod
+    def implied_types(schema: dict) -> list[str] | None:
+        if "properties" in schema or "additionalProperties" in schema or "required" in schema:
+            return ["object"]
+        if "items" in schema or "prefixItems" in schema:
+            return ["array"]
+        return list(TYPES)  # no type: any JSON value
+
+    def typed(self, schema: dict, t: str, path: str, hint: str) -> str:
+        if t == "object":
+            return self.object(schema, path, hint)
+        if t == "array":
+            return self.array(schema, path, hint)
+        if t == "string":
+            return self.string(schema, path, hint)
+        if t == "integer":
+            return self.integer(schema, path, hint)
+        if t == "number":
+            for key in _NUMBER_BOUNDS:
+                if key in schema:
+                    raise SchemaError(_join(path, key), "bounds are supported for integers, not numbers")
+        return self.prim(t)
+
+    def ref(self, schema: dict, path: str) -> str:
+        ref = schema["$ref"]
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise SchemaError(_join(path, "$ref"), "only local references (#/...) are supported")
+        if ref in self.refs:
+            return self.refs[ref]
+        target: Any = self.root
+        for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = raw.replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                raise SchemaError(_join(path, "$ref"), f"{ref!r} does not resolve in this schema")
+        name = self.fresh("ref-" + ref.rsplit("/", 1)[-1])
+        self.refs[ref] = name  # before the visit: a recursive schema refers to itself
+        self.rules[name] = ""
+        self.rules[name] = self.visit(target, _join(path, "$ref"), name)
+        return name
+
+    def object(self, schema: dict, path: str, hint: str) -> str:
+        props = schema.get("properties") or {}
+        if not isinstance(props, dict):
+            raise SchemaError(_join(path, "properties"), "must be an object")
+        required = schema.get("required") or []
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError(_join(path, "required"), "must be an array of property names")
+        for r in required:
+            if r not in props:
+                raise SchemaError(_join(path, "required"), f"{r!r} has no schema in properties")
+        extra = schema.get("additionalProperties")
+        if not props and "additionalProperties" not in schema:
+            return self.prim("object")
+        ws = self.prim("ws")
+        kvs = []
+        for key, sub in props.items():
+            value = self.visit(sub, _join(_join(path, "properties"), key), f"{hint}-{key}")
+            kvs.append((self.rule(f"{hint}-{key}-kv", f'{json_literal(key)} {ws} ":" {ws} {value}'), key in required))
+        if extra is not None and extra is not False:
+            value = self.visit(extra, _join(path, "additionalProperties"), f"{hint}-additional")
+            kv = self.rule(f"{hint}-additional-kv", f'{self.prim("string")} ":" {ws} {value}')
+            more = self.rule(f"{hint}-additional-next", f'"," {ws} {kv}')
+            tail, head = f"{more}*", f"({kv} {more}*)?"
+        else:
+            tail, head = "", ""
+        # tail(i): properties i.. after one was written (each with its comma); head(i): before any.
+        for i in range(len(kvs) - 1, -1, -1):
+            kv, req = kvs[i]
+            first = f"{kv} {tail}".strip()  # property i, then tail(i + 1)
+            if req:
+                head = first
+            else:
+                head = self.rule(f"{hint}-from-{i}", f"{first} | {head}" if head else f"({first})?")
+            step = f'"," {ws} {kv}'
+            tail = (f"{step} {tail}" if req else f"({step})? {tail}").strip()
+            if i:
+                tail = self.rule(f"{hint}-after-{i}", tail)
+        return self.rule(hint, f'"{{" {ws} {head} "}}" {ws}'.replace("  ", " "))
+
+    def array(self, schema: dict, path: str, hint: str) -> str:
+        ws = self.prim("ws")
+        prefix = schema.get("prefixItems")
+        items = schema.get("items")
+        if isinstance(items, list):  # draft 4-7 tuple form
+            prefix, items = items, schema.get("additionalItems", False)
+        lo, hi = self.count_bounds(schema, "minItems", "maxItems", path)
+        if prefix is not None:
+            if not isinstance(prefix, list):
+                raise SchemaError(_join(path, "prefixItems"), "must be an array of schemas")
+            if lo or hi is not None:
+                raise SchemaError(_join(path, "minItems" if lo else "maxItems"), "not supported with prefixItems")
+            parts = [self.visit(s, _join(_join(path, "prefixItems"), i), f"{hint}-{i}") for i, s in enumerate(prefix)]
+            body = f' "," {ws} '.join(parts)
+            if items is not None and items is not False:
+                value = self.visit(items, _join(path, "items"), f"{hint}-item")
+                more = self.rule(f"{hint}-next", f'"," {ws} {value}')
+                body = f"{body} {more}*" if parts else f"({value} {more}*)?"
+            return self.rule(hint, f'"[" {ws} {body} "]" {ws}')
+        value = self.prim("value") if items is None or items is True else self.visit(items, _join(path, "items"), f"{hint}-item")
+        if items is False:
+            return self.rule(hint, f'"[" {ws} "]" {ws}')
+        more = self.rule(f"{hint}-next", f'"," {ws} {value}')
+        rest = self.repeat(more, max(lo - 1, 0), None if hi is None else hi - 1)
+        if hi == 0:
+            inner = ""
+        elif lo >= 1:
+            inner = f"{value} {rest}"
+        else:
+            inner = f"({value} {rest})?"
+        return self.rule(hint, f'"[" {ws} {inner} "]" {ws}'.replace("  ", " "))
+
+    def string(self, schema: dict, path: str, hint: str) -> str:
+        fmt = schema.get("format")
+        if fmt in STRING_FORMATS:
+            for key in ("minLength", "maxLength"):
+                if key in schema:
+                    raise SchemaError(_join(path, key), f"not supported with format {fmt!r}")
+            return self.rule(f"{hint}-{fmt}", rf'"\"" {self.prim(fmt)} "\"" {self.prim("ws")}')
+        lo, hi = self.count_bounds(schema, "minLength", "maxLength", path)
+        if lo == 0 and hi is None:
+            return self.prim("string")
+        self.prim("string")
+        return self.rule(hint, rf'"\"" {self.repeat("char", lo, hi)} "\"" ws')
+
+    def integer(self, schema: dict, path: str, hint: str) -> str:
+        lo, hi = integer_bounds(schema, path)
+        if lo is None and hi is None:
+            return self.prim("integer")
+        if lo is not None and hi is not None and lo > hi:
+            raise SchemaError(path, f"no integer is >= {lo} and <= {hi}")
+        return self.rule(hint, f"({integer_range(lo, hi)}) {self.prim('ws')}")
+
+    @staticmethod
+    def count_bounds(schema: dict, lo_key: str, hi_key: str, path: str) -> tuple[int, int | None]:
+        lo, hi = schema.get(lo_key, 0), schema.get(hi_key)
+        for key, v in ((lo_key, lo), (hi_key, hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(_join(path, key), "must be a non-negative integer")
+        if lo > MAX_REPEAT:
+            raise SchemaError(_join(path, lo_key), f"at most {MAX_REPEAT} (llama.cpp's grammar limit)")
+        if hi is not None and hi < lo:
+            raise SchemaError(_join(path, hi_key), f"{hi} is less than {lo_key} {lo}")
+        if hi is not None and hi > MAX_REPEAT:
+            hi = None  # llama.cpp reads a larger bound as unbounded; the README says so
+        return lo, hi
+
+    @staticmethod
+    def repeat(item: str, lo: int, hi: int | None) -> str:
+        if hi is None:
+            return f"{item}*" if lo == 0 else (f"{item}+" if lo == 1 else f"{item}{{{lo},}}")
+        if lo == hi:
+            return "" if lo == 0 else (item if lo == 1 else f"{item}{{{lo}}}")
+        return f"{item}?" if (lo, hi) == (0, 1) else f"{item}{{{lo},{hi}}}"
+
+    def body(self, name: str) -> str | None:
+        if name in self.rules:
+            return self.rules[name]
+        return PRIMITIVES.get(name) if name in self.used else None
+
+    def trimmed(self, name: str, seen: frozenset[str] = frozenset()) -> str:
+        """`name` without the whitespace its values end with, so the output ends at the value."""
+        body = self.body(name)
+        if body is None or name in seen:
+            return name
+        alts = split_alternatives(body)
+        if len(alts) > 1:
+            out = [self.trimmed(a, seen | {name}) if a in self.rules or a in PRIMITIVES else a for a in alts]
+            return self.rule(f"{name}-end", " | ".join(out)) if out != alts else name
+        if body.endswith(" ws"):
+            return self.rule(f"{name}-end", body[: -len(" ws")])
+        if " " not in body and self.body(body) is not None:  # an alias: root-value ::= ref-x
+            return self.trimmed(body, seen | {name})
+        return name
+
+    def grammar(self, top: str) -> str:
+        lines = [f"root ::= {self.trimmed(top)}"]
+        lines += [f"{name} ::= {body}" for name, body in self.rules.items()]
+        lines += [f"{name} ::= {PRIMITIVES[name]}" for name in PRIMITIVES if name in self.used]
+        return "\n".join(lines) + "\n"
+
+
+def split_alternatives(body: str) -> list[str]:
+    """A rule body's top-level alternatives (outside quotes, classes and parentheses)."""
+    alts, depth, start, i = [], 0, 0, 0
+    while i < len(body):
+        ch = body[i]
+        if ch in '"[':
+            close = '"' if ch == '"' else "]"
+            i += 1
+            while i < len(body) and body[i] != close:
+                i += 2 if body[i] == "\\" else 1
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            alts.append(body[start:i].strip())
+            start = i + 1
+        i += 1
+    alts.append(body[start:].strip())
+    return alts
+
+
+def integer_bounds(schema: dict, path: str) -> tuple[int | None, int | None]:
+    """Inclusive integer bounds from minimum/maximum and the exclusive forms (numbers in draft
+    6 and later, booleans beside minimum/maximum in draft 4)."""
+    import math
+
+    lo = hi = None
+    for key in _NUMBER_BOUNDS:
+        v = schema.get(key)
+        if v is None or isinstance(v, bool):
+            continue
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SchemaError(_join(path, key), "must be a finite number")
+        if key == "minimum":
+            b = math.ceil(v)
+            b = b + 1 if schema.get("exclusiveMinimum") is True and b == v else b
+            lo = b if lo is None else max(lo, b)
+        elif key == "maximum":
+            b = math.floor(v)
+            b = b - 1 if schema.get("exclusiveMaximum") is True and b == v else b
+            hi = b if hi is None else min(hi, b)
+        elif key == "exclusiveMinimum":
+            b = math.floor(v) + 1
+            lo = b if lo is None else max(lo, b)
+        else:
+            b = math.ceil(v) - 1
+            hi = b if hi is None else min(hi, b)
+    limit = 10**MAX_DIGITS - 1
+    if lo is not None and hi is not None and lo > hi:
+        return lo, hi
+    return (None if lo is None or lo < -limit else min(lo, limit),
+            None if hi is None or hi > limit else max(hi, -limit))
+
+
+def _same_length(lo: str, hi: str) -> str:
+    """Digits of exactly len(lo) == len(hi) spelling a number in [lo, hi]."""
+    if not lo:
+        return ""
+    n = len(lo) - 1
+    if lo[1:] == "0" * n and hi[1:] == "9" * n:
+        first = f'"{lo[0]}"' if lo[0] == hi[0] else f"[{lo[0]}-{hi[0]}]"
+        return first if n == 0 else (f"{first} [0-9]" if n == 1 else f"{first} [0-9]{{{n}}}")
+    if lo[0] == hi[0]:
+        rest = _same_length(lo[1:], hi[1:])
+        return f'"{lo[0]}" {rest}'.strip() if rest else f'"{lo[0]}"'
+    alts = []
+    low_rest = _same_length(lo[1:], "9" * n)
+    alts.append(f'"{lo[0]}" {low_rest}'.strip())
+    if int(lo[0]) + 1 <= int(hi[0]) - 1:
+        mid = f"[{int(lo[0]) + 1}-{int(hi[0]) - 1}]"
+        alts.append(f"{mid} [0-9]{{{n}}}" if n > 1 else (f"{mid} [0-9]" if n == 1 else mid))
+    high_rest = _same_length("0" * n, hi[1:])
+    alts.append(f'"{hi[0]}" {high_rest}'.strip())
+    return "(" + " | ".join(alts) + ")"
+
+
+def _non_negative(lo: int, hi: int | None) -> list[str]:
+    """Alternatives spelling the integers in [lo, hi] (hi None: up to MAX_DIGITS digits), no sign."""
+    top = 10**MAX_DIGITS - 1 if hi is None else hi
+    alts = []
+    for digits in range(len(str(lo)), len(str(top)) + 1):
+        a = max(lo, 10 ** (digits - 1) if digits > 1 else 0)
+        b = min(top, 10**digits - 1)
+        if a > b:
+            continue
+        if hi is None and a == 10 ** (digits - 1) and digits > 1:
+            alts.append(f"[1-9] [0-9]{{{digits - 1},{MAX_DIGITS - 1}}}")  # every longer number
+            break
+        alts.append(_same_length(str(a), str(b)))
+    return alts
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """A GBNF alternative for the integers in [lo, hi], None meaning unbounded on that side."""
+    alts = []
+    if lo is None or lo < 0:  # negative part: -m for m in [max(1, -hi), -lo]
+        m_lo = 1 if hi is None or hi >= 0 else -hi
+        m_hi = None if lo is None else -lo
+        alts += [f'"-" {a}' for a in _non_negative(m_lo, m_hi)]
+    if hi is None or hi >= 0:
+        alts += _non_negative(max(0, lo if lo is not None else 0), hi)
+    return " | ".join(alts)
+
+
+def schema_to_gbnf(schema: Any) -> str:
+    """The GBNF grammar (start symbol `root`) for JSON values matching `schema`."""
+    conv = _Converter(schema)
+    try:
+        top = conv.visit(schema, "", "root-value")
+    except RecursionError:
+        raise SchemaError("", "the schema is nested too deeply") from None
+    return conv.grammar(top)
+
+
+def json_object_gbnf() -> str:
+    """Any JSON object (response_format json_object)."""
+    return schema_to_gbnf({"type": "object"})

@@ -1,0 +1,174 @@
+"""JSON Schema to GBNF (engine/schema_grammar.py), checked by llama.cpp's own grammar engine:
+each text is tokenized with SmolLM2's vocabulary and walked through a Constraint token by token,
+as the runner does, and counts as accepted when every token is allowed and the end may follow."""
+
+from __future__ import annotations
+
+import json
+
+import llama_cpp as lc
+import pytest
+
+from appliance.engine import grammar, native
+from appliance.engine.grammar import Constraint, GrammarError
+from appliance.engine.schema_grammar import SchemaError, integer_range, json_object_gbnf, schema_to_gbnf
+from conftest import SMOLLM2
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    native.init_backend()
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    model = lc.llama_model_load_from_file(str(SMOLLM2).encode(), params)
+    assert model
+    v = lc.llama_model_get_vocab(model)
+    yield native.Vocab(v, lc.llama_vocab_n_tokens(v))
+    lc.llama_model_free(model)
+
+
+def accepts(vocab, gbnf: str, text: str) -> bool:
+    c = Constraint(vocab, gbnf)
+    try:
+        for tok in vocab.tokenize(text, add_special=False, parse_special=False):
+            if not c.allows(tok):
+                return False
+            c.accept(tok)
+        return c.allows(vocab.eos)
+    finally:
+        c.close()
+
+
+def test_json_object_takes_objects_and_nothing_else(vocab):
+    g = json_object_gbnf()
+    for text in ['{}', '{"a": 1}', '{"a": [1, 2.5, -3e10, "x\\n\\u00e9", true, null, {"b": {}}]}', '{\n  "k": "v"\n}']:
+        assert accepts(vocab, g, text), text
+        json.loads(text)
+    for text in ['[]', '"x"', '{"a": 1', '{"a": 01}', '{"a": "line\nbreak"}', "{'a': 1}", '{"a": 1}}', '{"a": 1} x']:
+        assert not accepts(vocab, g, text), text
+
+
+def test_properties_in_order_with_required_ones_always_there(vocab):
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}, "d": {"type": "null"}},
+        "required": ["b", "d"],
+    }
+    g = schema_to_gbnf(schema)
+    full = {"a": 1, "b": "x", "c": True, "d": None}
+    for keep in range(16):
+        obj = {k: v for i, (k, v) in enumerate(full.items()) if keep >> i & 1}
+        valid = "b" in obj and "d" in obj
+        assert accepts(vocab, g, json.dumps(obj)) == valid, obj
+    assert not accepts(vocab, g, '{"d": null, "b": "x"}')  # declared order only
+    assert not accepts(vocab, g, '{"b": "x", "d": null, "e": 1}')  # no others without additionalProperties
+    assert not accepts(vocab, g, '{"b": 2, "d": null}')
+
+
+def test_additional_properties_follow_their_schema(vocab):
+    g = schema_to_gbnf({"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+                        "additionalProperties": {"type": "string"}})
+    assert accepts(vocab, g, '{"id": 1, "x": "a", "y": "b"}')
+    assert not accepts(vocab, g, '{"id": 1, "x": 2}')
+    only = schema_to_gbnf({"type": "object", "additionalProperties": {"type": "integer"}})
+    assert accepts(vocab, only, '{}') and accepts(vocab, only, '{"p": 1, "q": 2}')
+    assert not accepts(vocab, only, '{"p": true}')
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 120), (-5, 7), (-40, -3), (95, 1005), (7, 7), (None, -98), (98, None)])
+def test_integer_ranges_are_exact(vocab, lo, hi):
+    g = schema_to_gbnf({"type": "integer", **({"minimum": lo} if lo is not None else {}),
+                        **({"maximum": hi} if hi is not None else {})})
+    start = (lo if lo is not None else hi) - 12
+    end = (hi if hi is not None else lo) + 12
+    for n in range(start, end + 1):
+        inside = (lo is None or n >= lo) and (hi is None or n <= hi)
+        assert accepts(vocab, g, str(n)) == inside, (n, integer_range(lo, hi))
+    assert not accepts(vocab, g, "007") and not accepts(vocab, g, "1.5")
+
+
+def test_exclusive_and_fractional_bounds(vocab):
+    g = schema_to_gbnf({"type": "integer", "exclusiveMinimum": 2, "maximum": 5.5})
+    assert [n for n in range(0, 9) if accepts(vocab, g, str(n))] == [3, 4, 5]
+    draft4 = schema_to_gbnf({"type": "integer", "minimum": 2, "exclusiveMinimum": True, "maximum": 4, "exclusiveMaximum": True})
+    assert [n for n in range(0, 9) if accepts(vocab, draft4, str(n))] == [3]
+
+
+def test_arrays_strings_enums_and_formats(vocab):
+    arr = schema_to_gbnf({"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 3})
+    assert accepts(vocab, arr, '["a", "bc", "def"]')
+    assert not accepts(vocab, arr, '[]') and not accepts(vocab, arr, '["a", "b", "c", "d"]')
+    assert not accepts(vocab, arr, '["abcd"]')
+    tup = schema_to_gbnf({"type": "array", "prefixItems": [{"type": "integer"}, {"enum": ["x", "y"]}]})
+    assert accepts(vocab, tup, '[1, "y"]') and not accepts(vocab, tup, '[1, "z"]') and not accepts(vocab, tup, '[1]')
+    lengths = schema_to_gbnf({"type": "string", "minLength": 2, "maxLength": 4})
+    assert [n for n in range(0, 7) if accepts(vocab, lengths, json.dumps("é" * n))] == [2, 3, 4]
+    enum = schema_to_gbnf({"enum": ["red", 3, None, {"k": [1]}]})
+    for v in ["red", 3, None, {"k": [1]}]:
+        assert accepts(vocab, enum, json.dumps(v))
+    assert not accepts(vocab, enum, '"blue"')
+    const = schema_to_gbnf({"const": 'say "hi"\n'})
+    assert accepts(vocab, const, json.dumps('say "hi"\n'))
+    date = schema_to_gbnf({"type": "string", "format": "date-time"})
+    assert accepts(vocab, date, '"2026-12-03T15:31:31Z"') and accepts(vocab, date, '"2026-12-03T15:31:31.25+01:00"')
+    assert not accepts(vocab, date, '"2026-13-03T15:31:31Z"') and not accepts(vocab, date, '"yesterday"')
+    uuid = schema_to_gbnf({"type": "string", "format": "uuid"})
+    assert accepts(vocab, uuid, '"123e4567-e89b-12d3-a456-426614174000"') and not accepts(vocab, uuid, '"123e4567"')
+    assert accepts(vocab, schema_to_gbnf({"type": "string", "format": "email"}), '"any text"')  # an annotation
+
+
+def test_unions_nullable_and_recursive_refs(vocab):
+    opt = schema_to_gbnf({"anyOf": [{"type": "integer"}, {"type": "null"}]})  # pydantic's Optional[int]
+    assert accepts(vocab, opt, "5") and accepts(vocab, opt, "null") and not accepts(vocab, opt, '"5"')
+    assert accepts(vocab, schema_to_gbnf({"type": "string", "nullable": True}), "null")
+    types = schema_to_gbnf({"type": ["boolean", "string"], "maxLength": 1})
+    assert accepts(vocab, types, "true") and accepts(vocab, types, '"a"') and not accepts(vocab, types, '"ab"')
+    tree = {
+        "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                             "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                           "required": ["v", "kids"]}},
+        "$ref": "#/$defs/node",
+    }
+    g = schema_to_gbnf(tree)
+    assert accepts(vocab, g, '{"v": 1, "kids": [{"v": 2, "kids": []}, {"v": 3, "kids": [{"v": 4, "kids": []}]}]}')
+    assert not accepts(vocab, g, '{"v": 1, "kids": [{"v": 2}]}')
+    wrapped = schema_to_gbnf({"allOf": [{"$ref": "#/definitions/c"}], "definitions": {"c": {"enum": ["a"]}}})
+    assert accepts(vocab, wrapped, '"a"')
+
+
+def test_the_output_ends_at_the_value(vocab):
+    for schema in ({"type": "object"}, {"type": "integer"}, {}, {"type": ["string", "null"]}):
+        g = schema_to_gbnf(schema)
+        assert not accepts(vocab, g, '{} ' if schema.get("type") == "object" else "1 \n"), schema
+    assert accepts(vocab, schema_to_gbnf({"type": "object"}), '{ "a" : 1 }')  # inside, whitespace is free
+
+
+@pytest.mark.parametrize("schema,path", [
+    ({"type": "string", "pattern": "^a+$"}, "pattern"),
+    ({"properties": {"x": {"type": "number", "minimum": 0}}}, "properties.x.minimum"),
+    ({"type": "array", "items": {"not": {"type": "null"}}}, "items.not"),
+    ({"anyOf": [{"type": "integer"}, {"type": "strng"}]}, "anyOf.1.type"),
+    ({"$ref": "#/$defs/missing"}, "$ref"),
+    ({"$ref": "other.json#/x"}, "$ref"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "required"),
+    ({"type": "array", "minItems": 3, "maxItems": 2}, "maxItems"),
+    ({"type": "string", "minLength": 5000}, "minLength"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, "allOf"),
+    (False, ""),
+    ({"type": "integer", "minimum": 5, "maximum": 4}, ""),
+])
+def test_what_the_grammar_cannot_enforce_is_refused_by_path(schema, path):
+    with pytest.raises(SchemaError) as e:
+        schema_to_gbnf(schema)
+    assert e.value.path == path
+
+
+def test_llama_cpp_compiles_what_it_is_given_or_says_no(vocab):
+    grammar.check(vocab, 'root ::= "a" [0-9]+')
+    grammar.check(None, 'root ::= "a"')  # no vocabulary: still a syntax check
+    for bad in ('root ::= nothing', 'start ::= "a"', 'root ::= root "a"', 'root ::= "a'):
+        with pytest.raises(GrammarError):
+            grammar.check(vocab, bad)
+    with pytest.raises(GrammarError):
+        grammar.check(None, "root ::= <|im_end|>")  # a token named by its text needs a vocabulary
+    grammar.check(vocab, "root ::= <|im_end|>")
