@@ -1,0 +1,212 @@
+"""Structured output through the real server: response_format json_object / json_schema and the
+grammar field, on both models, greedy and sampled, with speculative decoding on (drafts are
+verified under the grammar), streamed, fanned out, in groups, and refused with the field named."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import pytest
+
+from conftest import GEMMA3, SMOLLM2, model_entry
+from opshelp import metric
+
+MODELS = ["smollm2-135m", "gemma3-270m"]
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 30},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 2},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+ASK = "Give me a JSON object describing a person named Ann who is 31 and lives in Oslo."
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+
+def check_person(text: str) -> dict:
+    obj = json.loads(text)  # strict: no control characters inside strings
+    assert list(obj)[:3] == ["name", "age", "city"] and set(obj) <= {"name", "age", "city", "tags"}, obj
+    assert isinstance(obj["name"], str) and len(obj["name"]) <= 20
+    assert isinstance(obj["age"], int) and 0 <= obj["age"] <= 120
+    assert isinstance(obj["city"], str) and len(obj["city"]) <= 30
+    assert set(obj.get("tags", [])) <= {"a", "b", "c"} and len(obj.get("tags", [])) <= 2
+    assert text == text.strip(), repr(text)  # the output ends at the value
+    return obj
+
+
+@pytest.fixture(scope="module")
+def server(server_factory):
+    return server_factory(
+        {
+            "inference": {"speculative": {"sources": ["ngram", "history"]}},
+            "models": [model_entry("smollm2-135m", SMOLLM2, n_parallel=4), model_entry("gemma3-270m", GEMMA3, n_parallel=2)],
+            "groups": [
+                {"name": "both", "models": MODELS, "type": "parallel"},
+                {"name": "vote", "models": ["smollm2-135m"], "type": "fanout", "samples": 3},
+                {"name": "chain", "models": ["gemma3-270m", "smollm2-135m"], "type": "sequential",
+                 "prompt_templates": [None, "Describe this person as JSON: {input}"]},
+            ],
+        },
+        "structured",
+    )
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.base + path, json=body, timeout=300)
+
+
+def chat(server, model: str, content: str = ASK, **kw) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 120, **kw}
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def content(answer: dict, i: int = 0) -> str:
+    return answer["choices"][i]["message"]["content"]
+
+
+def spec_drafted(server, model: str) -> int:
+    return httpx.get(server.base + "/v1/admin/scheduling/status").json()["models"][model]["speculative"]["drafted"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_json_schema_answers_follow_the_schema(server, model):
+    for kw in ({}, {"temperature": 0.9, "seed": 7}, {"temperature": 1.3, "seed": 11, "top_p": 0.95}):
+        answer = chat(server, model, response_format=PERSON_FORMAT, **kw)
+        assert answer["choices"][0]["finish_reason"] == "stop", answer
+        check_person(content(answer))
+    plain = content(chat(server, model))
+    with pytest.raises(ValueError):
+        check_person(plain)  # unconstrained, the same request answers in prose
+
+
+def test_json_object_gives_an_object_and_takes_llama_servers_schema_form(server):
+    answer = chat(server, "smollm2-135m", 'Reply with the JSON object {"ok": true} and nothing else.',
+                  response_format={"type": "json_object"}, max_tokens=200)
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert json.loads(content(answer)) == {"ok": True}
+    answer = chat(server, "gemma3-270m", response_format={"type": "json_object", "schema": PERSON})
+    check_person(content(answer))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_drafts_are_verified_under_the_grammar_and_change_no_answer(server, model):
+    """Greedy: the same answer with and without speculation. Sampled with a seed: the chain draws
+    once per emitted position in order either way, so the same answer too."""
+    prompt = ('Copy this JSON exactly: {"name": "Ann Marie Berg", "age": 31, "city": "Oslo", "tags": ["a", "b"]}')
+    before = spec_drafted(server, model)
+    for kw in ({}, {"temperature": 0.8, "seed": 5}):
+        on = content(chat(server, model, prompt, response_format=PERSON_FORMAT, **kw))
+        off = content(chat(server, model, prompt, response_format=PERSON_FORMAT, speculative=False, **kw))
+        assert on == off, kw
+        check_person(on)
+    assert spec_drafted(server, model) > before  # drafts were proposed (and checked) for these answers
+
+
+def test_a_grammar_holds_for_every_sample_and_not_for_the_request_beside_it(server):
+    """n=4 samples share one prefill (KV copies) but each has its own grammar state; a request
+    running at the same time without a grammar answers as it does alone."""
+    solo = content(chat(server, "smollm2-135m", "Name three colors.", max_tokens=40))
+    grammar = 'root ::= ("yes" | "no" | "maybe") " because " [a-z ]{1,30} "."'
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        constrained = pool.submit(chat, server, "smollm2-135m", "Is the sky blue?", grammar=grammar, n=4,
+                                  temperature=1.0, seed=3, max_tokens=60)
+        beside = pool.submit(chat, server, "smollm2-135m", "Name three colors.", max_tokens=40)
+        answer, other = constrained.result(), beside.result()
+    import re
+
+    for i in range(4):
+        assert re.fullmatch(r"(yes|no|maybe) because [a-z ]{1,30}\.", content(answer, i)), content(answer, i)
+        assert answer["choices"][i]["finish_reason"] == "stop"
+    assert content(other) == solo
+
+
+def test_streamed_and_completion_answers_follow_it_too(server):
+    body = {"model": "gemma3-270m", "messages": [{"role": "user", "content": ASK}], "temperature": 0,
+            "max_tokens": 120, "response_format": PERSON_FORMAT}
+    whole = content(chat(server, **{k: v for k, v in body.items() if k not in ("messages",)}))
+    parts = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"]
+                if delta and delta[0]["delta"].get("content"):
+                    parts.append(delta[0]["delta"]["content"])
+    assert "".join(parts) == whole
+    check_person(whole)
+    r = post(server, "/v1/completions", {"model": "smollm2-135m", "prompt": "The capital of France is",
+                                         "grammar": 'root ::= " " [A-Z] [a-z]{1,12} "."', "max_tokens": 10,
+                                         "temperature": 0})
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["text"]
+    assert text[0] == " " and text[1].isupper() and text.endswith(".") and text[2:-1].isalpha(), text
+
+
+def test_groups_constrain_every_answer_and_a_chain_its_last(server):
+    r = post(server, "/v1/batch/execute", {"group": "both", "messages": [{"role": "user", "content": ASK}],
+                                           "temperature": 0, "max_tokens": 120, "response_format": PERSON_FORMAT})
+    assert r.status_code == 200, r.text
+    members = r.json()["members"]
+    assert len(members) == 2
+    for m in members:
+        assert m["status"] == "ok" and m["finish_reason"] == "stop", m
+        check_person(m["text"])
+    r = post(server, "/v1/batch/execute", {"group": "vote", "messages": [{"role": "user", "content": "Is water wet?"}],
+                                           "temperature": 1.0, "seed": 1, "max_tokens": 5,
+                                           "grammar": 'root ::= "yes" | "no"'})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert {m["text"] for m in out["members"]} <= {"yes", "no"} and out["output"] in ("yes", "no")
+    r = post(server, "/v1/chain/execute", {"group": "chain", "temperature": 0, "max_tokens": 60,
+                                           "messages": [{"role": "user", "content": "Who is Ann (31, Oslo)?"}],
+                                           "response_format": PERSON_FORMAT})
+    assert r.status_code == 200, r.text
+    first, last = r.json()["members"]
+    assert first["status"] == last["status"] == "ok"
+    with pytest.raises(ValueError):
+        json.loads(first["text"])  # the first member answers freely
+    check_person(r.json()["output"])
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "z", "schema": {
+        "type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}}}}},
+     "response_format.json_schema.schema.properties.zip.pattern"),
+    ({"response_format": {"type": "json_object", "schema": {"type": "number", "maximum": 3}}},
+     "response_format.schema.maximum"),
+    ({"grammar": "root ::= undefined-rule"}, "grammar"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar"),
+    ({"grammar": ""}, "grammar"),
+])
+def test_bad_formats_and_grammars_are_refused_by_field(server, body, param):
+    for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        r = post(server, path, {"model": "smollm2-135m", **base, **body})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.text
+    r = post(server, "/v1/batch/execute", {"group": "both", "messages": [{"role": "user", "content": "hi"}], **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_token_named_by_text_is_per_model_so_groups_refuse_it(server):
+    r = post(server, "/v1/batch/execute", {"group": "both", "messages": [{"role": "user", "content": "hi"}],
+                                           "grammar": "root ::= <|im_end|>"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text
+
+
+def test_constrained_sequences_are_counted(server):
+    before = metric(httpx.get(server.base + "/metrics").text, "eie_grammar_sequences_total", model="gemma3-270m")
+    chat(server, "gemma3-270m", response_format=PERSON_FORMAT, max_tokens=40)
+    after = metric(httpx.get(server.base + "/metrics").text, "eie_grammar_sequences_total", model="gemma3-270m")
+    assert after == before + 1
+    assert httpx.get(server.base + "/health").status_code == 200
