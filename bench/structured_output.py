@@ -103,10 +103,13 @@ async def bench_model(name: str, binary: Path, workdir: Path, args: argparse.Nam
                             finished[server.name] = res.finish_reason
                         log(f"  {name} rep {rep + 1} {figure:14s} {server.name:12s} {res.decode_rate:7.1f} tok/s "
                             f"({res.completion_tokens} tokens, {res.finish_reason})")
+            status = (await client.get(f"{eie.base}/v1/admin/scheduling/status")).json()["models"][name]
     finally:
         eie.stop()
         llama.stop()
-    out = {"model": name, "samples": rows, "texts": texts}
+    masks = status["grammar_masks"]
+    out = {"model": name, "samples": rows, "texts": texts, "eie_grammar_sequences": status["grammar_sequences"],
+           "eie_whole_vocabulary_masks": masks}
     for server in ("eie", "llama-server"):
         plain = statistics.median(rows["decode_tok_s"][server])
         constrained = statistics.median(rows["grammar_tok_s"][server])

@@ -210,3 +210,14 @@ def test_constrained_sequences_are_counted(server):
     after = metric(httpx.get(server.base + "/metrics").text, "eie_grammar_sequences_total", model="gemma3-270m")
     assert after == before + 1
     assert httpx.get(server.base + "/health").status_code == 200
+
+
+def test_a_grammar_that_no_token_can_continue_ends_the_answer(server):
+    """Tokens whose text starts with a NUL byte are never allowed, so after "ok" nothing is: the
+    answer ends there (counted), instead of a token the grammar refused."""
+    dead_ends = lambda: metric(httpx.get(server.base + "/metrics").text, "eie_grammar_dead_ends_total",  # noqa: E731
+                               model="smollm2-135m")
+    before = dead_ends()
+    answer = chat(server, "smollm2-135m", "Say ok.", grammar='root ::= "ok" "\\x00"', max_tokens=10)
+    assert content(answer) == "ok" and answer["choices"][0]["finish_reason"] == "stop"
+    assert dead_ends() == before + 1

@@ -172,3 +172,43 @@ def test_llama_cpp_compiles_what_it_is_given_or_says_no(vocab):
     with pytest.raises(GrammarError):
         grammar.check(None, "root ::= <|im_end|>")  # a token named by its text needs a vocabulary
     grammar.check(vocab, "root ::= <|im_end|>")
+
+
+def test_the_shortlist_pick_is_the_greedy_token_of_the_whole_vocabulary_masked(vocab):
+    """A refused greedy token is looked for among the 64 highest logits first (engine/runner.py,
+    _best_allowed); it must be the token a mask of the whole vocabulary gives, ties included."""
+    import collections
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from appliance.engine.runner import ModelRunner, _TOKEN_DATA
+
+    rng = np.random.default_rng(0)
+    digits = vocab.tokenize("0123456789", add_special=False, parse_special=False)
+    grammar_text = 'root ::= [0-9]+'  # most of the vocabulary is refused
+    shortlisted = masked = 0
+    for trial in range(60):
+        logits = rng.normal(size=vocab.n_vocab).astype(np.float32)
+        if trial % 3 == 1:  # an allowed token among the best, tied with a refused one of a higher logit rank
+            logits[digits[trial % len(digits)]] = logits.max() - 0.5
+        if trial % 3 == 2:  # every allowed token tied with 200 refused ones across the 64th highest logit
+            boundary = np.sort(logits)[-40]
+            logits[rng.choice(vocab.n_vocab, 200, replace=False)] = boundary
+            logits[digits] = boundary
+        c = Constraint(vocab, grammar_text)
+        runner = SimpleNamespace(stats=collections.Counter())
+        whole = np.zeros(vocab.n_vocab, dtype=_TOKEN_DATA)
+        whole["id"] = np.arange(vocab.n_vocab)
+        whole["logit"] = logits
+        runner._fill_candidates = lambda row: whole
+        seq = SimpleNamespace(grammar=c)
+        reference = whole.copy()
+        assert c.mask(reference)
+        expected = int(reference["logit"].argmax())
+        got = ModelRunner._best_allowed(runner, seq, logits, 0)
+        c.close()
+        assert got == expected, trial
+        masked += runner.stats["grammar_masks"]
+        shortlisted += 1 - runner.stats["grammar_masks"]
+    assert shortlisted >= 20 and masked >= 20  # both ways were taken
