@@ -7,14 +7,18 @@ field, which both take) for a list of people: 6 objects of name, age (0-120) and
 streamed /v1/completions answer of up to --max-tokens tokens is timed from its first to its last
 chunk, with the grammar and without it (the same prompt), alternating which server goes first.
 
-  decode_tok_s        without a grammar
-  grammar_tok_s       with it
-  cost                1 - grammar / plain: what the grammar takes from decoding
+  decode_tok_s            without a grammar
+  grammar_tok_s           with it
+  cost                    1 - grammar / plain: what the grammar takes from greedy decoding
+  sampled_grammar_tok_s   with it, sampled (temperature 1, no truncation, seed 1234 + the repeat,
+                          the same on both; the servers draw different answers, so this
+                          compares rates over five answers each, not texts)
 
-The grammar costs a sampler one check of the token it would pick anyway; llama.cpp's common
-sampler (llama-server) and EIE's runner (engine/grammar.py) both mask the whole vocabulary only
-when that token is refused, a mask that takes 6-12 ms for SmolLM2's 49k tokens and 40-65 ms for
-Gemma 3's 262k on this machine.
+The grammar costs a sampler one check of the token it would pick anyway; when the grammar
+refuses it, llama.cpp's common sampler (llama-server) masks the whole vocabulary (6-12 ms for
+SmolLM2's 49k tokens and 40-65 ms for Gemma 3's 262k on this machine), EIE (engine/grammar.py)
+first looks among the 64 best logits (greedy) or redraws (sampled). The JSON counts EIE's
+whole-vocabulary masks.
 
 Run: .venv/bin/python bench/structured_output.py [--repeats 5] [--model all]
 Prints a table and writes bench/results/structured_output.json.
@@ -55,9 +59,16 @@ PEOPLE = {
 PROMPT = "Here is a JSON list of six people from a village register, with their name, age and city:\n"
 
 
-async def stream(client: httpx.AsyncClient, base: str, model: str, max_tokens: int, grammar: str | None) -> StreamResult:
+# Plain sampling on both servers (llama-server's defaults add top-k 40, top-p 0.95 and min-p 0.05).
+SAMPLED = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}  # the seed is 1234 + the repeat
+FIGURES = (("decode_tok_s", False, False), ("grammar_tok_s", True, False), ("sampled_grammar_tok_s", True, True))
+
+
+async def stream(client: httpx.AsyncClient, base: str, model: str, max_tokens: int, grammar: str | None,
+                 sampled: bool = False, seed: int = 1234) -> StreamResult:
     body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "cache_prompt": False}
+            "stream_options": {"include_usage": True}, "cache_prompt": False,
+            **({**SAMPLED, "seed": seed} if sampled else {})}
     if grammar is not None:
         body["grammar"] = grammar
     res = StreamResult(t_start=time.perf_counter())
@@ -92,14 +103,15 @@ async def bench_model(name: str, binary: Path, workdir: Path, args: argparse.Nam
                 await stream(client, server.base, name, 16, grammar)
             for rep in range(args.repeats):
                 order = (eie, llama) if rep % 2 == 0 else (llama, eie)
-                for figure, g in (("decode_tok_s", None), ("grammar_tok_s", grammar)):
+                for figure, constrained, sampled in FIGURES:
+                    g = grammar if constrained else None
                     for server in order:
                         await empty_caches(client, server)
                         await wait_for_quiet([], 0.3, 30)
-                        res = await stream(client, server.base, name, args.max_tokens, g)
+                        res = await stream(client, server.base, name, args.max_tokens, g, sampled, 1234 + rep)
                         rows.setdefault(figure, {}).setdefault(server.name, []).append(res.decode_rate)
                         texts[f"{figure}/{server.name}"] = res.server_timings["text"]
-                        if g is not None:
+                        if g is not None and not sampled:
                             finished[server.name] = res.finish_reason
                         log(f"  {name} rep {rep + 1} {figure:14s} {server.name:12s} {res.decode_rate:7.1f} tok/s "
                             f"({res.completion_tokens} tokens, {res.finish_reason})")
@@ -113,8 +125,9 @@ async def bench_model(name: str, binary: Path, workdir: Path, args: argparse.Nam
     for server in ("eie", "llama-server"):
         plain = statistics.median(rows["decode_tok_s"][server])
         constrained = statistics.median(rows["grammar_tok_s"][server])
+        sampled = statistics.median(rows["sampled_grammar_tok_s"][server])
         out[server] = {"decode_tok_s": round(plain, 1), "grammar_tok_s": round(constrained, 1),
-                       "cost": round(1 - constrained / plain, 3)}
+                       "cost": round(1 - constrained / plain, 3), "sampled_grammar_tok_s": round(sampled, 1)}
     out["grammar_ratio_eie_over_llama"] = round(out["eie"]["grammar_tok_s"] / out["llama-server"]["grammar_tok_s"], 3)
     for server in ("eie", "llama-server"):  # the constrained answers are the JSON asked for, when complete
         out[server]["grammar_answer_complete"] = finished[server] == "stop"
@@ -135,11 +148,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="eie-structured-") as tmp:
         results = [asyncio.run(bench_model(n, binary, Path(tmp), a)) for n in names]
     print(f"greedy /v1/completions, up to {a.max_tokens} tokens, median of {a.repeats}; tok/s")
-    print(f"{'model':<14} {'server':<13} {'no grammar':>11} {'grammar':>9} {'cost':>7}")
+    print(f"{'model':<14} {'server':<13} {'no grammar':>11} {'grammar':>9} {'cost':>7} {'sampled, grammar':>17}")
     for r in results:
         for server in ("eie", "llama-server"):
             f = r[server]
-            print(f"{r['model']:<14} {server:<13} {f['decode_tok_s']:>11.1f} {f['grammar_tok_s']:>9.1f} {f['cost']:>7.1%}")
+            print(f"{r['model']:<14} {server:<13} {f['decode_tok_s']:>11.1f} {f['grammar_tok_s']:>9.1f} {f['cost']:>7.1%} "
+                  f"{f['sampled_grammar_tok_s']:>17.1f}")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats,
                                  "max_tokens": a.max_tokens, "schema": PEOPLE, "results": results}, indent=1))

@@ -28,6 +28,12 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     @property
+    def stateless(self) -> bool:
+        """No penalties: the chain keeps nothing of the tokens it is told were taken, so a draw
+        can be discarded (a grammar's refusal) without telling it."""
+        return self.repeat_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+
+    @property
     def plain_greedy(self) -> bool:
         """Greedy with nothing before the draw (no bias, no penalties): the chain's token is the
         logits' argmax, the first of equal maxima, as llama.cpp's greedy sampler takes it."""

@@ -102,7 +102,9 @@ def test_drafts_are_verified_under_the_grammar_and_change_no_answer(server, mode
     once per emitted position in order either way, so the same answer too."""
     prompt = ('Copy this JSON exactly: {"name": "Ann Marie Berg", "age": 31, "city": "Oslo", "tags": ["a", "b"]}')
     before = spec_drafted(server, model)
-    for kw in ({}, {"temperature": 0.8, "seed": 5}):
+    # plain greedy (argmax), sampled, greedy and sampled with penalties (the chain keeps state)
+    for kw in ({}, {"temperature": 0.8, "seed": 5}, {"repeat_penalty": 1.3},
+               {"temperature": 1.2, "seed": 9, "presence_penalty": 0.8, "top_k": 50}):
         on = content(chat(server, model, prompt, response_format=PERSON_FORMAT, **kw))
         off = content(chat(server, model, prompt, response_format=PERSON_FORMAT, speculative=False, **kw))
         assert on == off, kw

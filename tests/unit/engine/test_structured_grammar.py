@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import llama_cpp as lc
+import numpy as np
 import pytest
 
 from appliance.engine import grammar, native
-from appliance.engine.grammar import Constraint, GrammarError
+from appliance.engine.grammar import TOKEN_DATA, Constraint, GrammarError, best_in_shortlist, redraw
 from appliance.engine.schema_grammar import SchemaError, integer_range, json_object_gbnf, schema_to_gbnf
 from conftest import SMOLLM2
 
@@ -175,40 +176,62 @@ def test_llama_cpp_compiles_what_it_is_given_or_says_no(vocab):
 
 
 def test_the_shortlist_pick_is_the_greedy_token_of_the_whole_vocabulary_masked(vocab):
-    """A refused greedy token is looked for among the 64 highest logits first (engine/runner.py,
-    _best_allowed); it must be the token a mask of the whole vocabulary gives, ties included."""
-    import collections
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from appliance.engine.runner import ModelRunner, _TOKEN_DATA
-
+    """A refused greedy token is looked for among the 64 highest logits first (grammar.py,
+    best_in_shortlist); when that decides it, it must be the token a mask of the whole vocabulary
+    gives, ties included."""
     rng = np.random.default_rng(0)
     digits = vocab.tokenize("0123456789", add_special=False, parse_special=False)
-    grammar_text = 'root ::= [0-9]+'  # most of the vocabulary is refused
     shortlisted = masked = 0
     for trial in range(60):
         logits = rng.normal(size=vocab.n_vocab).astype(np.float32)
-        if trial % 3 == 1:  # an allowed token among the best, tied with a refused one of a higher logit rank
+        if trial % 3 == 1:  # an allowed token among the best, below refused ones
             logits[digits[trial % len(digits)]] = logits.max() - 0.5
         if trial % 3 == 2:  # every allowed token tied with 200 refused ones across the 64th highest logit
             boundary = np.sort(logits)[-40]
             logits[rng.choice(vocab.n_vocab, 200, replace=False)] = boundary
             logits[digits] = boundary
-        c = Constraint(vocab, grammar_text)
-        runner = SimpleNamespace(stats=collections.Counter())
-        whole = np.zeros(vocab.n_vocab, dtype=_TOKEN_DATA)
+        c = Constraint(vocab, "root ::= [0-9]+")  # most of the vocabulary is refused
+        whole = np.zeros(vocab.n_vocab, dtype=TOKEN_DATA)
         whole["id"] = np.arange(vocab.n_vocab)
         whole["logit"] = logits
-        runner._fill_candidates = lambda row: whole
-        seq = SimpleNamespace(grammar=c)
-        reference = whole.copy()
-        assert c.mask(reference)
-        expected = int(reference["logit"].argmax())
-        got = ModelRunner._best_allowed(runner, seq, logits, 0)
+        assert c.mask(whole)
+        got = best_in_shortlist(c, logits)
         c.close()
-        assert got == expected, trial
-        masked += runner.stats["grammar_masks"]
-        shortlisted += 1 - runner.stats["grammar_masks"]
+        if got is None:
+            masked += 1
+        else:
+            shortlisted += 1
+            assert got == int(whole["logit"].argmax()), trial
     assert shortlisted >= 20 and masked >= 20  # both ways were taken
+
+
+def test_a_refused_draw_redrawn_gives_the_distribution_masked(vocab):
+    """First draw from p; if the grammar refuses it, redraw (grammar.py): each allowed token must
+    come out with p(t) / Z. 20000 draws over 30 candidates, 10 of them allowed."""
+    rng = np.random.default_rng(1)
+    digits = vocab.tokenize("0123456789", add_special=False, parse_special=False)
+    letters = vocab.tokenize("a b c d e f g h i j k l m n o p q r s t", add_special=False, parse_special=False)[:20]
+    kept = np.zeros(30, dtype=TOKEN_DATA)
+    kept["id"] = rng.permutation(list(digits) + list(letters))
+    kept["p"] = rng.dirichlet(np.ones(30))
+    c = Constraint(vocab, "root ::= [0-9]+")
+    allowed = np.isin(kept["id"], digits)
+    counts = np.zeros(30)
+    for _ in range(20000):
+        i = int(rng.choice(30, p=kept["p"] / kept["p"].sum()))
+        token = int(kept["id"][i]) if c.allows(int(kept["id"][i])) else redraw(c, kept, i, rng)
+        counts[np.flatnonzero(kept["id"] == token)[0]] += 1
+    c.close()
+    assert counts[~allowed].sum() == 0
+    expected = 20000 * kept["p"][allowed] / kept["p"][allowed].sum()
+    chi2 = float((((counts[allowed] - expected) ** 2) / expected).sum())
+    assert chi2 < 27.9, (chi2, counts[allowed], expected)  # 9 degrees of freedom, p = 0.001
+
+
+def test_a_redraw_gives_up_when_the_chain_kept_nothing_allowed(vocab):
+    kept = np.zeros(3, dtype=TOKEN_DATA)
+    kept["id"] = vocab.tokenize("a b c", add_special=False, parse_special=False)[:3]
+    kept["p"] = [0.5, 0.3, 0.2]
+    c = Constraint(vocab, "root ::= [0-9]+")
+    assert redraw(c, kept, 0, np.random.default_rng(0)) is None
+    c.close()
