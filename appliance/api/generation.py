@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from ..config import Config
@@ -107,15 +108,24 @@ def _schema_grammar(schema: object, param: str) -> str:
         raise bad_request(f"{where}: {e.reason}", param=where) from None
 
 
-def check_grammar(vocab: Vocab | None, params: SamplingParams, req: SamplingOptions) -> None:
-    """A 400 naming the field if llama.cpp cannot compile the request's grammar (blocking: a
-    thread's work, not the event loop's, for a large one)."""
-    if params.grammar is None:
-        return
-    try:
-        grammar.check(vocab, params.grammar)
-    except GrammarError as e:
-        raise bad_request(str(e), param="grammar" if req.grammar is not None else "response_format") from None
+async def request_sampling(req: SamplingOptions, vocab: Vocab | None) -> SamplingParams:
+    """The request's sampling parameters. A grammar (response_format or grammar) is converted and
+    compiled once by llama.cpp for this vocabulary (None: a group's several, where a token named
+    by its text cannot compile), off the event loop: a large schema takes milliseconds."""
+    n_vocab = vocab.n_vocab if vocab is not None else 0
+    fmt = req.response_format
+    if req.grammar is None and (fmt is None or fmt.type == "text"):
+        return sampling_params(req, n_vocab)
+
+    def build() -> SamplingParams:
+        params = sampling_params(req, n_vocab)
+        try:
+            grammar.check(vocab, params.grammar)
+        except GrammarError as e:
+            raise bad_request(str(e), param="grammar" if req.grammar is not None else "response_format") from None
+        return params
+
+    return await asyncio.to_thread(build)
 
 
 def stop_list(req: SamplingOptions) -> list[str]:

@@ -13,7 +13,7 @@ from ..config import Config
 from ..engine.manager import ModelManager
 from ..groups.executor import GroupCall, GroupExecutor, GroupResult, MemberResult
 from .errors import ApiError, bad_request, from_validation
-from .generation import check_grammar, deadline, plain_messages, sampling_params, stop_list
+from .generation import deadline, plain_messages, request_sampling, stop_list
 from .http import EventStream, Request
 from .schemas import (
     ErrorBody,
@@ -81,11 +81,9 @@ class GroupRoutes:
             raise bad_request(f"group '{group.name}' is {group.type}; run it with {other}", param="group")
         if req.logit_bias:
             raise bad_request("logit_bias is per vocabulary and not supported for groups", param="logit_bias")
-        sampling = sampling_params(req, 0)
-        await asyncio.to_thread(check_grammar, None, sampling, req)  # token references are per vocabulary
         call = GroupCall(
             messages=plain_messages(req.messages),
-            sampling=sampling,
+            sampling=await request_sampling(req, None),  # members' vocabularies differ
             max_tokens=req.max_tokens,
             stop=stop_list(req),
             deadline=deadline(self.config),

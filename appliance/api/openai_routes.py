@@ -18,13 +18,12 @@ from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
     chat_messages,
-    check_grammar,
     completion_prompts,
     deadline,
     engine_error,
     failure_error,
+    request_sampling,
     resolve_runner,
-    sampling_params,
     stop_list,
 )
 from .http import EventStream, Request
@@ -121,8 +120,7 @@ class OpenAIRoutes:
         req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await resolve_runner(self.manager, req.model)
         messages = chat_messages(req)
-        params = sampling_params(req, runner.vocab.n_vocab)
-        await asyncio.to_thread(check_grammar, runner.vocab, params, req)
+        params = await request_sampling(req, runner.vocab)
         prompt = await asyncio.to_thread(render_chat, runner, messages)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
@@ -142,8 +140,7 @@ class OpenAIRoutes:
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await resolve_runner(self.manager, req.model)
-        params = sampling_params(req, runner.vocab.n_vocab)
-        await asyncio.to_thread(check_grammar, runner.vocab, params, req)
+        params = await request_sampling(req, runner.vocab)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)
         # OpenAI's default for the legacy completions endpoint is 16 tokens.
         limits = [self._max_tokens(runner, p, req.max_tokens, 16, "prompt") for p in prompts]

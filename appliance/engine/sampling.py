@@ -37,8 +37,7 @@ class SamplingParams:
     def plain_greedy(self) -> bool:
         """Greedy with nothing before the draw (no bias, no penalties): the chain's token is the
         logits' argmax, the first of equal maxima, as llama.cpp's greedy sampler takes it."""
-        return (self.greedy and not self.logit_bias and self.repeat_penalty == 1.0
-                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
+        return self.greedy and not self.logit_bias and self.stateless
 
 
 def with_seed_offset(params: SamplingParams, k: int) -> SamplingParams:
