@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 from ..config import Config
 from ..engine.client import GenerationFailed, PromptError
@@ -108,21 +109,25 @@ def _schema_grammar(schema: object, param: str) -> str:
         raise bad_request(f"{where}: {e.reason}", param=where) from None
 
 
-async def request_sampling(req: SamplingOptions, vocab: Vocab | None) -> SamplingParams:
-    """The request's sampling parameters. A grammar (response_format or grammar) is converted and
-    compiled once by llama.cpp for this vocabulary (None: a group's several, where a token named
-    by its text cannot compile), off the event loop: a large schema takes milliseconds."""
+async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_grammar: str | None = None) -> SamplingParams:
+    """The request's sampling parameters. A grammar (response_format, grammar, or the one tools
+    need) is converted and compiled once by llama.cpp for this vocabulary (None: a group's
+    several, where a token named by its text cannot compile), off the event loop: a large schema
+    takes milliseconds."""
     n_vocab = vocab.n_vocab if vocab is not None else 0
     fmt = req.response_format
-    if req.grammar is None and (fmt is None or fmt.type == "text"):
+    if req.grammar is None and tool_grammar is None and (fmt is None or fmt.type == "text"):
         return sampling_params(req, n_vocab)
 
     def build() -> SamplingParams:
         params = sampling_params(req, n_vocab)
+        if tool_grammar is not None:
+            params = replace(params, grammar=tool_grammar)
         try:
             grammar.check(vocab, params.grammar)
         except GrammarError as e:
-            raise bad_request(str(e), param="grammar" if req.grammar is not None else "response_format") from None
+            field = "tools" if tool_grammar is not None else "grammar" if req.grammar is not None else "response_format"
+            raise bad_request(str(e), param=field) from None
         return params
 
     return await asyncio.to_thread(build)
@@ -148,12 +153,6 @@ def _message_text(msg: ChatMessage, index: int) -> str:
             )
         parts.append(part.text)
     return "".join(parts)
-
-
-def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    if req.tools:
-        raise bad_request("tools are not supported by this server yet", param="tools")
-    return plain_messages(req.messages)
 
 
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

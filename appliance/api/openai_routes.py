@@ -17,7 +17,7 @@ from ..engine.client import Generations, collect, fit_max_tokens, render_chat
 from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
-    chat_messages,
+    plain_messages,
     completion_prompts,
     deadline,
     engine_error,
@@ -26,6 +26,7 @@ from .generation import (
     resolve_runner,
     stop_list,
 )
+from . import tools
 from .http import EventStream, Request
 from .schemas import (
     AssistantMessage,
@@ -43,6 +44,7 @@ from .schemas import (
     Delta,
     ModelCard,
     ModelList,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
@@ -119,8 +121,9 @@ class OpenAIRoutes:
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await resolve_runner(self.manager, req.model)
-        messages = chat_messages(req)
-        params = await request_sampling(req, runner.vocab)
+        tool_plan = tools.plan(req)
+        messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan)
+        params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None)
         prompt = await asyncio.to_thread(render_chat, runner, messages)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
@@ -134,8 +137,10 @@ class OpenAIRoutes:
                               speculative=req.speculative)
             for i in range(req.n)
         ])
+        calls = tool_plan is not None
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
-                        self._chat_stream, self._chat_response, req.model, top is not None)
+                        lambda *a: self._chat_stream(*a, tool_calls=calls),
+                        lambda *a: self._chat_response(*a, tool_calls=calls), req.model, top is not None)
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -177,32 +182,51 @@ class OpenAIRoutes:
     # ---- chat ------------------------------------------------------------------------------
 
     @staticmethod
-    def _chat_response(outs, model: str, logprobs: bool) -> ChatCompletion:
-        choices = [
-            ChatChoice(i, AssistantMessage("assistant", o.text), o.finish_reason,
-                       chat_logprobs(o.logprobs) if logprobs else None)
-            for i, o in enumerate(outs)
-        ]
+    def _chat_response(outs, model: str, logprobs: bool, tool_calls: bool = False) -> ChatCompletion:
+        choices = []
+        for i, o in enumerate(outs):
+            if tool_calls:
+                content, calls, reason = tools.read_answer(o.text, o.finish_reason)
+                message = AssistantMessage("assistant", content, calls)
+            else:
+                message, reason = AssistantMessage("assistant", o.text), o.finish_reason
+            choices.append(ChatChoice(i, message, reason, chat_logprobs(o.logprobs) if logprobs else None))
         completion = sum(o.completion_tokens for o in outs)
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
                               _usage(outs[0].prompt_tokens, completion), system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
-                           logprobs: bool) -> None:
+                           logprobs: bool, tool_calls: bool = False) -> None:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
+        readers: dict[int, tools.AnswerReader] = {}  # with tools: each choice's JSON answer
 
         def chunk(choices, usage=None) -> ChatCompletionChunk:
             return ChatCompletionChunk(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
 
+        def delta(i: int, ev: TextDelta) -> ChatCompletionChunk | None:
+            if not tool_calls:
+                return chunk([ChatChunkChoice(i, Delta(content=ev.text), None,
+                                              chat_logprobs(ev.logprobs) if logprobs else None)])
+            text = readers.setdefault(i, tools.AnswerReader()).push(ev.text)
+            return chunk([ChatChunkChoice(i, Delta(content=text))]) if text else None
+
+        def final(i: int, reason: str) -> list[ChatCompletionChunk]:
+            out = []
+            if tool_calls:
+                content, calls, reason = readers.pop(i, tools.AnswerReader()).finish(reason)
+                if content:
+                    out.append(chunk([ChatChunkChoice(i, Delta(content=content))]))
+                if calls:
+                    out.append(chunk([ChatChunkChoice(i, Delta(tool_calls=[
+                        ToolCallDelta(k, c.id, c.type, c.function) for k, c in enumerate(calls)]))]))
+            return out + [chunk([ChatChunkChoice(i, Delta(), reason)])]
+
         await self._stream(
             sse, gens, include_usage,
             first=lambda i: chunk([ChatChunkChoice(i, Delta(role="assistant", content=""))]),
-            delta=lambda i, ev: chunk([ChatChunkChoice(i, Delta(content=ev.text), None,
-                                                       chat_logprobs(ev.logprobs) if logprobs else None)]),
-            final=lambda i, reason: chunk([ChatChunkChoice(i, Delta(), reason)]),
-            usage=lambda u: chunk([], u),
+            delta=delta, final=final, usage=lambda u: chunk([], u),
         )
 
     # ---- completions -----------------------------------------------------------------------
@@ -232,7 +256,7 @@ class OpenAIRoutes:
             first=None,
             delta=lambda i, ev: chunk([CompletionChoice(i, ev.text, None,
                                                         completion_logprobs(ev.logprobs) if logprobs else None)]),
-            final=lambda i, reason: chunk([CompletionChoice(i, "", reason)]),
+            final=lambda i, reason: [chunk([CompletionChoice(i, "", reason)])],
             usage=lambda u: chunk([], u),
         )
 
@@ -257,11 +281,14 @@ class OpenAIRoutes:
                     opened.add(i)
                     await sse.event(first(i))
                 if isinstance(ev, TextDelta):
-                    await sse.event(delta(i, ev))
+                    out = delta(i, ev)
+                    if out is not None:  # None: held back (a tool call is read whole)
+                        await sse.event(out)
                 elif isinstance(ev, Finished):
                     prompt_tokens[i] = ev.prompt_tokens
                     completion += ev.completion_tokens
-                    await sse.event(final(i, ev.reason))
+                    for out in final(i, ev.reason):
+                        await sse.event(out)
             else:
                 if include_usage:
                     await sse.event(usage(_usage(next(iter(prompt_tokens.values()), 0), completion)))

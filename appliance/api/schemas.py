@@ -23,10 +23,44 @@ class TextPart(Struct, frozen=True, forbid_unknown_fields=False):
     text: str | None = None
 
 
+class FunctionCall(Struct, frozen=True):
+    name: Annotated[str, Meta(min_length=1, max_length=256)]
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Struct, frozen=True, kw_only=True):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Struct, frozen=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+
+class FunctionDef(Struct, frozen=True):
+    name: str
+    description: str | None = None
+    parameters: Any = None  # a JSON Schema
+    strict: bool | None = None
+
+
+class Tool(Struct, frozen=True):
+    type: str
+    function: FunctionDef
+
+
+class ToolChoiceFunction(Struct, frozen=True):
+    name: str
+
+
+class ToolChoice(Struct, frozen=True):
+    type: str
+    function: ToolChoiceFunction | None = None
 
 
 class StreamOptions(Struct, frozen=True):
@@ -79,8 +113,9 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     logprobs: bool | None = None
     max_completion_tokens: MaxTokens | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    tool_choice: str | ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
@@ -107,9 +142,10 @@ class Usage(Struct, frozen=True):
     total_tokens: int
 
 
-class AssistantMessage(Struct, frozen=True):
+class AssistantMessage(Struct, frozen=True, omit_defaults=True):
     role: str
-    content: str
+    content: str | None  # null when the answer is tool calls
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(Struct, frozen=True):
@@ -153,9 +189,17 @@ class ChatCompletion(Struct, frozen=True):
     system_fingerprint: str | None = None
 
 
+class ToolCallDelta(Struct, frozen=True):
+    index: int
+    id: str
+    type: str
+    function: FunctionCall
+
+
 class Delta(Struct, frozen=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(Struct, frozen=True):

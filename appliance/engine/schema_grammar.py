@@ -21,6 +21,9 @@ import json
 import re
 from typing import Any
 
+# {OWN_ROOT: schema} stands for `schema` with its $refs resolved against itself (a tool's
+# parameters inside a schema built around them); the path of an error in it starts there.
+OWN_ROOT = "x-eie-own-root"
 # llama.cpp treats a repetition bound above this as unbounded and refuses a minimum above it.
 MAX_REPEAT = 2000
 MAX_DIGITS = 16
@@ -110,7 +113,7 @@ class _Converter:
         self.root = root
         self.rules: dict[str, str] = {}
         self.by_body: dict[str, str] = {}
-        self.refs: dict[str, str] = {}  # $ref -> rule name
+        self.refs: dict[tuple[int, str], str] = {}  # (id of the document, $ref) -> rule name
         self.used: set[str] = set()
 
     # ---- rules -------------------------------------------------------------------------------
@@ -158,6 +161,12 @@ class _Converter:
         for key, why in _REFUSED.items():
             if key in schema:
                 raise SchemaError(_join(path, key), why)
+        if OWN_ROOT in schema:  # a document of its own: its $refs resolve against it
+            outer, self.root = self.root, schema[OWN_ROOT]
+            try:
+                return self.visit(self.root, path, hint)
+            finally:
+                self.root = outer
         if "$ref" in schema:
             return self.ref(schema, path)
         if "allOf" in schema:
@@ -225,8 +234,9 @@ class _Converter:
         ref = schema["$ref"]
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise SchemaError(_join(path, "$ref"), "only local references (#/...) are supported")
-        if ref in self.refs:
-            return self.refs[ref]
+        key = (id(self.root), ref)
+        if key in self.refs:
+            return self.refs[key]
         target: Any = self.root
         for raw in ref[1:].split("/")[1:] if ref != "#" else []:
             part = raw.replace("~1", "/").replace("~0", "~")
@@ -237,7 +247,7 @@ class _Converter:
             else:
                 raise SchemaError(_join(path, "$ref"), f"{ref!r} does not resolve in this schema")
         name = self.fresh("ref-" + ref.rsplit("/", 1)[-1])
-        self.refs[ref] = name  # before the visit: a recursive schema refers to itself
+        self.refs[key] = name  # before the visit: a recursive schema refers to itself
         self.rules[name] = ""
         self.rules[name] = self.visit(target, _join(path, "$ref"), name)
         return name

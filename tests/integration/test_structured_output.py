@@ -223,3 +223,135 @@ def test_a_grammar_that_no_token_can_continue_ends_the_answer(server):
     answer = chat(server, "smollm2-135m", "Say ok.", grammar='root ::= "ok" "\\x00"', max_tokens=10)
     assert content(answer) == "ok" and answer["choices"][0]["finish_reason"] == "stop"
     assert dead_ends() == before + 1
+
+
+# ---- tools --------------------------------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+]
+WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+
+
+def tool_chat(server, model: str, messages: list, **kw) -> dict:
+    r = post(server, "/v1/chat/completions", {"model": model, "messages": messages, "tools": TOOLS,
+                                              "temperature": 0, "max_tokens": 80, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def check_call(call: dict) -> dict:
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    args = json.loads(call["function"]["arguments"])
+    if call["function"]["name"] == "add":
+        assert set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values()), args
+    else:
+        assert call["function"]["name"] == "get_weather", call
+        assert list(args) == ["city", "unit"] and args["unit"] in ("celsius", "fahrenheit"), args
+    return args
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_named_or_required_tool_is_called_with_arguments_that_fit_its_schema(server, model):
+    choice = tool_chat(server, model, WEATHER, tool_choice={"type": "function", "function": {"name": "add"}})
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "add"
+    check_call(call)
+    choice = tool_chat(server, model, WEATHER, tool_choice="required", parallel_tool_calls=False)
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    check_call(call)
+
+
+def test_auto_answers_or_calls_and_none_answers_as_without_tools(server):
+    for model in MODELS:
+        choice = tool_chat(server, model, WEATHER, parallel_tool_calls=False, max_tokens=150)
+        if choice["finish_reason"] == "tool_calls":
+            for call in choice["message"]["tool_calls"]:
+                check_call(call)
+        else:  # a direct answer: the text of {"response": "..."}, also when max_tokens cut it
+            assert choice["finish_reason"] in ("stop", "length") and "tool_calls" not in choice["message"]
+            assert choice["message"]["content"] and not choice["message"]["content"].lstrip().startswith("{")
+        plain = post(server, "/v1/chat/completions", {"model": model, "messages": WEATHER, "temperature": 0,
+                                                      "max_tokens": 30}).json()["choices"][0]["message"]["content"]
+        none = tool_chat(server, model, WEATHER, tool_choice="none", max_tokens=30)
+        assert none["message"]["content"] == plain  # no instructions, no grammar
+
+
+def test_a_streamed_tool_call_arrives_whole_before_the_finish(server):
+    body = {"model": "gemma3-270m", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    whole = post(server, "/v1/chat/completions", body).json()["choices"][0]
+    chunks = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    assert chunks[0]["delta"]["role"] == "assistant"
+    calls = [c["delta"]["tool_calls"] for c in chunks if c["delta"].get("tool_calls")]
+    assert len(calls) == 1 and chunks[-1]["finish_reason"] == "tool_calls"
+    (call,) = calls[0]
+    assert call["index"] == 0 and call["function"] == whole["message"]["tool_calls"][0]["function"]
+    check_call(call)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_conversation_with_tool_results_renders_for_every_template(server, model):
+    """Gemma 3's template only takes alternating user and model turns: the tool turns are written
+    as an assistant's JSON and a user's results."""
+    messages = [*WEATHER,
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}},
+                    {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "3"}]
+    for kw in ({"tool_choice": "none"}, {}):
+        choice = tool_chat(server, model, messages, **kw)
+        assert choice["finish_reason"] in ("stop", "tool_calls", "length")
+        assert choice["message"]["content"] or choice["message"].get("tool_calls")
+
+
+@pytest.mark.parametrize("change,param", [
+    ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+    ({"tools": TOOLS + [TOOLS[1]]}, "tools[2].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "a+"}}}}}]},
+     "tools[0].function.parameters.properties.x.pattern"),
+    ({"tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice.function.name"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logprobs": True}, "logprobs"),
+])
+def test_bad_tools_are_refused_by_field(server, change, param):
+    body = {"model": "smollm2-135m", "messages": WEATHER, "tools": TOOLS, **change}
+    r = post(server, "/v1/chat/completions", {k: v for k, v in body.items() if v is not None})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_streamed_direct_answer_goes_out_as_it_is_written(server):
+    """auto: SmolLM2 answers this one directly; its {"response": ...} JSON streams as plain text."""
+    body = {"model": "smollm2-135m", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
+            "parallel_tool_calls": False}
+    whole = post(server, "/v1/chat/completions", body).json()["choices"][0]
+    assert whole["finish_reason"] == "stop" and whole["message"]["content"], whole
+    parts = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                assert "tool_calls" not in delta
+                if delta.get("content"):
+                    parts.append(delta["content"])
+    assert "".join(parts) == whole["message"]["content"] and len(parts) > 5

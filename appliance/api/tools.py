@@ -1,0 +1,217 @@
+"""Tool calls (OpenAI `tools`, `tool_choice`) for models without a tool-call format of their own.
+
+The tools are described in the system message; the answer is held by a grammar (built from the
+tools' parameter schemas by engine/schema_grammar.py) to one JSON object: {"tool_calls": [{"name",
+"arguments"}, ...]} or, where the model may answer directly (`auto`), {"response": "..."}; that
+object is read back into `tool_calls` or `content`. History in OpenAI's form (assistant messages
+with `tool_calls`, `tool` messages with results) is written in the same terms, as user and
+assistant turns every chat template can render.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
+from .errors import bad_request
+from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall, ToolChoice
+
+NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+ANY_OBJECT = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    mode: str  # "auto", "required", or the one function's name
+    grammar: str
+    instructions: str  # for the system message
+
+
+def plan(req: ChatRequest) -> ToolPlan | None:
+    """What the request's tools ask of the answer; None when no tool may be called."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice needs tools", param="tool_choice")
+        return None
+    names = []
+    for i, tool in enumerate(req.tools):
+        if tool.type != "function":
+            raise bad_request(f"tool type {tool.type!r} is not supported (function only)", param=f"tools[{i}].type")
+        name = tool.function.name
+        if not NAME.match(name):
+            raise bad_request(f"function name {name!r} must be 1-64 letters, digits, '_' or '-'",
+                              param=f"tools[{i}].function.name")
+        if name in names:
+            raise bad_request(f"function name {name!r} is given twice", param=f"tools[{i}].function.name")
+        names.append(name)
+        params = tool.function.parameters
+        if params is not None:
+            try:
+                schema_to_gbnf(params)
+            except SchemaError as e:
+                where = f"tools[{i}].function.parameters" + (f".{e.path}" if e.path else "")
+                raise bad_request(f"{where}: {e.reason}", param=where) from None
+    if choice is None or choice == "auto":
+        mode = "auto"
+    elif choice == "none":
+        return None
+    elif choice == "required":
+        mode = "required"
+    elif isinstance(choice, ToolChoice):
+        if choice.type != "function" or choice.function is None:
+            raise bad_request("tool_choice must be none, auto, required or {type: function, function: {name}}",
+                              param="tool_choice")
+        if choice.function.name not in names:
+            raise bad_request(f"tool_choice names function {choice.function.name!r}, which is not in tools",
+                              param="tool_choice.function.name")
+        mode = choice.function.name
+    else:
+        raise bad_request("tool_choice must be none, auto, required or {type: function, function: {name}}",
+                          param="tool_choice")
+    for field, present in (("response_format", req.response_format is not None and req.response_format.type != "text"),
+                           ("grammar", req.grammar is not None), ("logprobs", bool(req.logprobs))):
+        if present:
+            raise bad_request(f"{field} is not supported together with tools", param=field)
+    callable_tools = [t for t in req.tools if mode in ("auto", "required") or t.function.name == mode]
+    calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                "arguments": {OWN_ROOT: t.function.parameters or ANY_OBJECT}},
+              "required": ["name", "arguments"]} for t in callable_tools]
+    call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
+    if not req.parallel_tool_calls or mode not in ("auto", "required"):
+        call_list["maxItems"] = 1
+    with_calls = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
+    answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
+    schema = {"anyOf": [with_calls, answer]} if mode == "auto" else with_calls
+    return ToolPlan(mode, schema_to_gbnf(schema), _instructions(req, mode))
+
+
+def _instructions(req: ChatRequest, mode: str) -> str:
+    listed = [{"name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
+               "parameters": t.function.parameters or ANY_OBJECT} for t in req.tools or []]
+    text = ("You can call these functions (JSON):\n" + json.dumps(listed, ensure_ascii=False) + "\n\n"
+            'Reply with one JSON object. To call functions: {"tool_calls": [{"name": "<function name>", '
+            '"arguments": {<its parameters>}}]}.')
+    if mode == "auto":
+        text += ' To answer without calling a function: {"response": "<your answer>"}.'
+    elif mode != "required":
+        text += f" Call the function {mode}."
+    return text
+
+
+def conversation(messages: list[dict[str, str]], raw: list[ChatMessage], tools: ToolPlan | None) -> list[dict[str, str]]:
+    """Messages (already plain text) with OpenAI's tool turns written as user and assistant turns:
+    an assistant's tool calls as the JSON it would answer with, tool results as a user turn
+    (consecutive ones in one), and the instructions in the system message when tools apply."""
+    out: list[dict[str, str]] = []
+    called: dict[str, str] = {}  # tool_call_id -> function name
+    for msg, plain in zip(raw, messages):
+        if msg.role == "assistant" and msg.tool_calls:
+            for c in msg.tool_calls:
+                if c.id:
+                    called[c.id] = c.function.name
+            calls = [{"name": c.function.name, "arguments": _arguments(c.function.arguments)} for c in msg.tool_calls]
+            out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
+        elif msg.role == "assistant" and tools is not None:
+            out.append({"role": "assistant", "content": json.dumps({"response": plain["content"]}, ensure_ascii=False)})
+        elif msg.role == "tool":
+            name = msg.name or called.get(msg.tool_call_id or "", "a function")
+            line = f"Result of {name}: {plain['content']}"
+            if out and out[-1].get("tool_results"):
+                out[-1]["content"] += "\n" + line
+            else:
+                out.append({"role": "user", "content": line, "tool_results": "1"})
+        else:
+            out.append(plain)
+    out = [{"role": m["role"], "content": m["content"]} for m in out]
+    if tools is not None:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + tools.instructions}
+        else:
+            out.insert(0, {"role": "system", "content": tools.instructions})
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
+
+def _string_body(raw: str) -> tuple[str, bool]:
+    """The longest prefix of a JSON string's body (after its opening quote) that decodes on its
+    own, and whether the closing quote was reached: a cut escape (or a high surrogate whose low
+    half has not come) waits for the rest. The grammar made every escape a valid one."""
+    i, n = 0, len(raw)
+    while i < n:
+        ch = raw[i]
+        if ch == '"':
+            return raw[:i], True
+        if ch == "\\":
+            if i + 1 >= n:
+                break
+            if raw[i + 1] == "u":
+                if i + 6 > n:
+                    break
+                if 0xD800 <= int(raw[i + 2 : i + 6], 16) < 0xDC00 and i + 12 > n:
+                    break
+                i += 12 if 0xD800 <= int(raw[i + 2 : i + 6], 16) < 0xDC00 else 6
+                continue
+            i += 2
+            continue
+        i += 1
+    return raw[:i], False
+
+
+class AnswerReader:
+    """Reads an answer held to a ToolPlan's grammar as it streams: a direct answer's text
+    ({"response": "..."}) goes out as it comes, decoded; tool calls are read whole at the end."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent = 0  # characters of the decoded response already given out
+
+    def push(self, piece: str) -> str:
+        """The part of the direct answer's text that `piece` completes ("" while it is not known
+        to be one, or for tool calls)."""
+        self.text += piece
+        m = RESPONSE_START.match(self.text)
+        if not m:
+            return ""
+        new = json.loads('"' + _string_body(self.text[m.end() :])[0] + '"')[self.sent :]
+        self.sent += len(new)
+        return new
+
+    def finish(self, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
+        """(content not given out yet, tool_calls, finish_reason) once the answer is whole."""
+        content, calls, reason = read_answer(self.text, finish_reason)
+        return (content[self.sent :] if content is not None else None), calls, reason
+
+
+def read_answer(text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
+    """(content, tool_calls, finish_reason) from an answer held to a ToolPlan's grammar. A direct
+    answer cut short (max_tokens, a stop string) is the text of its string so far; tool calls cut
+    short are the JSON text as it is."""
+    try:
+        obj = json.loads(text) if finish_reason == "stop" else None
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        m = RESPONSE_START.match(text)
+        if m:
+            return json.loads('"' + _string_body(text[m.end():])[0] + '"'), None, finish_reason
+        return text, None, finish_reason
+    if "tool_calls" in obj:
+        calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}",
+                          function=FunctionCall(c["name"], json.dumps(c["arguments"], ensure_ascii=False)))
+                 for c in obj["tool_calls"]]
+        return None, calls, "tool_calls"
+    return obj.get("response", text), None, finish_reason

@@ -1,0 +1,61 @@
+"""api/tools.py's pure parts: OpenAI's tool turns as plain turns, and answers read back."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from appliance.api import tools
+from appliance.api.schemas import ChatMessage, ChatRequest
+
+
+def request(**kw) -> ChatRequest:
+    return msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}, ChatRequest)
+
+
+def test_tool_turns_become_user_and_assistant_turns_and_the_instructions_join_the_system_message():
+    raw = msgspec.convert([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Oslo"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "t", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3 C"},
+        {"role": "tool", "tool_call_id": "c2", "content": "12:00"},
+        {"role": "assistant", "content": "Cold."},
+    ], list[ChatMessage])
+    plain = [{"role": m.role, "content": m.content or ""} for m in raw]
+    plan = tools.plan(request(tools=[{"type": "function", "function": {"name": "w"}}]))
+    out = tools.conversation(plain, raw, plan)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant"]
+    assert out[0]["content"].startswith("Be brief.\n\n") and '"name": "w"' in out[0]["content"]
+    assert json.loads(out[2]["content"]) == {"tool_calls": [{"name": "w", "arguments": {"city": "Oslo"}},
+                                                            {"name": "t", "arguments": "not json"}]}
+    assert out[3]["content"] == "Result of w: 3 C\nResult of t: 12:00"
+    assert json.loads(out[4]["content"]) == {"response": "Cold."}
+    without = tools.conversation(plain, raw, None)  # tool_choice none: the same turns, no instructions
+    assert without[0]["content"] == "Be brief." and without[4]["content"] == "Cold."
+
+
+def test_answers_are_read_back_whole_or_cut():
+    content, calls, reason = tools.read_answer('{"tool_calls": [{"name": "w", "arguments": {"city": "Oslo"}}]}', "stop")
+    assert content is None and reason == "tool_calls" and calls[0].function.name == "w"
+    assert json.loads(calls[0].function.arguments) == {"city": "Oslo"} and calls[0].id.startswith("call_")
+    assert tools.read_answer('{"response": "It is \\"cold\\"."}', "stop") == ('It is "cold".', None, "stop")
+    assert tools.read_answer('{\n "response": "It is cold and wi', "length") == ("It is cold and wi", None, "length")
+    assert tools.read_answer('{"tool_calls": [{"name": "w", "argu', "length") == (
+        '{"tool_calls": [{"name": "w", "argu', None, "length")
+
+
+def test_a_streamed_direct_answer_goes_out_decoded_as_it_comes():
+    text = '{"response": "caf\\u00e9 \\ud83d\\ude00 \\"ok\\"\\n"}'
+    reader, out = tools.AnswerReader(), []
+    for i in range(0, len(text), 3):  # pieces cut anywhere, escapes included
+        out.append(reader.push(text[i : i + 3]))
+    rest, calls, reason = reader.finish("stop")
+    assert "".join(out) + rest == 'café 😀 "ok"\n' and calls is None and reason == "stop"
+    reader = tools.AnswerReader()
+    assert reader.push('{"tool_calls": [{"name": "w", "arguments": {}}]}') == ""
+    rest, calls, reason = reader.finish("stop")
+    assert rest is None and reason == "tool_calls" and calls[0].function.arguments == "{}"
