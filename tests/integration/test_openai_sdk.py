@@ -147,3 +147,51 @@ def test_completion_logprobs(client):
     assert lp.tokens[0] == " Paris" and len(lp.top_logprobs[0]) == 2 and " Paris" in lp.top_logprobs[0]
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     assert all(v <= 0 for v in lp.token_logprobs)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_structured_output_parses_into_a_pydantic_model(client, model):
+    """The SDK's parse() sends its strict JSON Schema of the model and parses the answer with it."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+        city: str
+        mood: Literal["happy", "sad"]
+
+    done = client.chat.completions.parse(
+        model=model, temperature=0, max_tokens=80, response_format=Person,
+        messages=[{"role": "user", "content": "Ann is 31, lives in Oslo and is happy. Describe her as JSON."}])
+    person = done.choices[0].message.parsed
+    assert isinstance(person, Person) and person.mood in ("happy", "sad"), done
+
+
+def test_tool_calls_through_the_sdk(client):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                       "additionalProperties": False}}}]
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    done = client.chat.completions.create(model="gemma3-270m", messages=messages, tools=tools, tool_choice=named,
+                                          temperature=0, max_tokens=60)
+    (call,) = done.choices[0].message.tool_calls
+    assert done.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    import json
+
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    streamed = [c for chunk in client.chat.completions.create(
+        model="gemma3-270m", messages=messages, tools=tools, tool_choice=named, temperature=0, max_tokens=60,
+        stream=True) for c in chunk.choices]
+    deltas = [d for c in streamed if c.delta.tool_calls for d in c.delta.tool_calls]
+    assert [d.function.arguments for d in deltas] == [call.function.arguments]
+    assert streamed[-1].finish_reason == "tool_calls"
+    # the call and its result go back as history
+    messages += [done.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "4 degrees and snow"}]
+    after = client.chat.completions.create(model="gemma3-270m", messages=messages, tools=tools, tool_choice="none",
+                                           temperature=0, max_tokens=30)
+    assert after.choices[0].message.content
