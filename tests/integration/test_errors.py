@@ -119,7 +119,7 @@ def test_413_body_too_large(strict_server):
         (chat(stop=[""]), "stop[0]"),
         (chat(max_tokens=100000), "max_tokens"),
         (chat(logit_bias={"abc": 1}), "logit_bias"),
-        (chat(tools=[{"type": "function"}]), "tools"),
+        (chat(tools=[{"type": "function"}]), "tools[0].function"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content[0].type"),
     ],
 )

@@ -41,7 +41,12 @@ def chat(**kw) -> dict:
     return {"model": "a", "messages": MSG, "max_tokens": 2, **kw}
 
 
-DEEP = b'{"model":"a","messages":[{"role":"user","content":"x"}],"tool_choice":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+DEEP = (b'{"model":"a","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",'
+        b'"json_schema":{"schema":' + b"[" * 200_000 + b"]" * 200_000 + b"}}}")  # an untyped field
+# Nested schemas a JSON parser takes, past what the grammar converter recurses into.
+DEEP_SCHEMA = json.dumps({"model": "a", "messages": [{"role": "user", "content": "x"}],
+                          "response_format": {"type": "json_object", "schema": json.loads(
+                              '{"type": "array", "items": ' * 900 + "{}" + "}" * 900)}}).encode()
 CORPUS = [
     # (name, path, body, status, param, code)
     ("invalid json", "/v1/chat/completions", b'{"model": "a", "messages": [', 400, None, "invalid_json"),
@@ -69,6 +74,7 @@ CORPUS = [
      json.dumps(chat(messages=[{"role": "user", "content": "x" * 10_000_000}])).encode(), 413, None,
      "request_too_large"),
     ("deeply nested json", "/v1/chat/completions", DEEP, 400, None, "invalid_json"),
+    ("deeply nested schema", "/v1/chat/completions", DEEP_SCHEMA, 400, "response_format.schema", None),
     ("deeply nested messages", "/v1/chat/completions",
      b'{"model":"a","messages":' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400, "messages[0]", "invalid_value"),
     ("unknown role", "/v1/chat/completions", chat(messages=[{"role": "wizard", "content": "x"}]), 400,
