@@ -4,15 +4,16 @@ What the grammar enforces: types (and lists of types), `enum`, `const`, `propert
 declared order with `required` ones always present, `additionalProperties` (only when it is
 `true` or a schema: a schema with `properties` and no `additionalProperties` gets no others, as
 llama.cpp's converter does), `items`, `prefixItems`, `minItems`/`maxItems`, `minLength`/
-`maxLength`, integer `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`, `anyOf`/`oneOf`
-(as alternatives: exclusivity is not enforced), a one-element `allOf`, local `$ref`s (recursive
-ones too), OpenAPI's `nullable`, and the string formats date, time, date-time and uuid. Other
-formats are annotations (JSON Schema's default), as are title, description, default, examples.
+`maxLength`, `pattern` (regex_grammar.py), integer `minimum`/`maximum`/`exclusiveMinimum`/
+`exclusiveMaximum`, `anyOf`/`oneOf` (as alternatives: exclusivity is not enforced), a
+one-element `allOf`, local `$ref`s (recursive ones too), OpenAPI's `nullable`, and the string
+formats date, time, date-time and uuid. Other formats are annotations (JSON Schema's default),
+as are title, description, default, examples.
 
-A keyword that constrains values in a way the grammar cannot (pattern, multipleOf, number
-bounds, not, if/then/else, ...) raises SchemaError naming its path, never silently dropped.
-Whitespace between tokens is bounded and strings cannot hold raw control characters, so every
-completed output parses with a strict JSON parser. Pure Python: no llama.cpp here.
+A keyword that constrains values in a way the grammar cannot (multipleOf, number bounds, not,
+if/then/else, a lookahead in a pattern, ...) raises SchemaError naming its path, never silently
+dropped. Whitespace between tokens is bounded and strings cannot hold raw control characters,
+so every completed output parses with a strict JSON parser. Pure Python: no llama.cpp here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+
+from .regex_grammar import RegexError, pattern_gbnf
 
 # {OWN_ROOT: schema} stands for `schema` with its $refs resolved against itself (a tool's
 # parameters inside a schema built around them); the path of an error in it starts there.
@@ -58,7 +61,6 @@ TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 # Keywords that constrain values beyond what a grammar built here enforces: refused, by path.
 _REFUSED = {
-    "pattern": "regular expressions are not supported",
     "patternProperties": "not supported",
     "propertyNames": "not supported",
     "not": "not supported",
@@ -324,6 +326,8 @@ class _Converter:
         return self.rule(hint, f'"[" {ws} {inner} "]" {ws}'.replace("  ", " "))
 
     def string(self, schema: dict, path: str, hint: str) -> str:
+        if "pattern" in schema:
+            return self.pattern(schema, path, hint)
         fmt = schema.get("format")
         if fmt in STRING_FORMATS:
             for key in ("minLength", "maxLength"):
@@ -335,6 +339,24 @@ class _Converter:
             return self.prim("string")
         self.prim("string")
         return self.rule(hint, rf'"\"" {self.repeat("char", lo, hi)} "\"" ws')
+
+    def pattern(self, schema: dict, path: str, hint: str) -> str:
+        pattern = schema["pattern"]
+        if not isinstance(pattern, str):
+            raise SchemaError(_join(path, "pattern"), "must be a string")
+        for key in ("minLength", "maxLength"):
+            if key in schema:
+                raise SchemaError(_join(path, key), "not supported together with pattern")
+        if schema.get("format") in STRING_FORMATS:
+            raise SchemaError(_join(path, "format"), "not supported together with pattern")
+        try:
+            expr, any_start, any_end = pattern_gbnf(pattern)
+        except RegexError as e:
+            raise SchemaError(_join(path, "pattern"), str(e)) from None
+        char = self.prim("char")
+        body = " ".join([r'"\""', *([f"{char}*"] if any_start else []), expr, *([f"{char}*"] if any_end else []),
+                         r'"\""', self.prim("ws")])
+        return self.rule(f"{hint}-pattern", body)
 
     def integer(self, schema: dict, path: str, hint: str) -> str:
         lo, hi = integer_bounds(schema, path)

@@ -145,7 +145,9 @@ def test_the_output_ends_at_the_value(vocab):
 
 
 @pytest.mark.parametrize("schema,path", [
-    ({"type": "string", "pattern": "^a+$"}, "pattern"),
+    ({"type": "string", "pattern": "^(?=a)a+$"}, "pattern"),
+    ({"type": "string", "pattern": "^(a)\\1$"}, "pattern"),
+    ({"type": "string", "pattern": "^a+", "maxLength": 3}, "maxLength"),
     ({"properties": {"x": {"type": "number", "minimum": 0}}}, "properties.x.minimum"),
     ({"type": "array", "items": {"not": {"type": "null"}}}, "items.not"),
     ({"anyOf": [{"type": "integer"}, {"type": "strng"}]}, "anyOf.1.type"),
@@ -235,3 +237,28 @@ def test_a_redraw_gives_up_when_the_chain_kept_nothing_allowed(vocab):
     c = Constraint(vocab, "root ::= [0-9]+")
     assert redraw(c, kept, 0, np.random.default_rng(0)) is None
     c.close()
+
+
+@pytest.mark.parametrize("pattern,good,bad", [
+    (r"^[A-Z]{2}-\d{3,4}(x|yz)?$", ["AB-123", "AB-1234x", "XY-999yz"], ["ab-123", "AB-12", "AB-12345", "AB-123z"]),
+    ('ab"c', ['xxab"cyy', 'ab"c'], ["abc", 'ab"'] ),  # unanchored: anything around it
+    (r'^[a"\\\n]+$', ['a"\\\n', "aa"], ["b", ""]),  # a quote, a backslash, a newline: in JSON's escapes
+    (r"^.{3}$", ["abc", "é!x"], ["ab", "a\nb"]),
+    (r"^[^0-9]+$", ["abc", "x y"], ["a1", ""]),
+    (r"^(?:ab|c)*\.(?<ext>png|jpe?g)$", ["abc.png", ".jpg", "c.jpeg"], ["abd.png", "ab.gif"]),
+    (r"^\s\w\S$", [" a!", "\tZ_"], ["  a", "a a"]),
+    (r"^\x41\u00e9[\-+]$", ["Aé-", "Aé+"], ["Ae-", "Aé*"]),
+])
+def test_patterns_match_the_json_text_of_their_strings(vocab, pattern, good, bad):
+    g = schema_to_gbnf({"type": "string", "pattern": pattern})
+    for text in good:
+        assert accepts(vocab, g, json.dumps(text, ensure_ascii=False)), (pattern, text)
+    for text in bad:
+        assert not accepts(vocab, g, json.dumps(text, ensure_ascii=False)), (pattern, text)
+
+
+@pytest.mark.parametrize("pattern", ["(?!a)b", "(a)\\1", "a\\b", "(a", "a)", "*a", "a{2,1}", "a**", "[b-a]", "\\q"])
+def test_patterns_a_grammar_cannot_hold_are_refused(pattern):
+    with pytest.raises(SchemaError) as e:
+        schema_to_gbnf({"type": "string", "pattern": pattern})
+    assert e.value.path == "pattern"
