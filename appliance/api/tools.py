@@ -106,7 +106,8 @@ def _instructions(req: ChatRequest, mode: str) -> str:
 def conversation(messages: list[dict[str, str]], raw: list[ChatMessage], tools: ToolPlan | None) -> list[dict[str, str]]:
     """Messages (already plain text) with OpenAI's tool turns written as user and assistant turns:
     an assistant's tool calls as the JSON it would answer with, tool results as a user turn
-    (consecutive ones in one), and the instructions in the system message when tools apply."""
+    (consecutive ones, and a user message right after them, in one), and the instructions in the
+    system message when tools apply."""
     out: list[dict[str, str]] = []
     called: dict[str, str] = {}  # tool_call_id -> function name
     for msg, plain in zip(raw, messages):
@@ -125,6 +126,8 @@ def conversation(messages: list[dict[str, str]], raw: list[ChatMessage], tools: 
                 out[-1]["content"] += "\n" + line
             else:
                 out.append({"role": "user", "content": line, "tool_results": "1"})
+        elif msg.role == "user" and out and out[-1].get("tool_results"):
+            out[-1]["content"] += "\n\n" + plain["content"]  # one user turn: templates may need turns to alternate
         else:
             out.append(plain)
     out = [{"role": m["role"], "content": m["content"]} for m in out]

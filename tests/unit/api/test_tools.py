@@ -23,6 +23,7 @@ def test_tool_turns_become_user_and_assistant_turns_and_the_instructions_join_th
             {"id": "c2", "type": "function", "function": {"name": "t", "arguments": "not json"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "3 C"},
         {"role": "tool", "tool_call_id": "c2", "content": "12:00"},
+        {"role": "user", "content": "And tomorrow?"},
         {"role": "assistant", "content": "Cold."},
     ], list[ChatMessage])
     plain = [{"role": m.role, "content": m.content or ""} for m in raw]
@@ -32,7 +33,7 @@ def test_tool_turns_become_user_and_assistant_turns_and_the_instructions_join_th
     assert out[0]["content"].startswith("Be brief.\n\n") and '"name": "w"' in out[0]["content"]
     assert json.loads(out[2]["content"]) == {"tool_calls": [{"name": "w", "arguments": {"city": "Oslo"}},
                                                             {"name": "t", "arguments": "not json"}]}
-    assert out[3]["content"] == "Result of w: 3 C\nResult of t: 12:00"
+    assert out[3]["content"] == "Result of w: 3 C\nResult of t: 12:00\n\nAnd tomorrow?"
     assert json.loads(out[4]["content"]) == {"response": "Cold."}
     without = tools.conversation(plain, raw, None)  # tool_choice none: the same turns, no instructions
     assert without[0]["content"] == "Be brief." and without[4]["content"] == "Cold."
