@@ -343,7 +343,7 @@ def test_bad_tools_are_refused_by_field(server, change, param):
 def test_a_streamed_direct_answer_goes_out_as_it_is_written(server):
     """auto: SmolLM2 answers this one directly; its {"response": ...} JSON streams as plain text."""
     body = {"model": "smollm2-135m", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
-            "parallel_tool_calls": False}
+            "parallel_tool_calls": False, "speculative": False}  # a token a step: as many chunks as tokens
     whole = post(server, "/v1/chat/completions", body).json()["choices"][0]
     assert whole["finish_reason"] == "stop" and whole["message"]["content"], whole
     parts = []
