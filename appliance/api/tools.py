@@ -26,7 +26,7 @@ ANY_OBJECT = {"type": "object"}
 
 @dataclass(frozen=True)
 class ToolPlan:
-    mode: str  # "auto", "required", or the one function's name
+    mode: str  # "auto", "required" or "named"
     grammar: str
     instructions: str  # for the system message
 
@@ -56,6 +56,7 @@ def plan(req: ChatRequest) -> ToolPlan | None:
             except SchemaError as e:
                 where = f"tools[{i}].function.parameters" + (f".{e.path}" if e.path else "")
                 raise bad_request(f"{where}: {e.reason}", param=where) from None
+    named = None
     if choice is None or choice == "auto":
         mode = "auto"
     elif choice == "none":
@@ -69,7 +70,7 @@ def plan(req: ChatRequest) -> ToolPlan | None:
         if choice.function.name not in names:
             raise bad_request(f"tool_choice names function {choice.function.name!r}, which is not in tools",
                               param="tool_choice.function.name")
-        mode = choice.function.name
+        mode, named = "named", choice.function.name
     else:
         raise bad_request("tool_choice must be none, auto, required or {type: function, function: {name}}",
                           param="tool_choice")
@@ -77,20 +78,20 @@ def plan(req: ChatRequest) -> ToolPlan | None:
                            ("grammar", req.grammar is not None), ("logprobs", bool(req.logprobs))):
         if present:
             raise bad_request(f"{field} is not supported together with tools", param=field)
-    callable_tools = [t for t in req.tools if mode in ("auto", "required") or t.function.name == mode]
+    callable_tools = [t for t in req.tools if named is None or t.function.name == named]
     calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
                                                 "arguments": {OWN_ROOT: t.function.parameters or ANY_OBJECT}},
               "required": ["name", "arguments"]} for t in callable_tools]
     call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
-    if not req.parallel_tool_calls or mode not in ("auto", "required"):
+    if not req.parallel_tool_calls or named is not None:
         call_list["maxItems"] = 1
     with_calls = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
     answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
     schema = {"anyOf": [with_calls, answer]} if mode == "auto" else with_calls
-    return ToolPlan(mode, schema_to_gbnf(schema), _instructions(req, mode))
+    return ToolPlan(mode, schema_to_gbnf(schema), _instructions(req, mode, named))
 
 
-def _instructions(req: ChatRequest, mode: str) -> str:
+def _instructions(req: ChatRequest, mode: str, named: str | None) -> str:
     listed = [{"name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
                "parameters": t.function.parameters or ANY_OBJECT} for t in req.tools or []]
     text = ("You can call these functions (JSON):\n" + json.dumps(listed, ensure_ascii=False) + "\n\n"
@@ -98,8 +99,8 @@ def _instructions(req: ChatRequest, mode: str) -> str:
             '"arguments": {<its parameters>}}]}.')
     if mode == "auto":
         text += ' To answer without calling a function: {"response": "<your answer>"}.'
-    elif mode != "required":
-        text += f" Call the function {mode}."
+    elif named is not None:
+        text += f" Call the function {named}."
     return text
 
 

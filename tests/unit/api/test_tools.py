@@ -60,3 +60,13 @@ def test_a_streamed_direct_answer_goes_out_decoded_as_it_comes():
     assert reader.push('{"tool_calls": [{"name": "w", "arguments": {}}]}') == ""
     rest, calls, reason = reader.finish("stop")
     assert rest is None and reason == "tool_calls" and calls[0].function.arguments == "{}"
+
+
+def test_a_function_may_be_called_auto_and_a_named_choice_allows_only_it():
+    tools_ = [{"type": "function", "function": {"name": "auto"}}, {"type": "function", "function": {"name": "b"}}]
+    named = tools.plan(request(tools=tools_, tool_choice={"type": "function", "function": {"name": "auto"}}))
+    b = '\\"b\\"'  # the GBNF literal of the JSON string "b"
+    assert named.mode == "named" and b not in named.grammar and "Call the function auto." in named.instructions
+    auto = tools.plan(request(tools=tools_))
+    assert auto.mode == "auto" and b in auto.grammar
+    assert tools.plan(request(tools=tools_, tool_choice="none")) is None
