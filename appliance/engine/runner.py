@@ -32,7 +32,7 @@ from . import held_gil, native
 from .decode import decode_with_cores
 from .load_cancel import LoadCancelled, raise_if_set
 from .chat_template import ChatTemplate, default_template
-from .grammar import Constraint, GrammarError, best_in_shortlist, redraw
+from .grammar import TOKEN_DATA, Constraint, GrammarError, best_in_shortlist, redraw
 from .sampling import SamplingParams, build_chain, free_chain
 from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
 from .speculative.rejection import accept_or_resample, draw
@@ -41,7 +41,6 @@ from .text import TextStream
 
 T = TypeVar("T")
 log = logging.getLogger("eie.runner")
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
 
 @dataclass
@@ -918,7 +917,7 @@ class ModelRunner:
             data=cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=len(cand), selected=-1, sorted=False)
         lc.llama_sampler_apply(chain, ctypes.byref(arr))
         kept = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
-                                     shape=(arr.size * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
+                                     shape=(arr.size * TOKEN_DATA.itemsize,)).view(TOKEN_DATA)
         return kept, int(arr.selected)
 
     def _fill_candidates(self, row: int) -> np.ndarray:
@@ -926,7 +925,7 @@ class ModelRunner:
         n_vocab = self.loaded.n_vocab
         cand = self._candidates
         if cand is None:
-            cand = self._candidates = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+            cand = self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
         cand["id"] = np.arange(n_vocab, dtype=np.int32)
         cand["logit"] = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(n_vocab,))
         cand["p"] = 0.0
