@@ -121,7 +121,7 @@ class OpenAIRoutes:
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await resolve_runner(self.manager, req.model)
-        tool_plan = tools.plan(req)
+        tool_plan = await asyncio.to_thread(tools.plan, req) if req.tools else tools.plan(req)  # schemas: off the loop
         messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan)
         params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None)
         prompt = await asyncio.to_thread(render_chat, runner, messages)

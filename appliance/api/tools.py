@@ -18,7 +18,7 @@ from typing import Any
 
 from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
 from .errors import bad_request
-from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall, ToolChoice
+from .schemas import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall, ToolChoice
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ANY_OBJECT = {"type": "object"}
@@ -49,13 +49,6 @@ def plan(req: ChatRequest) -> ToolPlan | None:
         if name in names:
             raise bad_request(f"function name {name!r} is given twice", param=f"tools[{i}].function.name")
         names.append(name)
-        params = tool.function.parameters
-        if params is not None:
-            try:
-                schema_to_gbnf(params)
-            except SchemaError as e:
-                where = f"tools[{i}].function.parameters" + (f".{e.path}" if e.path else "")
-                raise bad_request(f"{where}: {e.reason}", param=where) from None
     named = None
     if choice is None or choice == "auto":
         mode = "auto"
@@ -78,22 +71,49 @@ def plan(req: ChatRequest) -> ToolPlan | None:
                            ("grammar", req.grammar is not None), ("logprobs", bool(req.logprobs))):
         if present:
             raise bad_request(f"{field} is not supported together with tools", param=field)
-    callable_tools = [t for t in req.tools if named is None or t.function.name == named]
-    calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                "arguments": {OWN_ROOT: t.function.parameters or ANY_OBJECT}},
-              "required": ["name", "arguments"]} for t in callable_tools]
+    callable_tools = [i for i, t in enumerate(req.tools) if named is None or t.function.name == named]
+    for i, tool in enumerate(req.tools):  # the grammar below checks the callable ones
+        if i not in callable_tools and tool.function.parameters is not None:
+            _convert(tool.function.parameters, {"": i})
+    calls = [{"type": "object", "properties": {"name": {"const": req.tools[i].function.name},
+                                                "arguments": {OWN_ROOT: _parameters(req.tools[i])}},
+              "required": ["name", "arguments"]} for i in callable_tools]
     call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
     if not req.parallel_tool_calls or named is not None:
         call_list["maxItems"] = 1
     with_calls = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
     answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
     schema = {"anyOf": [with_calls, answer]} if mode == "auto" else with_calls
-    return ToolPlan(mode, schema_to_gbnf(schema), _instructions(req, mode, named))
+    # where each callable tool's parameters sit in `schema`, for an error's path
+    items = ("anyOf.0." if mode == "auto" else "") + "properties.tool_calls.items"
+    where = {f"{items}{f'.anyOf.{k}' if len(calls) > 1 else ''}.properties.arguments": i
+             for k, i in enumerate(callable_tools)}
+    return ToolPlan(mode, _convert(schema, where), _instructions(req, mode, named))
+
+
+def _parameters(tool: Tool) -> Any:
+    """The tool's parameters schema; none or {} allow any object (arguments are an object)."""
+    params = tool.function.parameters
+    return ANY_OBJECT if params is None or params == {} else params
+
+
+def _convert(schema: dict, tools_at: dict[str, int]) -> str:
+    """The GBNF for `schema`; a SchemaError inside a tool's parameters (`tools_at`: their paths in
+    `schema`, and the tool's index) is a 400 naming the path under `tools[i].function.parameters`."""
+    try:
+        return schema_to_gbnf(schema)
+    except SchemaError as e:
+        for at, i in tools_at.items():
+            if e.path == at or at == "" or e.path.startswith(at + "."):
+                rest = e.path[len(at):].lstrip(".")
+                param = f"tools[{i}].function.parameters" + (f".{rest}" if rest else "")
+                raise bad_request(f"{param}: {e.reason}", param=param) from None
+        raise bad_request(f"tools: {e.reason}", param="tools") from None
 
 
 def _instructions(req: ChatRequest, mode: str, named: str | None) -> str:
     listed = [{"name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
-               "parameters": t.function.parameters or ANY_OBJECT} for t in req.tools or []]
+               "parameters": _parameters(t)} for t in req.tools or []]
     text = ("You can call these functions (JSON):\n" + json.dumps(listed, ensure_ascii=False) + "\n\n"
             'Reply with one JSON object. To call functions: {"tool_calls": [{"name": "<function name>", '
             '"arguments": {<its parameters>}}]}.')

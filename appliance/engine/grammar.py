@@ -40,6 +40,15 @@ _REFUSED = ("llama.cpp could not compile the grammar: a syntax error, an undefin
             "recursion or a repetition minimum over 2000 (the server log has the parser's message)")
 
 
+def _compile(vocab: Vocab | None, text: str) -> lc.llama_sampler_p:
+    """llama.cpp's grammar sampler for `text` (None: for no vocabulary, where a token reference
+    such as <[42]> cannot compile); GrammarError when it does not compile."""
+    smpl = lc.llama_sampler_init_grammar(vocab.handle if vocab is not None else None, text.encode("utf-8"), b"root")
+    if not smpl:
+        raise GrammarError(_REFUSED + (" (token references need a model: not in group requests)" if vocab is None else ""))
+    return smpl
+
+
 def _array(cand: np.ndarray) -> lc.llama_token_data_array:
     return lc.llama_token_data_array(data=cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)),
                                      size=len(cand), selected=-1, sorted=False)
@@ -51,9 +60,7 @@ class Constraint:
     Used by one thread at a time (a runner's); `close` frees it."""
 
     def __init__(self, vocab: Vocab, text: str):
-        self._smpl = lc.llama_sampler_init_grammar(vocab.handle, text.encode("utf-8"), b"root")
-        if not self._smpl:
-            raise GrammarError(_REFUSED)
+        self._smpl = _compile(vocab, text)
         self._vocab = vocab
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._one_arr = _array(self._one)
@@ -124,8 +131,5 @@ def redraw(c: Constraint, kept: np.ndarray, refused: int, rng: np.random.Generat
 
 def check(vocab: Vocab | None, text: str) -> None:
     """Raise GrammarError if llama.cpp cannot compile `text` for this vocabulary (None: for no
-    vocabulary, where a token reference such as <[42]> cannot compile)."""
-    smpl = lc.llama_sampler_init_grammar(vocab.handle if vocab is not None else None, text.encode("utf-8"), b"root")
-    if not smpl:
-        raise GrammarError(_REFUSED + (" (token references need a model: not in group requests)" if vocab is None else ""))
-    lc.llama_sampler_free(smpl)
+    vocabulary)."""
+    lc.llama_sampler_free(_compile(vocab, text))

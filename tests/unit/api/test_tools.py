@@ -70,3 +70,31 @@ def test_a_function_may_be_called_auto_and_a_named_choice_allows_only_it():
     auto = tools.plan(request(tools=tools_))
     assert auto.mode == "auto" and b in auto.grammar
     assert tools.plan(request(tools=tools_, tool_choice="none")) is None
+
+
+def test_a_parameters_schema_the_grammar_cannot_hold_is_named_by_its_path_in_every_mode():
+    from appliance.api.errors import ApiError
+    good = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    bad = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 2}}, "$defs": {}}
+    unresolved = {"$ref": "#/$defs/missing"}
+    fns = lambda *ps: [{"type": "function", "function": {"name": f"f{i}", "parameters": p}} for i, p in enumerate(ps)]
+    cases = [
+        ({"tools": fns(good, bad)}, "tools[1].function.parameters.properties.x.multipleOf"),
+        ({"tools": fns(bad)}, "tools[0].function.parameters.properties.x.multipleOf"),
+        ({"tools": fns(good, bad), "tool_choice": "required"}, "tools[1].function.parameters.properties.x.multipleOf"),
+        ({"tools": fns(good, good, unresolved), "parallel_tool_calls": False}, "tools[2].function.parameters.$ref"),
+        # a tool the named choice leaves out is checked all the same
+        ({"tools": fns(good, bad), "tool_choice": {"type": "function", "function": {"name": "f0"}}},
+         "tools[1].function.parameters.properties.x.multipleOf"),
+        ({"tools": fns(bad, good), "tool_choice": {"type": "function", "function": {"name": "f0"}}},
+         "tools[0].function.parameters.properties.x.multipleOf"),
+        ({"tools": fns(False)}, "tools[0].function.parameters"),
+    ]
+    for body, param in cases:
+        try:
+            tools.plan(request(**body))
+        except ApiError as e:
+            assert e.param == param, (body, e.param)
+            assert param in e.message
+        else:
+            raise AssertionError(f"{body} was accepted")
