@@ -167,8 +167,8 @@ def completion_prompts(runner: ModelRunner, req: CompletionRequest) -> list[list
     """Token lists for each prompt (blocking: run it off the event loop)."""
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
-    if req.echo:
-        raise bad_request("echo is not supported", param="echo")
+    if req.max_tokens == 0 and not req.echo:
+        raise bad_request("max_tokens 0 asks for no answer: it is allowed only with echo", param="max_tokens")
     p = req.prompt
     vocab = runner.vocab
     if isinstance(p, str):
@@ -176,15 +176,34 @@ def completion_prompts(runner: ModelRunner, req: CompletionRequest) -> list[list
     if not p:
         raise bad_request("prompt must not be empty", param="prompt")
     if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
-        for x in p:
-            if not 0 <= x < vocab.n_vocab:
-                raise bad_request(f"token id {x} is outside the vocabulary (0..{vocab.n_vocab - 1})", param="prompt")
-        return [list(p)]  # type: ignore[arg-type]
+        return [_token_ids(p, vocab.n_vocab, "prompt")]  # type: ignore[arg-type]
+    if len(p) > 16 and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p)):
+        raise bad_request("at most 16 prompts per request", param="prompt")
     if all(isinstance(x, str) for x in p):
-        if len(p) > 16:
-            raise bad_request("at most 16 prompts per request", param="prompt")
         return [vocab.tokenize(x, add_special=True, parse_special=False) for x in p]  # type: ignore[arg-type]
-    raise bad_request("prompt must be a string, a list of strings or a list of token ids", param="prompt")
+    if all(isinstance(x, list) for x in p):
+        return [_token_ids(x, vocab.n_vocab, f"prompt[{i}]") for i, x in enumerate(p)]  # type: ignore[arg-type]
+    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+                      param="prompt")
+
+
+def _token_ids(ids: list[int], n_vocab: int, param: str) -> list[int]:
+    if not ids:
+        raise bad_request("a prompt of token ids must not be empty", param=param)
+    for x in ids:
+        if not 0 <= x < n_vocab:
+            raise bad_request(f"token id {x} is outside the vocabulary (0..{n_vocab - 1})", param=param)
+    return list(ids)
+
+
+def echo_texts(runner: ModelRunner, req: CompletionRequest, prompts: list[list[int]]) -> list[str]:
+    """What `echo` puts before each answer: a prompt given as text as it was given, one given as
+    token ids as those tokens read (the pieces logprobs name)."""
+    if isinstance(req.prompt, str):
+        return [req.prompt]
+    if all(isinstance(x, str) for x in req.prompt):
+        return list(req.prompt)  # type: ignore[arg-type]
+    return [b"".join(runner.vocab.piece(t) for t in p).decode("utf-8", errors="replace") for p in prompts]
 
 
 ENGINE_ERRORS = (PromptError, QueueFull, NotReady, GenerationFailed)

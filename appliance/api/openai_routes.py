@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Callable
 
 import msgspec
 
 from ..config import Config
 from ..engine.manager import ModelManager
-from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta, TokenLogprob
+from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, PromptScored, TextDelta, TokenLogprob
 from .errors import bad_request, from_validation
 from ..engine.client import Generations, collect, fit_max_tokens, render_chat
 from ..engine.sampling import with_seed_offset
@@ -20,6 +21,7 @@ from .generation import (
     plain_messages,
     completion_prompts,
     deadline,
+    echo_texts,
     engine_error,
     failure_error,
     request_sampling,
@@ -77,17 +79,34 @@ def chat_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> Cha
     ])
 
 
-def completion_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> CompletionLogprobs:
+@dataclass(frozen=True)
+class Echo:
+    """A scored prompt as completion logprobs show it: its first token's piece, then the others."""
+
+    first: bytes
+    scored: tuple[TokenLogprob, ...]
+
+
+def completion_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...],
+                        echoed: Echo | None = None) -> CompletionLogprobs:
+    """OpenAI's completion logprobs; `echoed`: the scored prompt they start with (its first token
+    has no log-probability)."""
+    tokens: list[str] = []
+    logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    if echoed is not None:
+        tokens.append(_text(echoed.first))
+        logprobs.append(None)
+        tops.append(None)
+    for e in (*echoed.scored, *entries) if echoed is not None else entries:
+        tokens.append(_text(e.token))
+        logprobs.append(e.logprob)
+        tops.append({_text(t): lp for t, lp in e.top})
     offsets, pos = [], 0
-    for e in entries:
+    for t in tokens:
         offsets.append(pos)
-        pos += len(_text(e.token))
-    return CompletionLogprobs(
-        tokens=[_text(e.token) for e in entries],
-        token_logprobs=[e.logprob for e in entries],
-        top_logprobs=[{_text(t): lp for t, lp in e.top} for e in entries],
-        text_offset=offsets,
-    )
+        pos += len(t)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)
 
 
 class OpenAIRoutes:
@@ -151,15 +170,22 @@ class OpenAIRoutes:
         limits = [self._max_tokens(runner, p, req.max_tokens, 16, "prompt") for p in prompts]
         stops = stop_list(req)
         until = deadline(self.config)
+        score = req.logprobs if req.echo else None
         seqs = [
-            GenerationRequest(p, m, with_seed_offset(params, i), stops, until, top_logprobs=req.logprobs,
-                              speculative=req.speculative)
+            # a scored prompt is prefilled by each of its choices (a copied prefill has no logits to score)
+            GenerationRequest(list(p) if score is not None else p, m, with_seed_offset(params, i), stops, until,
+                              top_logprobs=req.logprobs, speculative=req.speculative, prompt_logprobs=score)
             for p, m in zip(prompts, limits)
             for i in range(req.n)
         ]
+        echoes = None
+        if req.echo:
+            texts = await asyncio.to_thread(echo_texts, runner, req, prompts)
+            echoes = [(texts[k // req.n], runner.vocab.piece(seqs[k].prompt[0])) for k in range(len(seqs))]
         await self._run(request, Generations(runner, seqs), req.stream,
                         req.stream_options and req.stream_options.include_usage,
-                        self._completion_stream, self._completion_response, req.model, req.logprobs is not None)
+                        lambda *a: self._completion_stream(*a, echoes=echoes),
+                        lambda *a: self._completion_response(*a, echoes=echoes), req.model, req.logprobs is not None)
 
     async def _run(self, request: Request, gens: Generations, stream: bool, include_usage: bool | None,
                    streamer: Callable, responder: Callable, model: str, logprobs: bool) -> None:
@@ -232,18 +258,20 @@ class OpenAIRoutes:
     # ---- completions -----------------------------------------------------------------------
 
     @staticmethod
-    def _completion_response(outs, model: str, logprobs: bool) -> Completion:
-        choices = [
-            CompletionChoice(i, o.text, o.finish_reason, completion_logprobs(o.logprobs) if logprobs else None)
-            for i, o in enumerate(outs)
-        ]
+    def _completion_response(outs, model: str, logprobs: bool,
+                             echoes: list[tuple[str, bytes]] | None = None) -> Completion:
+        choices = []
+        for i, o in enumerate(outs):
+            echoed = Echo(echoes[i][1], o.prompt_logprobs) if echoes and o.prompt_logprobs is not None else None
+            choices.append(CompletionChoice(i, (echoes[i][0] if echoes else "") + o.text, o.finish_reason,
+                                            completion_logprobs(o.logprobs, echoed) if logprobs else None))
         prompt = sum(o.prompt_tokens for o in outs)
         completion = sum(o.completion_tokens for o in outs)
         return Completion(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
                           system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion))
 
     async def _completion_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
-                                 logprobs: bool) -> None:
+                                 logprobs: bool, echoes: list[tuple[str, bytes]] | None = None) -> None:
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
@@ -251,9 +279,15 @@ class OpenAIRoutes:
         def chunk(choices, usage=None) -> Completion:
             return Completion(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
 
+        def echo(i: int, ev: PromptScored) -> Completion:  # the echoed prompt's chunk, scored
+            return chunk([CompletionChoice(i, echoes[i][0], None,
+                                           completion_logprobs((), Echo(echoes[i][1], ev.logprobs)))])
+
         await self._stream(
             sse, gens, include_usage,
-            first=None,
+            # echo without logprobs: the prompt's text goes first; with them, when it is scored
+            first=(lambda i: chunk([CompletionChoice(i, echoes[i][0], None)])) if echoes and not logprobs else None,
+            scored=echo if echoes and logprobs else None,
             delta=lambda i, ev: chunk([CompletionChoice(i, ev.text, None,
                                                         completion_logprobs(ev.logprobs) if logprobs else None)]),
             final=lambda i, reason: [chunk([CompletionChoice(i, "", reason)])],
@@ -263,7 +297,8 @@ class OpenAIRoutes:
     # ---- shared streaming loop -------------------------------------------------------------
 
     @staticmethod
-    async def _stream(sse: EventStream, gens: Generations, include_usage: bool, *, first, delta, final, usage) -> None:
+    async def _stream(sse: EventStream, gens: Generations, include_usage: bool, *, first, delta, final, usage,
+                      scored=None) -> None:
         """Relay events as SSE; a failure before the first byte keeps its HTTP status."""
         opened: set[int] = set()
         prompt_tokens: dict[int, int] = {}
@@ -284,6 +319,9 @@ class OpenAIRoutes:
                     out = delta(i, ev)
                     if out is not None:  # None: held back (a tool call is read whole)
                         await sse.event(out)
+                elif isinstance(ev, PromptScored):
+                    if scored is not None:
+                        await sse.event(scored(i, ev))
                 elif isinstance(ev, Finished):
                     prompt_tokens[i] = ev.prompt_tokens
                     completion += ev.completion_tokens

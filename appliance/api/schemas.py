@@ -119,10 +119,13 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
-    # A string, a list of strings, or a list of token ids (checked by the handler).
-    prompt: str | list[str | int]
+    # A string, a list of strings, a list of token ids or a list of token-id lists (checked by the handler).
+    prompt: str | list[str | int | list[int]]
+    # 0 only with echo: the prompt alone, scored when logprobs is set (OpenAI's legacy form).
+    max_tokens: Annotated[int, Meta(ge=0, le=1_048_576)] | None = None
     # Per-token log-probabilities with this many alternatives (OpenAI allows up to 5).
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    # The prompt's text before the answer; with logprobs, each prompt token's log-probability too.
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -167,8 +170,8 @@ class ChatLogprobs(Struct, frozen=True):
 
 class CompletionLogprobs(Struct, frozen=True):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from .chat_template import TemplateError
-from .runner import Event, Failed, Finished, GenerationRequest, Handle, ModelRunner, TextDelta, TokenLogprob
+from .runner import Event, Failed, Finished, GenerationRequest, Handle, ModelRunner, PromptScored, TextDelta, TokenLogprob
 
 log = logging.getLogger("eie.client")
 
@@ -83,6 +83,7 @@ class Outcome:
     completion_tokens: int = 0
     mean_logprob: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # GenerationRequest.prompt_logprobs
 
 
 # Observers of every sequence's events (metrics, request accounting): tap(gens, index, event,
@@ -185,6 +186,8 @@ async def collect(gens: Generations) -> list[Outcome]:
             if isinstance(ev, TextDelta):
                 parts[i].append(ev.text)
                 outs[i].logprobs.extend(ev.logprobs)
+            elif isinstance(ev, PromptScored):
+                outs[i].prompt_logprobs = ev.logprobs
             elif isinstance(ev, Finished):
                 o = outs[i]
                 o.finish_reason, o.prompt_tokens, o.completion_tokens = ev.reason, ev.prompt_tokens, ev.completion_tokens

@@ -29,6 +29,7 @@ RUNNER_COUNTERS = {
     "prefix_tokens_restored": ("eie_prefix_cache_restored_tokens", "Prompt tokens restored from the prefix cache"),
     "grammar_sequences": ("eie_grammar_sequences", "Sequences whose output follows a grammar (response_format, grammar)"),
     "grammar_dead_ends": ("eie_grammar_dead_ends", "Constrained answers ended because the grammar allowed no next token"),
+    "prompt_tokens_scored": ("eie_prompt_scored_tokens", "Prompt tokens prefilled with their logits kept to score the prompt (echo with logprobs)"),
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),
