@@ -149,6 +149,17 @@ def test_completion_logprobs(client):
     assert all(v <= 0 for v in lp.token_logprobs)
 
 
+def test_completion_echo_scores_the_prompt(client):
+    r = client.completions.create(model="gemma3-270m", prompt="The capital of France is", temperature=0,
+                                  max_tokens=0, logprobs=1, echo=True)
+    choice = r.choices[0]
+    assert choice.text == "The capital of France is" and choice.finish_reason == "length"
+    lp = choice.logprobs
+    assert len(lp.tokens) == r.usage.prompt_tokens and r.usage.completion_tokens == 0
+    assert lp.token_logprobs[0] is None and all(v < 0 for v in lp.token_logprobs[1:])
+    assert lp.top_logprobs[0] is None and all(len(t) == 1 for t in lp.top_logprobs[1:])
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_structured_output_parses_into_a_pydantic_model(client, model):
     """The SDK's parse() sends its strict JSON Schema of the model and parses the answer with it."""
