@@ -128,6 +128,9 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Requests waiting for a sequence slot beyond this are refused with 429.
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Logits rows one decode may keep, at least (resources/outputs.py): a scored prompt (echo with
+    # logprobs) is prefilled this many tokens at a time. 0: the rows decoding needs anyway.
+    scoring_rows: Annotated[int, Meta(ge=0, le=8192)] = 0
 
 
 class AdaptiveKvConfig(Struct, frozen=True, forbid_unknown_fields=True):

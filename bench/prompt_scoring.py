@@ -13,8 +13,9 @@ cache and llama-server's slots are emptied first) and times whole non-streamed r
 
 Two EIE servers: one as make_servers configures it (no speculation: its context keeps
 n_parallel = 4 logits rows, so a scored prompt is prefilled 4 tokens a decode), one with
-speculation (`sources: [ngram]`: 63 rows, the default preset's). Prefill rates are prompt tokens
-over the request's seconds. The scored and plain prompts also decode the same first token.
+`scoring_rows: 63` (63 tokens a decode; the default preset's speculation reserves as many rows).
+Prefill rates are prompt tokens over the request's seconds. The plain request also decodes one
+token. The JSON has the largest difference between the two EIE servers' summed scores of a prompt.
 
 Run: .venv/bin/python bench/prompt_scoring.py [--repeats 5] [--model all]
 Prints a table and writes bench/results/prompt_scoring.json.
@@ -43,13 +44,16 @@ from serve_vs_llama_server import (  # noqa: E402
 )
 
 
-def speculating_eie(spec, workdir: Path) -> Server:
+ROWS = 63
+
+
+def eie_with_scoring_rows(spec, workdir: Path) -> Server:
     port = free_port()
-    cfg = workdir / f"eie-spec-{spec.name}.yaml"
-    cfg.write_text(eie_config_yaml(spec, port, workdir / f"eie-spec-cache-{spec.name}")
-                   + "inference: {speculative: {sources: [ngram]}}\n")
-    return Server("eie+spec", [str(REPO / ".venv" / "bin" / "eie"), "serve", "--config", str(cfg), "--port", str(port),
-                               "--log-level", "warning"], port, workdir / f"eie-spec-{spec.name}.log",
+    cfg = workdir / f"eie-rows-{spec.name}.yaml"
+    text = eie_config_yaml(spec, port, workdir / f"eie-rows-cache-{spec.name}")
+    cfg.write_text(text.replace("kv_cache: {mode: f16}}", f"kv_cache: {{mode: f16}}, scoring_rows: {ROWS}}}"))
+    return Server(f"eie rows{ROWS}", [str(REPO / ".venv" / "bin" / "eie"), "serve", "--config", str(cfg), "--port",
+                                      str(port), "--log-level", "warning"], port, workdir / f"eie-rows-{spec.name}.log",
                   flush_prefixes=True)
 
 
@@ -65,7 +69,7 @@ async def timed(client: httpx.AsyncClient, base: str, body: dict) -> tuple[float
 async def bench_model(name: str, binary: Path, workdir: Path, args: argparse.Namespace) -> dict:
     spec = MODELS[name]
     eie, llama = make_servers(spec, binary, workdir)
-    eie_spec = speculating_eie(spec, workdir)
+    eie_spec = eie_with_scoring_rows(spec, workdir)
     servers = (eie, eie_spec, llama)
     rates: dict[str, list[float]] = {}
     check: dict[str, list] = {}
@@ -100,7 +104,7 @@ async def bench_model(name: str, binary: Path, workdir: Path, args: argparse.Nam
     out = {"model": name, "samples": rates, "prompt_tokens": n,
            "median_tok_s": {k: round(statistics.median(v), 1) for k, v in rates.items()}}
     # both EIE servers score every prompt alike (the same prefill arithmetic, other chunk sizes)
-    a, b = check["eie scored"], check["eie+spec scored"]
+    a, b = check["eie scored"], check[f"eie rows{ROWS} scored"]
     out["max_total_logprob_difference"] = max(abs(x - y) for x, y in zip(a, b))
     return out
 
@@ -116,7 +120,7 @@ def main() -> int:
     names = list(MODELS) if a.model == "all" else [a.model]
     with tempfile.TemporaryDirectory(prefix="eie-scoring-") as tmp:
         results = [asyncio.run(bench_model(n, binary, Path(tmp), a)) for n in names]
-    cols = ("llama-server plain", "eie plain", "eie scored", "eie+spec plain", "eie+spec scored")
+    cols = ("llama-server plain", "eie plain", "eie scored", f"eie rows{ROWS} plain", f"eie rows{ROWS} scored")
     print(f"prefill of a {a.words}-word passage, whole request, median of {a.repeats}; prompt tok/s")
     print(f"{'model':<14} {'tokens':>6} " + " ".join(f"{c:>18}" for c in cols))
     for r in results:

@@ -6,7 +6,8 @@ every token wants logits: n_batch × n_vocab floats (512 MiB for Gemma 3's 262k 
 n_batch 512, against 426 MiB of weights). A runner asks for far fewer: one row per decoding
 sequence, one for a prompt chunk's last token, and with speculative decoding the drafts that one
 step verifies (kept under BATCH_INVARIANT_ROWS in all, engine/runner.py) or the exactness probe's
-max_draft + 1 rows. A batch with more outputs than `n_outputs_max` aborts the process in
+max_draft + 1 rows, and where a model's `scoring_rows` asks for more, that many (a scored prompt's
+chunk keeps one row per token). A batch with more outputs than `n_outputs_max` aborts the process in
 llama.cpp (an assertion), so every decode is built within `max_outputs`.
 """
 
@@ -42,7 +43,9 @@ def max_outputs(cfg: ModelConfig) -> int:
     """The most logits rows one decode of the model's context asks for (at least n_parallel,
     which llama.cpp requires)."""
     spec = cfg.speculative
-    if not spec.sources:
-        return cfg.n_parallel
-    step = min(BATCH_INVARIANT_ROWS - 1, cfg.n_parallel * (1 + spec.max_draft))
-    return min(batch_cap(cfg), max(cfg.n_parallel, step, spec.max_draft + 1))
+    rows = cfg.n_parallel
+    if spec.sources:
+        step = min(BATCH_INVARIANT_ROWS - 1, cfg.n_parallel * (1 + spec.max_draft))
+        rows = max(rows, step, spec.max_draft + 1)
+    # a scored prompt's chunk keeps a row per token (engine/runner.py)
+    return min(batch_cap(cfg), max(rows, cfg.scoring_rows))

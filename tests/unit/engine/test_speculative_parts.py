@@ -584,6 +584,9 @@ def test_the_logits_rows_a_context_reserves_cover_every_decode_the_runner_makes(
     assert cap(n_parallel=1, speculative={"sources": ["ngram"], "max_draft": 64}) == 65
     assert cap(n_parallel=100, n_batch=64, speculative={"sources": ["ngram"]}) == 100  # at least a row each
     assert cap(n_batch=32, speculative={"sources": ["ngram"]}) == 32  # never beyond the batch
+    assert cap(scoring_rows=48) == 48  # a scored prompt's chunk: a row per token
+    assert cap(scoring_rows=2, speculative={"sources": ["ngram"]}) == 63
+    assert cap(scoring_rows=1000) == 512
 
 
 def test_decode_costs_are_kept_per_number_of_sequences():
