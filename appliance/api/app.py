@@ -27,6 +27,7 @@ from .group_routes import GroupRoutes
 from .http import Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
 from .openai_routes import OpenAIRoutes
+from .token_routes import TokenRoutes
 from .reload import plan_reload
 
 log = logging.getLogger("eie.api")
@@ -52,6 +53,7 @@ class App:
         self.config_path = config_path
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager)
+        self.tokens = TokenRoutes(config, manager)
         self.groups = GroupRoutes(config, manager)
         self.admin = AdminRoutes(config, manager)
         self.keys = self._keyring(config)
@@ -68,6 +70,8 @@ class App:
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
+            "/tokenize": {"POST": Route(self.tokens.tokenize, "key")},
+            "/detokenize": {"POST": Route(self.tokens.detokenize, "key")},
             "/v1/batch/execute": {"POST": Route(self.groups.batch, "key", True)},
             "/v1/chain/execute": {"POST": Route(self.groups.chain, "key", True)},
             "/health": {"GET": Route(self.admin.health, "open", accounted=False)},
@@ -117,6 +121,7 @@ class App:
         self.limits.rate, self.limits.concurrent = lim.rate_per_minute, lim.concurrent_requests
         self.config = config
         self.openai.config = config
+        self.tokens.config = config
         self.groups.set_config(config)
         self.admin.config = config
 

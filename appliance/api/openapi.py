@@ -31,6 +31,8 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/chat/completions", "Chat completion (stream: server-sent events)", s.ChatRequest, s.ChatCompletion),
     Op("post", "/v1/completions", "Text completion (stream: server-sent events)", s.CompletionRequest, s.Completion),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
+    Op("post", "/tokenize", "A model's tokens for a text or a chat", s.TokenizeRequest, s.TokenizeResponse),
+    Op("post", "/detokenize", "The text of a model's tokens", s.DetokenizeRequest, s.DetokenizeResponse),
     Op("post", "/v1/batch/execute", "Run a parallel or fanout model group", s.GroupRequest, s.GroupExecution,
        tag="groups"),
     Op("post", "/v1/chain/execute", "Run a sequential model group", s.GroupRequest, s.GroupExecution, tag="groups"),

@@ -131,6 +131,40 @@ class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
     best_of: int | None = None
 
 
+class TokenizeRequest(Struct, frozen=True, kw_only=True):
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    # exactly one: text as a completions prompt, or messages as the chat endpoint renders them
+    content: str | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
+    # text only: BOS/EOS as the model's tokenizer adds them (a completions prompt gets them)
+    add_special: bool = True
+    # text only: special tokens written in the text (<|im_end|>) become those tokens
+    parse_special: bool = False
+    with_pieces: bool = False
+
+
+class TokenPiece(Struct, frozen=True):
+    id: int
+    piece: str
+
+
+class TokenizeResponse(Struct, frozen=True):
+    model: str
+    tokens: list[int | TokenPiece]  # ids, or with_pieces: {id, piece}
+    count: int
+    max_context: int  # the model's n_ctx: prompt and answer together
+
+
+class DetokenizeRequest(Struct, frozen=True, kw_only=True):
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    tokens: list[int]
+
+
+class DetokenizeResponse(Struct, frozen=True):
+    model: str
+    content: str
+
+
 class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
     group: Annotated[str, Meta(min_length=1, max_length=256)]
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]

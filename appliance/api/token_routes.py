@@ -1,0 +1,75 @@
+"""POST /tokenize and /detokenize: a model's tokens for a text or a chat, and the text of tokens.
+
+llama-server has both (without `model`: it serves one); here the model is named and loaded on
+demand like a completion's. Text is tokenized as a /v1/completions prompt is (BOS added where
+the model's tokenizer adds one), messages as /v1/chat/completions renders them, so `count` is
+the request's `prompt_tokens`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from ..config import Config
+from ..engine.client import PromptError, render_chat
+from ..engine.manager import ModelManager
+from ..engine.runner import ModelRunner
+from . import tools
+from .errors import bad_request, from_validation
+from .generation import plain_messages, resolve_runner
+from .http import Request
+from .schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenPiece
+
+_tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
+_detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+
+
+def _decode(decoder: msgspec.json.Decoder, body: bytes):
+    try:
+        return decoder.decode(body)
+    except msgspec.MsgspecError as e:
+        raise from_validation(e) from None
+
+
+def _text(runner: ModelRunner, tokens: list[int]) -> str:
+    """Tokens as text, special ones written out (<|im_start|>), invalid UTF-8 replaced."""
+    vocab = runner.vocab
+    return b"".join(vocab.piece(t, special=True) for t in tokens).decode("utf-8", errors="replace")
+
+
+class TokenRoutes:
+    def __init__(self, config: Config, manager: ModelManager):
+        self.config = config
+        self.manager = manager
+
+    async def tokenize(self, request: Request) -> None:
+        req: TokenizeRequest = _decode(_tokenize_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        if (req.content is None) == (req.messages is None):
+            raise bad_request("give exactly one of content and messages", param="content")
+        runner = await resolve_runner(self.manager, req.model)
+        if req.messages is not None:
+            messages = tools.conversation(plain_messages(req.messages), req.messages, None)
+            try:
+                tokens = await asyncio.to_thread(render_chat, runner, messages)
+            except PromptError as e:
+                raise bad_request(str(e), param=e.param) from None
+        else:
+            tokens = await asyncio.to_thread(runner.vocab.tokenize, req.content, add_special=req.add_special,
+                                             parse_special=req.parse_special)
+        out: list[int | TokenPiece] = list(tokens)
+        if req.with_pieces:
+            vocab = runner.vocab
+            out = [TokenPiece(t, vocab.piece(t, special=True).decode("utf-8", errors="replace")) for t in tokens]
+        await request.json(200, TokenizeResponse(req.model, out, len(tokens), runner.n_ctx))
+
+    async def detokenize(self, request: Request) -> None:
+        req: DetokenizeRequest = _decode(_detokenize_decoder,
+                                         await request.body(self.config.server.limits.max_body_bytes))
+        runner = await resolve_runner(self.manager, req.model)
+        n_vocab = runner.vocab.n_vocab
+        for i, t in enumerate(req.tokens):
+            if not 0 <= t < n_vocab:
+                raise bad_request(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})", param=f"tokens[{i}]")
+        content = await asyncio.to_thread(_text, runner, req.tokens)
+        await request.json(200, DetokenizeResponse(req.model, content))
