@@ -131,6 +131,10 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Logits rows one decode may keep, at least (resources/outputs.py): a scored prompt (echo with
     # logprobs) is prefilled this many tokens at a time. 0: the rows decoding needs anyway.
     scoring_rows: Annotated[int, Meta(ge=0, le=8192)] = 0
+    # An embedding model: serves /v1/embeddings only (no generation, speculation or prefix cache);
+    # each input's token states are pooled into one vector (auto: the GGUF's pooling type, or mean).
+    embedding: bool = False
+    pooling: Literal["auto", "mean", "cls", "last"] = "auto"
 
 
 class AdaptiveKvConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -551,6 +555,13 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
     _group_checks(raw, {m.get("name") for m in models if isinstance(m, dict)}, problems)
+    embedders = {m.get("name") for m in models if isinstance(m, dict) and m.get("embedding") is True}
+    for g, group in enumerate(raw.get("groups") if isinstance(raw.get("groups"), list) else []):
+        members = group.get("models") if isinstance(group, dict) else None
+        for j, member in enumerate(members if isinstance(members, list) else []):
+            if member in embedders:
+                problems.append(f"groups[{g}].models[{j}]: {member!r} is an embedding model (models[].embedding), "
+                                "which does not generate")
     vram = raw.get("vram")
     if isinstance(vram, dict):
         low, critical = vram.get("low_watermark", 85.0), vram.get("critical_watermark", 95.0)

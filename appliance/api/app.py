@@ -28,6 +28,7 @@ from .http import Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
 from .openai_routes import OpenAIRoutes
 from .token_routes import TokenRoutes
+from .embedding_routes import EmbeddingRoutes
 from .reload import plan_reload
 
 log = logging.getLogger("eie.api")
@@ -54,6 +55,7 @@ class App:
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)
+        self.embeddings = EmbeddingRoutes(config, manager)
         self.groups = GroupRoutes(config, manager)
         self.admin = AdminRoutes(config, manager)
         self.keys = self._keyring(config)
@@ -70,6 +72,7 @@ class App:
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
+            "/v1/embeddings": {"POST": Route(self.embeddings.embeddings, "key", True)},
             "/tokenize": {"POST": Route(self.tokens.tokenize, "key")},
             "/detokenize": {"POST": Route(self.tokens.detokenize, "key")},
             "/v1/batch/execute": {"POST": Route(self.groups.batch, "key", True)},
@@ -122,6 +125,7 @@ class App:
         self.config = config
         self.openai.config = config
         self.tokens.config = config
+        self.embeddings.config = config
         self.groups.set_config(config)
         self.admin.config = config
 

@@ -23,6 +23,14 @@ from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOption
 RETRY_AFTER = [(b"retry-after", b"1")]
 
 
+async def generation_runner(manager: ModelManager, name: str) -> ModelRunner:
+    """resolve_runner for a request that generates: an embedding model is a 400."""
+    runner = await resolve_runner(manager, name)
+    if runner.cfg.embedding:
+        raise bad_request(f"model '{name}' is an embedding model: it serves /v1/embeddings only", param="model")
+    return runner
+
+
 async def resolve_runner(manager: ModelManager, name: str) -> ModelRunner:
     """The model's runner, ready to take requests (loaded first if the strategy loads on demand)."""
     try:
@@ -169,27 +177,31 @@ def completion_prompts(runner: ModelRunner, req: CompletionRequest) -> list[list
         raise bad_request("suffix is not supported", param="suffix")
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens 0 asks for no answer: it is allowed only with echo", param="max_tokens")
-    p = req.prompt
-    vocab = runner.vocab
+    return token_lists(runner.vocab, req.prompt, "prompt", 16)
+
+
+def token_lists(vocab: Vocab, p: str | list, param: str, most: int) -> list[list[int]]:
+    """Token lists for OpenAI's prompt or input forms: a string, a list of strings, a list of token
+    ids or a list of token-id lists (at most `most` of them); strings as the tokenizer adds BOS."""
     if isinstance(p, str):
         return [vocab.tokenize(p, add_special=True, parse_special=False)]
     if not p:
-        raise bad_request("prompt must not be empty", param="prompt")
+        raise bad_request(f"{param} must not be empty", param=param)
     if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
-        return [_token_ids(p, vocab.n_vocab, "prompt")]  # type: ignore[arg-type]
-    if len(p) > 16 and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p)):
-        raise bad_request("at most 16 prompts per request", param="prompt")
+        return [_token_ids(p, vocab.n_vocab, param)]
+    if len(p) > most and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p)):
+        raise bad_request(f"at most {most} {param}s per request", param=param)
     if all(isinstance(x, str) for x in p):
-        return [vocab.tokenize(x, add_special=True, parse_special=False) for x in p]  # type: ignore[arg-type]
+        return [vocab.tokenize(x, add_special=True, parse_special=False) for x in p]
     if all(isinstance(x, list) for x in p):
-        return [_token_ids(x, vocab.n_vocab, f"prompt[{i}]") for i, x in enumerate(p)]  # type: ignore[arg-type]
-    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
-                      param="prompt")
+        return [_token_ids(x, vocab.n_vocab, f"{param}[{i}]") for i, x in enumerate(p)]
+    raise bad_request(f"{param} must be a string, a list of strings, a list of token ids or a list of token-id lists",
+                      param=param)
 
 
 def _token_ids(ids: list[int], n_vocab: int, param: str) -> list[int]:
     if not ids:
-        raise bad_request("a prompt of token ids must not be empty", param=param)
+        raise bad_request("a list of token ids must not be empty", param=param)
     for x in ids:
         if not 0 <= x < n_vocab:
             raise bad_request(f"token id {x} is outside the vocabulary (0..{n_vocab - 1})", param=param)

@@ -25,7 +25,7 @@ from .generation import (
     engine_error,
     failure_error,
     request_sampling,
-    resolve_runner,
+    generation_runner,
     stop_list,
 )
 from . import tools
@@ -139,7 +139,7 @@ class OpenAIRoutes:
 
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = await resolve_runner(self.manager, req.model)
+        runner = await generation_runner(self.manager, req.model)
         tool_plan = await asyncio.to_thread(tools.plan, req) if req.tools else tools.plan(req)  # schemas: off the loop
         messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan)
         params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None)
@@ -163,7 +163,7 @@ class OpenAIRoutes:
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = await resolve_runner(self.manager, req.model)
+        runner = await generation_runner(self.manager, req.model)
         params = await request_sampling(req, runner.vocab)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)
         # OpenAI's default for the legacy completions endpoint is 16 tokens.

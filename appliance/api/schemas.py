@@ -165,6 +165,33 @@ class DetokenizeResponse(Struct, frozen=True):
     content: str
 
 
+class EmbeddingRequest(Struct, frozen=True, kw_only=True):
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    # A string, a list of strings, a list of token ids or a list of token-id lists (checked by the handler).
+    input: str | list[str | int | list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    user: str | None = None
+
+
+class Embedding(Struct, frozen=True):
+    index: int
+    embedding: list[float] | str  # base64: little-endian float32
+    object: str = "embedding"
+
+
+class EmbeddingUsage(Struct, frozen=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(Struct, frozen=True):
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+    object: str = "list"
+
+
 class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
     group: Annotated[str, Meta(min_length=1, max_length=256)]
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]

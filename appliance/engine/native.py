@@ -169,6 +169,9 @@ class ContextArgs:
     flash_attn: str
     n_outputs_max: int = 0  # logits rows one decode asks for at most (0: n_batch; resources/outputs.py)
     swa_full: bool = True  # sliding-window layers keep every cell (False: the window and a batch)
+    # An embedding context: each decode pools its sequences' token states (llama_pooling_type
+    # value; every token is an output) instead of giving logits.
+    pooling: int | None = None
 
 
 @dataclass
@@ -323,6 +326,7 @@ def load(
     n_gpu_layers: int = -1,
     n_outputs_max: int = 0,
     swa_full: bool = True,
+    pooling: str | None = None,
 ) -> LoadedModel:
     """Load weights and create one context with `n_seq_max` sequences, one KV stream each.
 
@@ -333,6 +337,8 @@ def load(
     layers go to it (negative: all; resources/offload.py). `n_outputs_max` bounds the logits rows
     of one decode (0: n_batch), and with them the compute buffer (resources/outputs.py). Without
     `swa_full`, sliding-window layers keep only the window and a batch of cells per sequence.
+    With `pooling` (auto, mean, cls, last) the context gives one embedding per sequence instead of
+    logits; auto takes the GGUF's pooling type, or mean where it names none (a generative model).
     """
     init_backend()
     if not path.is_file():
@@ -352,7 +358,9 @@ def load(
         raise_if_set(cancel)
         if not model:
             raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
-        args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn, n_outputs_max, swa_full)
+        metadata = _read_metadata(model)
+        args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn, n_outputs_max, swa_full,
+                           None if pooling is None else _pooling_type(pooling, metadata))
         ctx = _create_context(model, args, type_k, type_v)
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
@@ -364,7 +372,7 @@ def load(
             n_ctx_total=lc.llama_n_ctx(ctx),
             n_vocab=lc.llama_vocab_n_tokens(vocab),
             buffers=parse_buffer_sizes(lines),
-            metadata=_read_metadata(model),
+            metadata=metadata,
             args=args,
             type_k=type_k,
             type_v=type_v,
@@ -422,6 +430,17 @@ def _check_kv_types(type_k: str, type_v: str) -> None:
         raise LoadError(problem)
 
 
+POOLING_TYPES = {"mean": lc.LLAMA_POOLING_TYPE_MEAN, "cls": lc.LLAMA_POOLING_TYPE_CLS,
+                 "last": lc.LLAMA_POOLING_TYPE_LAST}
+
+
+def _pooling_type(pooling: str, metadata: dict[str, str]) -> int:
+    if pooling != "auto":
+        return POOLING_TYPES[pooling]
+    named = any(k.endswith(".pooling_type") and v not in ("0", "-1") for k, v in metadata.items())
+    return lc.LLAMA_POOLING_TYPE_UNSPECIFIED if named else lc.LLAMA_POOLING_TYPE_MEAN
+
+
 def _create_context(model: lc.llama_model_p, args: ContextArgs, type_k: str, type_v: str) -> lc.llama_context_p:
     cparams = lc.llama_context_default_params()
     cparams.n_ctx = args.n_ctx_total
@@ -440,6 +459,12 @@ def _create_context(model: lc.llama_model_p, args: ContextArgs, type_k: str, typ
     # results match a solo run (a unified cache interleaves cells and changes the sums).
     cparams.kv_unified = False
     cparams.swa_full = args.swa_full
+    if args.pooling is not None:
+        cparams.embeddings = True
+        cparams.pooling_type = args.pooling
+        # Pooling sums a sequence's states within one ubatch: a split KV splits a batch of
+        # sequences of unequal lengths into equal shares, and a sequence's tail would be pooled alone.
+        cparams.kv_unified = True
     cparams.no_perf = True
     return lc.llama_init_from_model(model, cparams)
 

@@ -244,7 +244,7 @@ class ModelRunner:
         self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0,
                       "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
                       "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_masks": 0,
-                      "grammar_dead_ends": 0, "prompt_tokens_scored": 0}
+                      "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0}
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
@@ -274,12 +274,13 @@ class ModelRunner:
                 n_gpu_layers=self.gpu_layers,
                 n_outputs_max=self.outputs_cap,
                 swa_full=self.cfg.kv_cache.sliding_window == "full",
+                pooling=self.cfg.pooling if self.cfg.embedding else None,
             )
             self.swa_window = self.loaded.swa_window
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
             self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
-            if self._speculator_factory is not None:  # a draft model with another vocabulary fails the load
+            if self._speculator_factory is not None and not self.cfg.embedding:  # a draft model with another vocabulary fails the load
                 self.spec = self._speculator_factory(self)
             if self.spec is not None:
                 self._measure_exact_rows()
@@ -299,7 +300,7 @@ class ModelRunner:
                 log.error("model %s failed to load: %s", self.name, e)
             return
         self._mem = lc.llama_get_memory(self.loaded.ctx)
-        if self._prefix_factory is not None:
+        if self._prefix_factory is not None and not self.cfg.embedding:
             try:
                 self.prefix = self._prefix_factory(self)
             except Exception as e:  # the cache is an optimisation: serve without it
@@ -456,6 +457,50 @@ class ModelRunner:
             fut.set_exception(NotReady("the prefix cache is off for this model"))
             return fut
         return self._between_steps(self.prefix.store.flush)
+
+    @property
+    def embedding_size(self) -> int:
+        return lc.llama_model_n_embd_out(self.loaded.model)
+
+    def embed(self, prompts: list[list[int]]) -> "concurrent.futures.Future[list[np.ndarray]]":
+        """One pooled embedding (float32, as llama.cpp gives it) per prompt, for an embedding
+        model (cfg.embedding); each prompt fits one decode (batch_cap tokens)."""
+        return self._between_steps(lambda: self._embed(prompts))
+
+    def _embed(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        n_out = self.embedding_size
+        tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
+        i = 0
+        while i < len(prompts):
+            # as many prompts as fit one decode, one sequence each: pooling sums a sequence's
+            # token states within one ubatch, so a prompt is never split
+            n, seqs = 0, 0
+            while i + seqs < len(prompts) and seqs < self.cfg.n_parallel and n + len(prompts[i + seqs]) <= self.batch_cap:
+                p = prompts[i + seqs]
+                tok[n : n + len(p)] = p
+                pos[n : n + len(p)] = np.arange(len(p), dtype=np.int32)
+                for k in range(n, n + len(p)):
+                    seq_ptrs[k][0] = seqs
+                n += len(p)
+                seqs += 1
+            if seqs == 0:
+                raise ValueError(f"a prompt of {len(prompts[i])} tokens does not fit one decode ({self.batch_cap})")
+            logits[:n] = 1
+            try:
+                self._decode(n)
+                for s in range(seqs):
+                    ptr = lc.llama_get_embeddings_seq(self.loaded.ctx, s)
+                    if not ptr:
+                        raise RuntimeError("llama.cpp gave no pooled embedding")
+                    out.append(np.ctypeslib.as_array(ptr, shape=(n_out,)).copy())
+            finally:
+                for s in range(seqs):
+                    lc.llama_memory_seq_rm(self._mem, s, -1, -1)
+            self.stats["prefill_tokens"] += n
+            self.stats["embedded_inputs"] += seqs
+            i += seqs
+        return out
 
     def _between_steps(self, fn: Callable[[], T]) -> "concurrent.futures.Future[T]":
         """Run `fn` on the runner thread between two steps; its result or error goes to the future."""

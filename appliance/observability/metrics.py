@@ -30,6 +30,7 @@ RUNNER_COUNTERS = {
     "grammar_sequences": ("eie_grammar_sequences", "Sequences whose output follows a grammar (response_format, grammar)"),
     "grammar_dead_ends": ("eie_grammar_dead_ends", "Constrained answers ended because the grammar allowed no next token"),
     "prompt_tokens_scored": ("eie_prompt_scored_tokens", "Prompt tokens prefilled with their logits kept to score the prompt (echo with logprobs)"),
+    "embedded_inputs": ("eie_embedded_inputs", "Inputs pooled into embeddings (/v1/embeddings)"),
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),

@@ -42,6 +42,8 @@ def batch_cap(cfg: ModelConfig) -> int:
 def max_outputs(cfg: ModelConfig) -> int:
     """The most logits rows one decode of the model's context asks for (at least n_parallel,
     which llama.cpp requires)."""
+    if cfg.embedding:  # pooling makes every token of a decode an output
+        return batch_cap(cfg)
     spec = cfg.speculative
     rows = cfg.n_parallel
     if spec.sources:
