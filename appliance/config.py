@@ -133,6 +133,7 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     scoring_rows: Annotated[int, Meta(ge=0, le=8192)] = 0
     # An embedding model: serves /v1/embeddings only (no generation, speculation or prefix cache);
     # each input's token states are pooled into one vector (auto: the GGUF's pooling type, or mean).
+    # Its context holds one decode (n_batch tokens; n_ctx is not used), an input at most that.
     embedding: bool = False
     pooling: Literal["auto", "mean", "cls", "last"] = "auto"
 

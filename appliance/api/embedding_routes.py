@@ -54,7 +54,7 @@ class EmbeddingRoutes:
                               "change them", param="dimensions")
         prompts = await asyncio.to_thread(token_lists, runner.vocab, req.input, "input", MAX_INPUTS)
         one = isinstance(req.input, str) or not isinstance(req.input[0], (str, list))  # a single input
-        limit = min(runner.batch_cap, runner.n_ctx - 1)
+        limit = runner.batch_cap  # one decode: the context's cells (resources/outputs.py kv_cells)
         for i, p in enumerate(prompts):
             where = "input" if one else f"input[{i}]"
             if not p:

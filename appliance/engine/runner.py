@@ -260,7 +260,7 @@ class ModelRunner:
             raise_if_set(self.cancel)
             self.loaded = native.load(
                 self.path,
-                n_ctx_total=self.cfg.n_ctx * self.cfg.n_parallel,
+                n_ctx_total=outputs.kv_cells(self.cfg),
                 n_seq_max=self.cfg.n_parallel,
                 n_batch=self.batch_cap,
                 n_threads=self.threads,

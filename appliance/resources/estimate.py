@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig
-from .outputs import batch_cap, max_outputs
+from .outputs import batch_cap, kv_cells, max_outputs
 from .repack import repacked_output_bytes
 
 # Bytes per value of each KV cache type (block size over bytes per block for quantized types).
@@ -102,7 +102,7 @@ def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type
              n_outputs: int | None = None) -> Estimate:
     """What loading `cfg` takes; `type_k`/`type_v` replace the configured KV types (needed for mode
     auto); `n_outputs`: the logits rows of one decode (default: what the runner asks for)."""
-    kv = kv_bytes(shape, cfg.n_ctx * cfg.n_parallel, type_k or cfg.kv_cache.type_k, type_v or cfg.kv_cache.type_v)
+    kv = kv_bytes(shape, kv_cells(cfg), type_k or cfg.kv_cache.type_k, type_v or cfg.kv_cache.type_v)
     n_batch = batch_cap(cfg)
     # The compute buffer holds the logits of the most rows one decode asks for (resources/outputs.py),
     # and the activations of a full ubatch.

@@ -39,6 +39,12 @@ def batch_cap(cfg: ModelConfig) -> int:
     return max(cfg.n_batch, cfg.n_parallel)
 
 
+def kv_cells(cfg: ModelConfig) -> int:
+    """KV cells of the model's context: n_ctx per sequence; an embedding model's decodes are
+    independent (each clears its sequences after pooling), so it holds one decode's tokens."""
+    return batch_cap(cfg) if cfg.embedding else cfg.n_ctx * cfg.n_parallel
+
+
 def max_outputs(cfg: ModelConfig) -> int:
     """The most logits rows one decode of the model's context asks for (at least n_parallel,
     which llama.cpp requires)."""
