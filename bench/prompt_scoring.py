@@ -24,11 +24,9 @@ Prints a table and writes bench/results/prompt_scoring.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from serve_vs_llama_server import (  # noqa: E402
-    HTTP_TIMEOUT, MODELS, REPO, Server, build_llama_server, eie_config_yaml, empty_caches, free_port, log,
-    long_text, make_servers, wait_for_quiet,
+    HTTP_TIMEOUT, MODELS, REPO, Server, bench_arguments, eie_config_yaml, empty_caches, free_port, log, long_text,
+    make_servers, run_per_model, wait_for_quiet,
 )
 
 
@@ -110,16 +108,10 @@ async def bench_model(name: str, binary: Path, workdir: Path, args: argparse.Nam
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="all", choices=[*MODELS, "all"])
-    p.add_argument("--repeats", type=int, default=5)
+    p = bench_arguments(__doc__, "prompt_scoring.json")
     p.add_argument("--words", type=int, default=700)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prompt_scoring.json")
     a = p.parse_args()
-    binary = build_llama_server(2)
-    names = list(MODELS) if a.model == "all" else [a.model]
-    with tempfile.TemporaryDirectory(prefix="eie-scoring-") as tmp:
-        results = [asyncio.run(bench_model(n, binary, Path(tmp), a)) for n in names]
+    results = run_per_model(bench_model, a, "eie-scoring-")
     cols = ("llama-server plain", "eie plain", "eie scored", f"eie rows{ROWS} plain", f"eie rows{ROWS} scored")
     print(f"prefill of a {a.words}-word passage, whole request, median of {a.repeats}; prompt tok/s")
     print(f"{'model':<14} {'tokens':>6} " + " ".join(f"{c:>18}" for c in cols))

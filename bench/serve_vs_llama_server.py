@@ -375,6 +375,24 @@ def llama_server_flags(spec: ModelSpec, slot_dir: Path) -> list[str]:
     ]
 
 
+def bench_arguments(description: str, out_name: str) -> argparse.ArgumentParser:
+    """The options every side-by-side bench takes: --model, --repeats, --out (bench/results/<out_name>)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="all", choices=[*MODELS, "all"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / out_name)
+    return p
+
+
+def run_per_model(bench_model: Callable[..., Any], args: argparse.Namespace, prefix: str) -> list[dict]:
+    """`await bench_model(name, llama_server_binary, workdir, args)` for the chosen models, in one
+    temporary directory, llama-server built (or taken from the cache) first."""
+    binary = build_llama_server(2)
+    names = list(MODELS) if args.model == "all" else [args.model]
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        return [asyncio.run(bench_model(n, binary, Path(tmp), args)) for n in names]
+
+
 def make_servers(spec: ModelSpec, binary: Path, workdir: Path, erase_slots: bool = True) -> tuple[Server, Server]:
     eie_port, llama_port = free_port(), free_port()
     cfg = workdir / f"eie-{spec.name}.yaml"

@@ -27,11 +27,9 @@ Prints a table and writes bench/results/structured_output.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from serve_vs_llama_server import (  # noqa: E402
-    HTTP_TIMEOUT, MODELS, StreamResult, _absorb, build_llama_server, empty_caches, log, make_servers,
+    HTTP_TIMEOUT, MODELS, StreamResult, _absorb, bench_arguments, empty_caches, log, make_servers, run_per_model,
     wait_for_quiet,
 )
 
@@ -137,16 +135,10 @@ async def bench_model(name: str, binary: Path, workdir: Path, args: argparse.Nam
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="all", choices=[*MODELS, "all"])
-    p.add_argument("--repeats", type=int, default=5)
+    p = bench_arguments(__doc__, "structured_output.json")
     p.add_argument("--max-tokens", type=int, default=300)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "structured_output.json")
     a = p.parse_args()
-    binary = build_llama_server(2)
-    names = list(MODELS) if a.model == "all" else [a.model]
-    with tempfile.TemporaryDirectory(prefix="eie-structured-") as tmp:
-        results = [asyncio.run(bench_model(n, binary, Path(tmp), a)) for n in names]
+    results = run_per_model(bench_model, a, "eie-structured-")
     print(f"greedy /v1/completions, up to {a.max_tokens} tokens, median of {a.repeats}; tok/s")
     print(f"{'model':<14} {'server':<13} {'no grammar':>11} {'grammar':>9} {'cost':>7} {'sampled, grammar':>17}")
     for r in results:

@@ -17,7 +17,7 @@ from ..config import Config
 from ..engine.manager import ModelManager
 from ..engine.runner import NotReady
 from ..observability import context
-from .errors import ApiError, bad_request, from_validation
+from .errors import ApiError, bad_request, decoded
 from .generation import resolve_runner, token_lists
 from .http import Request
 from .schemas import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
@@ -41,10 +41,7 @@ class EmbeddingRoutes:
         self._in_flight: dict[str, int] = {}  # per model: requests queued or embedding
 
     async def embeddings(self, request: Request) -> None:
-        try:
-            req: EmbeddingRequest = _decoder.decode(await request.body(self.config.server.limits.max_body_bytes))
-        except msgspec.MsgspecError as e:
-            raise from_validation(e) from None
+        req: EmbeddingRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await resolve_runner(self.manager, req.model)
         if not runner.cfg.embedding:
             raise bad_request(f"model '{req.model}' is not an embedding model (set models[].embedding: true for one)",

@@ -55,3 +55,11 @@ def from_validation(err: msgspec.MsgspecError) -> ApiError:
         msg = f"invalid value for '{param}': {text}" if param else f"invalid request body: {text}"
         return ApiError(400, msg, param=param, code="invalid_value")
     return ApiError(400, f"request body is not valid JSON: {text}", code="invalid_json")
+
+
+def decoded(decoder: msgspec.json.Decoder, body: bytes):
+    """The request body decoded by `decoder`; a validation error is the 400 naming its field."""
+    try:
+        return decoder.decode(body)
+    except msgspec.MsgspecError as e:
+        raise from_validation(e) from None

@@ -13,7 +13,7 @@ import msgspec
 from ..config import Config
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, PromptScored, TextDelta, TokenLogprob
-from .errors import bad_request, from_validation
+from .errors import bad_request, decoded
 from ..engine.client import Generations, collect, fit_max_tokens, render_chat
 from ..engine.sampling import with_seed_offset
 from .generation import (
@@ -54,13 +54,6 @@ from .schemas import (
 FINGERPRINT = "eie"
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
-
-
-def _decode(decoder: msgspec.json.Decoder, body: bytes):
-    try:
-        return decoder.decode(body)
-    except msgspec.MsgspecError as e:
-        raise from_validation(e) from None
 
 
 def _usage(outs_prompt: int, completion: int) -> Usage:
@@ -138,7 +131,7 @@ class OpenAIRoutes:
                               limits.max_prompt_tokens)
 
     async def _chat(self, request: Request) -> None:
-        req: ChatRequest = _decode(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await generation_runner(self.manager, req.model)
         tool_plan = await asyncio.to_thread(tools.plan, req) if req.tools else tools.plan(req)  # schemas: off the loop
         messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan)
@@ -162,7 +155,7 @@ class OpenAIRoutes:
                         lambda *a: self._chat_response(*a, tool_calls=calls), req.model, top is not None)
 
     async def _completions(self, request: Request) -> None:
-        req: CompletionRequest = _decode(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        req: CompletionRequest = decoded(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await generation_runner(self.manager, req.model)
         params = await request_sampling(req, runner.vocab)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)

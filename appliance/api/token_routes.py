@@ -16,20 +16,13 @@ from ..engine.client import PromptError, render_chat
 from ..engine.manager import ModelManager
 from ..engine.runner import ModelRunner
 from . import tools
-from .errors import bad_request, from_validation
+from .errors import bad_request, decoded
 from .generation import plain_messages, resolve_runner
 from .http import Request
 from .schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenPiece
 
 _tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
-
-
-def _decode(decoder: msgspec.json.Decoder, body: bytes):
-    try:
-        return decoder.decode(body)
-    except msgspec.MsgspecError as e:
-        raise from_validation(e) from None
 
 
 def _text(runner: ModelRunner, tokens: list[int]) -> str:
@@ -44,7 +37,7 @@ class TokenRoutes:
         self.manager = manager
 
     async def tokenize(self, request: Request) -> None:
-        req: TokenizeRequest = _decode(_tokenize_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        req: TokenizeRequest = decoded(_tokenize_decoder, await request.body(self.config.server.limits.max_body_bytes))
         if (req.content is None) == (req.messages is None):
             raise bad_request("give exactly one of content and messages", param="content")
         runner = await resolve_runner(self.manager, req.model)
@@ -64,7 +57,7 @@ class TokenRoutes:
         await request.json(200, TokenizeResponse(req.model, out, len(tokens), runner.n_ctx))
 
     async def detokenize(self, request: Request) -> None:
-        req: DetokenizeRequest = _decode(_detokenize_decoder,
+        req: DetokenizeRequest = decoded(_detokenize_decoder,
                                          await request.body(self.config.server.limits.max_body_bytes))
         runner = await resolve_runner(self.manager, req.model)
         n_vocab = runner.vocab.n_vocab
