@@ -18,7 +18,7 @@ from ..engine.manager import ModelManager
 from ..engine.runner import NotReady
 from ..observability import context
 from .errors import ApiError, bad_request, decoded
-from .generation import resolve_runner, token_lists
+from .generation import RETRY_AFTER, resolve_runner, token_lists
 from .http import Request
 from .schemas import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 
@@ -32,6 +32,14 @@ def normalised(vectors: list[np.ndarray]) -> list[np.ndarray]:
         norm = float(np.linalg.norm(v.astype(np.float64)))
         out.append((v / norm).astype(np.float32) if norm > 0 else v.astype(np.float32))
     return out
+
+
+def encoded(vectors: list[np.ndarray], encoding_format: str) -> list[Embedding]:
+    data = []
+    for i, v in enumerate(normalised(vectors)):
+        value = base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding_format == "base64" else v.tolist()
+        data.append(Embedding(i, value))
+    return data
 
 
 class EmbeddingRoutes:
@@ -62,7 +70,7 @@ class EmbeddingRoutes:
         cap = runner.cfg.n_parallel + runner.cfg.max_queue
         if self._in_flight.get(req.model, 0) >= cap:
             raise ApiError(429, f"model '{req.model}' has too many requests queued; retry later",
-                           type="rate_limit_error", code="queue_full", headers=[("retry-after", "1")])
+                           type="rate_limit_error", code="queue_full", headers=RETRY_AFTER)
         self._in_flight[req.model] = self._in_flight.get(req.model, 0) + 1
         try:
             fut = runner.embed(prompts)
@@ -76,10 +84,7 @@ class EmbeddingRoutes:
                                code="model_not_ready") from None
         finally:
             self._in_flight[req.model] -= 1
-        data = []
-        for i, v in enumerate(normalised(vectors)):
-            value = base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64" else v.tolist()
-            data.append(Embedding(i, value))
+        data = await asyncio.to_thread(encoded, vectors, req.encoding_format)  # 2048 vectors take a while
         n = sum(len(p) for p in prompts)
         info = context.info()
         if info is not None:
