@@ -24,7 +24,6 @@ Prints a table and writes bench/results/prompt_scoring.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from serve_vs_llama_server import (  # noqa: E402
     HTTP_TIMEOUT, MODELS, REPO, Server, bench_arguments, eie_config_yaml, empty_caches, free_port, log, long_text,
-    make_servers, run_per_model, wait_for_quiet,
+    make_servers, run_per_model, save_results, wait_for_quiet,
 )
 
 
@@ -118,10 +117,7 @@ def main() -> int:
     for r in results:
         m = r["median_tok_s"]
         print(f"{r['model']:<14} {r['prompt_tokens']:>6} " + " ".join(f"{m[c]:>18.1f}" for c in cols))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats, "words": a.words,
-                                 "results": results}, indent=1))
-    print(f"wrote {a.out}")
+    save_results(a.out, a.repeats, results, words=a.words)
     return 0
 
 

@@ -393,6 +393,14 @@ def run_per_model(bench_model: Callable[..., Any], args: argparse.Namespace, pre
         return [asyncio.run(bench_model(n, binary, Path(tmp), args)) for n in names]
 
 
+def save_results(out: Path, repeats: int, results: list[dict], **fields: Any) -> None:
+    """A side-by-side bench's JSON: the date, repeats, its own fields and the per-model results."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats, **fields,
+                               "results": results}, indent=1))
+    print(f"wrote {out}")
+
+
 def make_servers(spec: ModelSpec, binary: Path, workdir: Path, erase_slots: bool = True) -> tuple[Server, Server]:
     eie_port, llama_port = free_port(), free_port()
     cfg = workdir / f"eie-{spec.name}.yaml"

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from serve_vs_llama_server import (  # noqa: E402
     HTTP_TIMEOUT, MODELS, StreamResult, _absorb, bench_arguments, empty_caches, log, make_servers, run_per_model,
-    wait_for_quiet,
+    save_results, wait_for_quiet,
 )
 
 from appliance.engine.schema_grammar import schema_to_gbnf  # noqa: E402
@@ -146,10 +146,7 @@ def main() -> int:
             f = r[server]
             print(f"{r['model']:<14} {server:<13} {f['decode_tok_s']:>11.1f} {f['grammar_tok_s']:>9.1f} {f['cost']:>7.1%} "
                   f"{f['sampled_grammar_tok_s']:>17.1f}")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats,
-                                 "max_tokens": a.max_tokens, "schema": PEOPLE, "results": results}, indent=1))
-    print(f"wrote {a.out}")
+    save_results(a.out, a.repeats, results, max_tokens=a.max_tokens, schema=PEOPLE)
     return 0
 
 
