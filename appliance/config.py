@@ -555,14 +555,8 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
-    _group_checks(raw, {m.get("name") for m in models if isinstance(m, dict)}, problems)
-    embedders = {m.get("name") for m in models if isinstance(m, dict) and m.get("embedding") is True}
-    for g, group in enumerate(raw.get("groups") if isinstance(raw.get("groups"), list) else []):
-        members = group.get("models") if isinstance(group, dict) else None
-        for j, member in enumerate(members if isinstance(members, list) else []):
-            if member in embedders:
-                problems.append(f"groups[{g}].models[{j}]: {member!r} is an embedding model (models[].embedding), "
-                                "which does not generate")
+    _group_checks(raw, {m.get("name") for m in models if isinstance(m, dict)},
+                  {m.get("name") for m in models if isinstance(m, dict) and m.get("embedding") is True}, problems)
     vram = raw.get("vram")
     if isinstance(vram, dict):
         low, critical = vram.get("low_watermark", 85.0), vram.get("critical_watermark", 95.0)
@@ -635,7 +629,8 @@ def _spec_checks(at: str, inherited: dict[str, Any], own: dict[str, Any], proble
         problems.append(f"{at}.min_draft: {lo} must not exceed max_draft ({hi})")
 
 
-def _group_checks(raw: dict[str, Any], model_names: set[Any], problems: list[str]) -> None:
+def _group_checks(raw: dict[str, Any], model_names: set[Any], embedders: set[Any], problems: list[str]) -> None:
+    """`embedders`: the names of embedding models (models[].embedding), which do not generate."""
     groups = raw.get("groups")
     if not isinstance(groups, list):
         return
@@ -654,6 +649,9 @@ def _group_checks(raw: dict[str, Any], model_names: set[Any], problems: list[str
         for j, m in enumerate(members):
             if isinstance(m, str) and m not in model_names:
                 problems.append(f"{at}.models[{j}]: unknown model {_got(m)} (configured: {known})")
+            elif isinstance(m, str) and m in embedders:
+                problems.append(f"{at}.models[{j}]: {m!r} is an embedding model (models[].embedding), "
+                                "which does not generate")
         gtype = g.get("type", "parallel")
         required = g.get("required_responses")
         if isinstance(required, int) and members and gtype != "sequential":

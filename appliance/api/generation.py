@@ -215,7 +215,7 @@ def echo_texts(runner: ModelRunner, req: CompletionRequest, prompts: list[list[i
         return [req.prompt]
     if all(isinstance(x, str) for x in req.prompt):
         return list(req.prompt)  # type: ignore[arg-type]
-    return [b"".join(runner.vocab.piece(t) for t in p).decode("utf-8", errors="replace") for p in prompts]
+    return [runner.vocab.text(p) for p in prompts]
 
 
 ENGINE_ERRORS = (PromptError, QueueFull, NotReady, GenerationFailed)

@@ -14,7 +14,6 @@ import msgspec
 from ..config import Config
 from ..engine.client import PromptError, render_chat
 from ..engine.manager import ModelManager
-from ..engine.runner import ModelRunner
 from . import tools
 from .errors import bad_request, decoded
 from .generation import plain_messages, resolve_runner
@@ -23,12 +22,6 @@ from .schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, Tok
 
 _tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
-
-
-def _text(runner: ModelRunner, tokens: list[int]) -> str:
-    """Tokens as text, special ones written out (<|im_start|>), invalid UTF-8 replaced."""
-    vocab = runner.vocab
-    return b"".join(vocab.piece(t, special=True) for t in tokens).decode("utf-8", errors="replace")
 
 
 class TokenRoutes:
@@ -64,5 +57,5 @@ class TokenRoutes:
         for i, t in enumerate(req.tokens):
             if not 0 <= t < n_vocab:
                 raise bad_request(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})", param=f"tokens[{i}]")
-        content = await asyncio.to_thread(_text, runner, req.tokens)
+        content = await asyncio.to_thread(runner.vocab.text, req.tokens, True)  # special tokens written out
         await request.json(200, DetokenizeResponse(req.model, content))

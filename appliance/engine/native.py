@@ -540,5 +540,10 @@ class Vocab:
             return big.raw[:n]
         return buf.raw[:n]
 
+    def text(self, tokens: list[int], special: bool = False) -> str:
+        """The tokens' pieces as one text (special tokens written out when `special`), invalid
+        UTF-8 replaced."""
+        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", errors="replace")
+
     def is_eog(self, token: int) -> bool:
         return token in self._eog

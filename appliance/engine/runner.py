@@ -871,11 +871,10 @@ class ModelRunner:
         self._decode(take)
         self.stats["prefill_tokens"] += take
         if scores is not None:
-            prompt, k, vocab = seq.req.prompt, seq.req.prompt_logprobs, self.vocab
+            prompt, k = seq.req.prompt, seq.req.prompt_logprobs
             for i in range(min(take, len(prompt) - start - 1)):  # row i predicts the token after it
                 token = prompt[start + i + 1]
-                lp, top = self._logprobs(i, token, k)
-                scores.append(TokenLogprob(vocab.piece(token), lp, tuple((vocab.piece(t), v) for t, v in top)))
+                scores.append(self._entry(self.vocab.piece(token), *self._logprobs(i, token, k)))
             self.stats["prompt_tokens_scored"] += take
 
     def _decode(self, n_tokens: int, step: bool = False) -> None:
@@ -1035,7 +1034,7 @@ class ModelRunner:
             seq.spec.tokens.append(token)
         piece = vocab.piece(token)
         if per_token:
-            seq.pending_logprobs.append(TokenLogprob(piece, lp, tuple((vocab.piece(t), v) for t, v in top)))
+            seq.pending_logprobs.append(self._entry(piece, lp, top))
         text, hit_stop = seq.stream.push(piece)
         if hit_stop:
             seq.pending_logprobs.clear()  # the stop string's tokens are not part of the answer
@@ -1075,6 +1074,10 @@ class ModelRunner:
         if seq.req.logprobs:
             mean = seq.logprob_sum / max(1, seq.n_generated + (1 if reason == "stop" else 0))
         return Finished(reason, len(seq.req.prompt), seq.n_generated, mean)
+
+    def _entry(self, piece: bytes, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
+        """A token's logprobs entry (`piece`: its text), its alternatives named by their pieces."""
+        return TokenLogprob(piece, logprob, tuple((self.vocab.piece(t), v) for t, v in top))
 
     def _logprobs(self, index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
         """log p(token) under the model's raw next-token distribution, and the k most likely."""
