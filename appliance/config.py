@@ -662,11 +662,17 @@ def _group_checks(raw: dict[str, Any], model_names: set[Any], embedders: set[Any
         if isinstance(fallback, dict) and isinstance(fallback.get("replace_with"), str):
             if fallback["replace_with"] not in model_names:
                 problems.append(f"{at}.fallback.replace_with: unknown model {_got(fallback['replace_with'])} (configured: {known})")
+            elif fallback["replace_with"] in embedders:
+                problems.append(f"{at}.fallback.replace_with: {fallback['replace_with']!r} is an embedding model "
+                                "(models[].embedding), which does not generate")
         select = g.get("select")
         if select is not None and gtype != "fanout":
             problems.append(f"{at}.select: only fanout groups select an answer (this group is {gtype})")
         if isinstance(select, str) and select.startswith("judge:") and select[6:] not in model_names:
             problems.append(f"{at}.select: judge model {_got(select[6:])} is not configured (configured: {known})")
+        elif isinstance(select, str) and select.startswith("judge:") and select[6:] in embedders:
+            problems.append(f"{at}.select: judge model {select[6:]!r} is an embedding model (models[].embedding), "
+                            "which does not generate")
         if g.get("samples", 1) != 1 and gtype != "fanout":
             problems.append(f"{at}.samples: only fanout groups draw several samples (this group is {gtype})")
         templates = g.get("prompt_templates")

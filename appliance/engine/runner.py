@@ -376,6 +376,8 @@ class ModelRunner:
         list object share its prefill: the first computes it, the others copy its KV."""
         if self.state != "ready":
             raise NotReady(self.error or self.state)
+        if self.cfg.embedding:  # its context pools instead of giving logits (the API refuses such requests first)
+            raise NotReady("an embedding model does not generate")
         seqs = [_Sequence(r, s) for r, s in zip(reqs, sinks)]
         leaders: dict[int, _Sequence] = {}
         for seq in seqs:

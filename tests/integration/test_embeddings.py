@@ -126,8 +126,11 @@ def test_misuse_is_refused_with_the_field_named(server, path, body, status, para
 def test_an_embedding_model_cannot_be_a_group_member():
     from appliance.config import ConfigError, parse_config
 
-    with pytest.raises(ConfigError) as e:
-        parse_config({"models": [{"name": "e", "path": "e.gguf", "embedding": True},
-                                 {"name": "g", "path": "g.gguf"}],
-                      "groups": [{"name": "both", "models": ["g", "e"]}]})
-    assert "groups[0].models[1]" in str(e.value)
+    models = [{"name": "e", "path": "e.gguf", "embedding": True}, {"name": "g", "path": "g.gguf"}]
+    for group, key in (({"models": ["g", "e"]}, "groups[0].models[1]"),
+                       ({"models": ["g"], "fallback": {"replace_with": "e"}}, "groups[0].fallback.replace_with"),
+                       ({"models": ["g"], "type": "fanout", "select": "judge:e"}, "groups[0].select")):
+        with pytest.raises(ConfigError) as e:
+            parse_config({"models": models, "groups": [{"name": "both", **group}]})
+        line = next(ln for ln in str(e.value).splitlines() if key in ln)
+        assert "'e' is an embedding model" in line
