@@ -16,7 +16,7 @@ from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, Policy
 from ..policy import PluginError
 from ..resources import memory
 from ..resources.estimate import estimate
-from .errors import ApiError, from_validation
+from .errors import ApiError, decoded
 from .generation import manager_error
 from .http import Request
 from .probes import run_probe
@@ -155,10 +155,7 @@ class AdminRoutes:
         })
 
     async def _model_action(self, request: Request) -> str:
-        try:
-            action = _action.decode(await request.body(self.config.server.limits.max_body_bytes))
-        except msgspec.MsgspecError as e:
-            raise from_validation(e) from None
+        action = decoded(_action, await request.body(self.config.server.limits.max_body_bytes))
         if action.model not in self.manager.runners:
             raise ApiError(404, f"model '{action.model}' is not configured", param="model", code="model_not_found")
         return action.model
@@ -183,10 +180,7 @@ class AdminRoutes:
 
     async def kv_convert(self, request: Request) -> None:
         """Move a loaded model's KV cache to other types now (live migration, no reload)."""
-        try:
-            req = _kv_convert.decode(await request.body(self.config.server.limits.max_body_bytes))
-        except msgspec.MsgspecError as e:
-            raise from_validation(e) from None
+        req = decoded(_kv_convert, await request.body(self.config.server.limits.max_body_bytes))
         runner = self.manager.runners.get(req.model)
         if runner is None:
             raise ApiError(404, f"model '{req.model}' is not configured", param="model", code="model_not_found")
@@ -219,10 +213,7 @@ class AdminRoutes:
 
     async def kv_warm(self, request: Request) -> None:
         """Prefill a prefix (e.g. a system prompt) and save it in the prefix cache."""
-        try:
-            req = _kv_warm.decode(await request.body(self.config.server.limits.max_body_bytes))
-        except msgspec.MsgspecError as e:
-            raise from_validation(e) from None
+        req = decoded(_kv_warm, await request.body(self.config.server.limits.max_body_bytes))
         if (req.prompt is None) == (req.messages is None):
             raise ApiError(400, "give exactly one of prompt and messages", param="prompt")
         runner = self._prefix_runner(req.model)
@@ -263,10 +254,7 @@ class AdminRoutes:
         await request.json(200, {"models": models})
 
     async def kv_flush(self, request: Request) -> None:
-        try:
-            req = _kv_flush.decode(await request.body(self.config.server.limits.max_body_bytes) or b"{}")
-        except msgspec.MsgspecError as e:
-            raise from_validation(e) from None
+        req = decoded(_kv_flush, await request.body(self.config.server.limits.max_body_bytes) or b"{}")
         names = [req.model] if req.model else [n for n, r in self.manager.runners.items() if r.prefix is not None]
         for name in names:
             runner = self._prefix_runner(name)

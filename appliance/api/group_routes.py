@@ -12,7 +12,7 @@ import msgspec
 from ..config import Config
 from ..engine.manager import ModelManager
 from ..groups.executor import GroupCall, GroupExecutor, GroupResult, MemberResult
-from .errors import ApiError, bad_request, from_validation
+from .errors import ApiError, bad_request, decoded
 from .generation import deadline, plain_messages, request_sampling, stop_list
 from .http import EventStream, Request
 from .schemas import (
@@ -70,10 +70,7 @@ class GroupRoutes:
 
     async def _execute(self, request: Request, types: tuple[str, ...], other: str) -> None:
         body = await request.body(self.config.server.limits.max_body_bytes)
-        try:
-            req: GroupRequest = _decoder.decode(body)
-        except msgspec.MsgspecError as e:
-            raise from_validation(e) from None
+        req: GroupRequest = decoded(_decoder, body)
         group = self.config.group(req.group)
         if group is None:
             raise ApiError(404, f"group '{req.group}' does not exist", param="group", code="group_not_found")
