@@ -72,8 +72,23 @@ build() {
   python3 -m zipfile -l "$wheel" | grep -E '\.so' >> "$results/build-summary.txt"
 }
 
+# The CUDA module needs the host's CUDA runtime and cuBLAS. Where the loader does not know them,
+# take the toolkit's lib64 and the NVIDIA wheels in PYTHON's environment (a PyTorch host's).
+host_cuda_libs() {
+  ldconfig -p | grep -q 'libcublas\.so' && return 0
+  local dirs d
+  dirs="$("$py" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null \
+    | while read -r d; do ls -d "$d"/nvidia/*/lib 2>/dev/null; done | tr '\n' ':')"
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && dirs="$dirs$d:"
+  done
+  export LD_LIBRARY_PATH="${dirs%:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$results/host-libs.txt"
+}
+
 serve() {
   export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+  host_cuda_libs
   "$py" -m appliance doctor > "$results/doctor.txt" 2>&1 || true
   "$py" -m appliance doctor --json > "$results/doctor.json" 2> /dev/null || true
   "$py" bench/cuda_serve.py --model-dir "$model_dir" --results "$results"

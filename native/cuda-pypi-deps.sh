@@ -16,7 +16,17 @@ case "$major" in
   13) package=nvidia-cublas ;;
   *) echo "cuda-pypi-deps: no cuBLAS wheel known for CUDA $major (12 or 13)" >&2; exit 2 ;;
 esac
-dest="${EIE_CUDA_DEPS_DIR:-$HOME/.cache/eie/cuda-deps}/cu$major"
+cache="${EIE_CUDA_DEPS_DIR:-$HOME/.cache/eie/cuda-deps}/cu$major"
+dest="$cache"
+# A host without a package index may already hold the wheel in PYTHON's environment (PyTorch's
+# CUDA builds install it): nvidia/cublas/ (CUDA 12) or nvidia/cu13/ (CUDA 13).
+installed="$("${PYTHON:-python3}" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null \
+  | while read -r d; do ls "$d"/nvidia/*/include/cublas_v2.h 2>/dev/null; done | head -n1 || true)"
+if [ ! -f "$dest/include/cublas_v2.h" ] && [ -n "$installed" ] \
+   && [ -f "$(dirname "$(dirname "$installed")")/lib/libcublas.so.$major" ]; then
+  dest="$(dirname "$(dirname "$installed")")"
+  echo "cuda-pypi-deps: cuBLAS from the installed wheel at $dest" >&2
+fi
 if [ ! -f "$dest/include/cublas_v2.h" ]; then
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
@@ -35,14 +45,14 @@ fi
 flags="-DCUDA_cublas_LIBRARY=$dest/lib/libcublas.so.$major -DCUDA_cublasLt_LIBRARY=$dest/lib/libcublasLt.so.$major"
 flags="$flags -DCMAKE_CUDA_FLAGS=-I$dest/include"
 if [ ! -f "$toolkit/lib64/stubs/libcuda.so" ]; then
-  if [ ! -f "$dest/stubs/libcuda.so" ]; then
-    mkdir -p "$dest/stubs"
+  if [ ! -f "$cache/stubs/libcuda.so" ]; then
+    mkdir -p "$cache/stubs"
     names="$(echo '#include <cuda.h>' | "${CC:-cc}" -E -I"$toolkit/include" -x c - \
       | grep -oE 'CUresult[[:space:]]+cu[A-Za-z0-9_]+[[:space:]]*\(' | grep -oE 'cu[A-Za-z0-9_]+' | sort -u)"
     [ -n "$names" ] || { echo "cuda-pypi-deps: no driver functions found in $toolkit/include/cuda.h" >&2; exit 2; }
     for name in $names; do echo "int $name(void) { return 0; }"; done \
-      | "${CC:-cc}" -shared -fPIC -x c - -Wl,-soname,libcuda.so.1 -o "$dest/stubs/libcuda.so"
+      | "${CC:-cc}" -shared -fPIC -x c - -Wl,-soname,libcuda.so.1 -o "$cache/stubs/libcuda.so"
   fi
-  flags="$flags -DCUDA_cuda_driver_LIBRARY=$dest/stubs/libcuda.so"
+  flags="$flags -DCUDA_cuda_driver_LIBRARY=$cache/stubs/libcuda.so"
 fi
 echo "$flags"
