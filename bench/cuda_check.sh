@@ -54,7 +54,8 @@ pack() {
 }
 
 build() {
-  command -v patch > /dev/null || { echo "patch(1) is needed (native/prepare-llama-source.sh)" >&2; exit 1; }
+  command -v patch > /dev/null || command -v git > /dev/null \
+    || { echo "patch(1) or git is needed (native/prepare-llama-source.sh)" >&2; exit 1; }
   trap 'tail -n 40 "$results/build.log" >&2' ERR
   if [ -n "${WHEELS:-}" ]; then
     "$py" -m pip install -q --no-index --no-deps "$WHEELS"/*.whl

@@ -9,7 +9,11 @@ dest="$1"
 for p in "$here"/patches/*.patch; do
   [ -e "$p" ] || continue
   echo "applying $(basename "$p")" >&2
-  patch -d "$dest" -p1 --forward --quiet < "$p"
+  if command -v patch > /dev/null; then
+    patch -d "$dest" -p1 --forward --quiet < "$p"
+  else  # a host without patch(1), as some CUDA images: git applies a plain diff outside a repository too
+    git -C "$dest" apply -p1 --whitespace=nowarn "$p"
+  fi
 done
 cp "$here"/turboquant/turboquant.c "$here"/turboquant/turboquant.h "$here"/turboquant/turboquant_codebooks.h \
   "$dest/ggml/src/"
