@@ -74,6 +74,23 @@ echo "building llama-cpp-python $version (CMAKE_ARGS=$CMAKE_ARGS, $CMAKE_BUILD_P
 # EIE_PIP_WHEEL_ARGS: e.g. --no-build-isolation where the build backend is installed and no index is.
 # shellcheck disable=SC2086
 "$python" -m pip wheel --no-deps ${EIE_PIP_WHEEL_ARGS:-} -w "$work/wheel" "$src" >&2
+# libllama must load libstdc++ as a shared library. A toolchain that links it statically (the
+# lent H200's CXX, a wrapper of Ubuntu's g++ 13, did) gives libllama, libggml and every backend
+# module their own copy, each exporting its symbols; they interpose on each other, and llama.cpp
+# crashed in std::regex (the tokenizer) at the first model load.
+built="$(ls "$work"/wheel/llama_cpp_python-*.whl)"
+"$python" - "$built" "$work/libllama.so" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith("llama_cpp/lib/libllama.so"))
+    open(sys.argv[2], "wb").write(z.read(name))
+PY
+if command -v readelf > /dev/null && ! readelf -d "$work/libllama.so" | grep -q 'NEEDED.*libstdc++'; then
+  echo "build-llama-wheel: libllama.so does not link libstdc++.so as a shared library: the C++ compiler" \
+    "(CXX=${CXX:-c++}) links it statically, and the libraries would crash; build with one that does not" \
+    "(e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc)" >&2
+  exit 3
+fi
 mkdir -p "$dest.tmp"
 if [ -n "$cross_args" ]; then
   "$python" "$here/retag-wheel.py" "$work"/wheel/llama_cpp_python-*.whl linux_aarch64 "$dest.tmp" >&2

@@ -109,6 +109,8 @@ def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type
     logits = (max_outputs(cfg) if n_outputs is None else n_outputs) * shape.n_vocab * 4
     activations = n_batch * (8 * shape.n_embd + 3 * shape.n_ff) * 4
     outputs = cfg.n_parallel * shape.n_vocab * 4
+    if cfg.embedding:  # patch 0017: a pooling context has no output layer; its outputs are token states
+        logits, outputs = 0, n_batch * shape.n_embd * 4
     return Estimate(weights=shape.tensor_bytes + repacked_output_bytes(shape), kv=kv,
                     compute=logits + activations + outputs)
 

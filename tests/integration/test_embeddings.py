@@ -52,12 +52,16 @@ def vectors(server, model: str, inp, **kw) -> np.ndarray:
 
 
 def reference(texts: list[str], pooling: int) -> np.ndarray:
-    """The same GGUF through llama-cpp-python's high-level embedding path, normalised."""
+    """The same GGUF through llama-cpp-python's high-level embedding path, normalised; with pooling
+    none, the mean of each input's token states."""
     native.init_backend()  # ggml's backend modules (GGML_BACKEND_DL)
     model = llama_cpp.Llama(str(SMOLLM2), embedding=True, pooling_type=pooling, n_ctx=512, n_batch=128,
                             n_threads=2, verbose=False)
     try:
-        ref = np.array(model.embed(texts, normalize=False), dtype=np.float64)
+        if pooling == llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            ref = np.array([np.mean(model.embed(t, normalize=False), axis=0) for t in texts], dtype=np.float64)
+        else:
+            ref = np.array(model.embed(texts, normalize=False), dtype=np.float64)
     finally:
         model.close()
     return ref / np.linalg.norm(ref, axis=1, keepdims=True)
@@ -72,11 +76,27 @@ def test_vectors_are_llama_cpps_pooled_states_normalised_and_batched_as_alone(se
     cosines = (batch * reference(TEXTS, pooling)).sum(axis=1)
     assert (cosines > 0.999).all(), cosines
     alone = np.array([vectors(server, model, t)[0] for t in TEXTS])
-    # each input is its own sequence: its neighbours change only the rounding (attention runs over
-    # a unified cache whose other cells are masked out)
-    assert ((batch * alone).sum(axis=1) > 1 - 1e-5).all()
+    # each input is its own sequence: its neighbours change only the rounding. Attention runs over a
+    # unified f16 cache whose other cells are masked out, and where an input's cells lie changes the
+    # order of the sums: up to 3e-4 of cosine on an AMD EPYC, under 1e-5 on an Intel Xeon
+    assert ((batch * alone).sum(axis=1) > 1 - 1e-3).all()
     other = "mean" if model == "embed-last" else "last"
     assert ((batch * reference(TEXTS, 1 if other == "mean" else 3)).sum(axis=1) < 0.99).any()
+
+
+def test_the_pooling_context_skips_the_output_layer(server):
+    """Patch 0017: the embedding model's context computes no logits, so its compute and output
+    buffers together are smaller than one batch of SmolLM2's logits alone (128 rows of 49152), and
+    a mean-pooled vector is the mean of the per-token states that llama.cpp computes with pooling
+    none, a graph that keeps the output layer (one sequence a context: the same sums)."""
+    status = httpx.get(server.base + "/v1/admin/vram/status", timeout=30).json()
+    sizes = {m["name"]: m["compute_bytes"] for m in status["models"]}
+    assert 0 < sizes["embed"] < 128 * 49152 * 4, sizes
+    assert sizes["smollm2-135m"] > 49152 * 4  # the generative context keeps its logits
+    means = reference(TEXTS, llama_cpp.LLAMA_POOLING_TYPE_NONE)
+    assert np.abs(means - reference(TEXTS, llama_cpp.LLAMA_POOLING_TYPE_MEAN)).max() < 1e-6
+    alone = np.array([vectors(server, "embed", t)[0] for t in TEXTS])
+    assert ((alone * means).sum(axis=1) > 1 - 1e-3).all()
 
 
 def test_encodings_token_ids_and_the_openai_sdk_agree(server):
@@ -84,11 +104,12 @@ def test_encodings_token_ids_and_the_openai_sdk_agree(server):
     b64 = vectors(server, "embed", TEXTS[:2], encoding_format="base64")
     assert np.array_equal(floats.astype("<f4"), b64)
     ids = httpx.post(server.base + "/tokenize", json={"model": "embed", "content": TEXTS[0]}).json()["tokens"]
-    assert np.abs(vectors(server, "embed", ids)[0] - floats[0]).max() < 1e-6
-    assert np.abs(vectors(server, "embed", [ids, ids])[1] - floats[0]).max() < 1e-6
+    # another batch, other cells: the same vector up to the rounding of the batched-as-alone test
+    assert (vectors(server, "embed", ids)[0] * floats[0]).sum() > 1 - 1e-3
+    assert (vectors(server, "embed", [ids, ids])[1] * floats[0]).sum() > 1 - 1e-3
     client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
     sdk = client.embeddings.create(model="embed", input=TEXTS[:2])  # the SDK asks for base64
-    assert np.abs(np.array([d.embedding for d in sdk.data]) - floats).max() < 1e-6
+    assert ((np.array([d.embedding for d in sdk.data]) * floats).sum(axis=1) > 1 - 1e-3).all()
     assert sdk.usage.prompt_tokens == sdk.usage.total_tokens > 8
     text = httpx.get(server.base + "/metrics").text
     assert metric(text, "eie_embedded_inputs_total", model="embed") >= 10
@@ -98,7 +119,7 @@ def test_many_inputs_beside_generation_on_the_same_file(server):
     many = [f"Sentence number {i} about item {i * 7 % 13}." for i in range(40)]  # 10 decodes of 4 sequences
     got = vectors(server, "embed", many)
     assert got.shape == (40, 576) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
-    assert (got[17] * vectors(server, "embed", many[17])[0]).sum() > 1 - 1e-5
+    assert (got[17] * vectors(server, "embed", many[17])[0]).sum() > 1 - 1e-3
     r = post(server, {"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 4,
                       "temperature": 0}, "/v1/completions")
     assert r.status_code == 200 and r.json()["choices"][0]["text"].strip()
