@@ -76,9 +76,10 @@ def test_vectors_are_llama_cpps_pooled_states_normalised_and_batched_as_alone(se
     cosines = (batch * reference(TEXTS, pooling)).sum(axis=1)
     assert (cosines > 0.999).all(), cosines
     alone = np.array([vectors(server, model, t)[0] for t in TEXTS])
-    # each input is its own sequence: its neighbours change only the rounding. Attention runs over a
-    # unified f16 cache whose other cells are masked out, and where an input's cells lie changes the
-    # order of the sums: up to 3e-4 of cosine on an AMD EPYC, under 1e-5 on an Intel Xeon
+    # each input is its own sequence: its neighbours change only the rounding. A decode's row count
+    # picks the matrix kernels' paths (the same request gives the same bits): on an AMD EPYC up to
+    # 3.2e-5 of cosine with mean pooling and 3.2e-4 with the last token's state alone; under 1e-5
+    # on an Intel Xeon
     assert ((batch * alone).sum(axis=1) > 1 - 1e-3).all()
     other = "mean" if model == "embed-last" else "last"
     assert ((batch * reference(TEXTS, 1 if other == "mean" else 3)).sum(axis=1) < 0.99).any()
@@ -104,12 +105,12 @@ def test_encodings_token_ids_and_the_openai_sdk_agree(server):
     b64 = vectors(server, "embed", TEXTS[:2], encoding_format="base64")
     assert np.array_equal(floats.astype("<f4"), b64)
     ids = httpx.post(server.base + "/tokenize", json={"model": "embed", "content": TEXTS[0]}).json()["tokens"]
-    # another batch, other cells: the same vector up to the rounding of the batched-as-alone test
-    assert (vectors(server, "embed", ids)[0] * floats[0]).sum() > 1 - 1e-3
-    assert (vectors(server, "embed", [ids, ids])[1] * floats[0]).sum() > 1 - 1e-3
+    # another batch: the same vector up to the rounding of the batched-as-alone test
+    assert (vectors(server, "embed", ids)[0] * floats[0]).sum() > 1 - 2e-4
+    assert (vectors(server, "embed", [ids, ids])[1] * floats[0]).sum() > 1 - 2e-4
     client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
     sdk = client.embeddings.create(model="embed", input=TEXTS[:2])  # the SDK asks for base64
-    assert ((np.array([d.embedding for d in sdk.data]) * floats).sum(axis=1) > 1 - 1e-3).all()
+    assert np.abs(np.array([d.embedding for d in sdk.data]) - floats).max() < 1e-6  # the same batch
     assert sdk.usage.prompt_tokens == sdk.usage.total_tokens > 8
     text = httpx.get(server.base + "/metrics").text
     assert metric(text, "eie_embedded_inputs_total", model="embed") >= 10
@@ -119,7 +120,7 @@ def test_many_inputs_beside_generation_on_the_same_file(server):
     many = [f"Sentence number {i} about item {i * 7 % 13}." for i in range(40)]  # 10 decodes of 4 sequences
     got = vectors(server, "embed", many)
     assert got.shape == (40, 576) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
-    assert (got[17] * vectors(server, "embed", many[17])[0]).sum() > 1 - 1e-3
+    assert (got[17] * vectors(server, "embed", many[17])[0]).sum() > 1 - 2e-4
     r = post(server, {"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 4,
                       "temperature": 0}, "/v1/completions")
     assert r.status_code == 200 and r.json()["choices"][0]["text"].strip()
