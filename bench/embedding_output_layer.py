@@ -28,9 +28,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from embeddings import embed  # noqa: E402
+from embeddings import embed, embedding_config_yaml  # noqa: E402
 from serve_vs_llama_server import (  # noqa: E402
-    HTTP_TIMEOUT, MODELS, REPO, Server, bench_arguments, corpus_sentences, eie_config_yaml, free_port, log,
+    HTTP_TIMEOUT, MODELS, REPO, Server, bench_arguments, corpus_sentences, free_port, log,
     save_results, wait_for_quiet,
 )
 
@@ -38,8 +38,7 @@ from serve_vs_llama_server import (  # noqa: E402
 def eie_server(spec, workdir: Path, label: str, lib: Path | None) -> Server:
     port = free_port()
     cfg = workdir / f"eie-{label}-{spec.name}.yaml"
-    cfg.write_text(eie_config_yaml(spec, port, workdir / f"cache-{label}-{spec.name}")
-                   .replace("kv_cache: {mode: f16}}", "kv_cache: {mode: f16}, embedding: true, pooling: mean}"))
+    cfg.write_text(embedding_config_yaml(spec, port, workdir / f"cache-{label}-{spec.name}"))
     return Server(label, [str(REPO / ".venv" / "bin" / "eie"), "serve", "--config", str(cfg), "--port", str(port),
                           "--log-level", "warning"], port, workdir / f"eie-{label}-{spec.name}.log",
                   env={"LLAMA_CPP_LIB_PATH": str(lib)} if lib else {})

@@ -35,11 +35,16 @@ from serve_vs_llama_server import (  # noqa: E402
 )
 
 
+def embedding_config_yaml(spec, port: int, cache_dir: Path) -> str:
+    """The bench's EIE config with the model as an embedding model (mean pooling)."""
+    return eie_config_yaml(spec, port, cache_dir).replace(
+        "kv_cache: {mode: f16}}", "kv_cache: {mode: f16}, embedding: true, pooling: mean}")
+
+
 def servers(spec, binary: Path, workdir: Path) -> tuple[Server, Server]:
     eie_port, llama_port = free_port(), free_port()
     cfg = workdir / f"eie-embed-{spec.name}.yaml"
-    cfg.write_text(eie_config_yaml(spec, eie_port, workdir / f"eie-embed-cache-{spec.name}")
-                   .replace("kv_cache: {mode: f16}}", "kv_cache: {mode: f16}, embedding: true, pooling: mean}"))
+    cfg.write_text(embedding_config_yaml(spec, eie_port, workdir / f"eie-embed-cache-{spec.name}"))
     eie = Server("eie", [str(REPO / ".venv" / "bin" / "eie"), "serve", "--config", str(cfg), "--port",
                          str(eie_port), "--log-level", "warning"], eie_port, workdir / f"eie-embed-{spec.name}.log")
     slot_dir = workdir / f"slots-embed-{spec.name}"

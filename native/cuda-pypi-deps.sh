@@ -20,12 +20,14 @@ cache="${EIE_CUDA_DEPS_DIR:-$HOME/.cache/eie/cuda-deps}/cu$major"
 dest="$cache"
 # A host without a package index may already hold the wheel in PYTHON's environment (PyTorch's
 # CUDA builds install it): nvidia/cublas/ (CUDA 12) or nvidia/cu13/ (CUDA 13).
-installed="$("${PYTHON:-python3}" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null \
-  | while read -r d; do ls "$d"/nvidia/*/include/cublas_v2.h 2>/dev/null; done | head -n1 || true)"
-if [ ! -f "$dest/include/cublas_v2.h" ] && [ -n "$installed" ] \
-   && [ -f "$(dirname "$(dirname "$installed")")/lib/libcublas.so.$major" ]; then
-  dest="$(dirname "$(dirname "$installed")")"
-  echo "cuda-pypi-deps: cuBLAS from the installed wheel at $dest" >&2
+if [ ! -f "$dest/include/cublas_v2.h" ]; then
+  installed="$("${PYTHON:-python3}" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null \
+    | while read -r d; do ls "$d"/nvidia/*/include/cublas_v2.h 2>/dev/null; done | head -n1 || true)"
+  root="$(dirname "$(dirname "${installed:-/none/include/x}")")"
+  if [ -f "$root/lib/libcublas.so.$major" ]; then
+    dest="$root"
+    echo "cuda-pypi-deps: cuBLAS from the installed wheel at $dest" >&2
+  fi
 fi
 if [ ! -f "$dest/include/cublas_v2.h" ]; then
   work="$(mktemp -d)"
