@@ -59,13 +59,14 @@ class EmbeddingRoutes:
                               "change them", param="dimensions")
         prompts = await asyncio.to_thread(token_lists, runner.vocab, req.input, "input", MAX_INPUTS)
         one = isinstance(req.input, str) or not isinstance(req.input[0], (str, list))  # a single input
-        limit = runner.batch_cap  # one decode: the context's cells (resources/outputs.py kv_cells)
+        limit = runner.embedding_cap()
+        bound = "models[].n_batch" if limit == runner.batch_cap else "the model's training context"
         for i, p in enumerate(prompts):
             where = "input" if one else f"input[{i}]"
             if not p:
                 raise bad_request("the input is empty after tokenization", param=where)
             if len(p) > limit:
-                raise bad_request(f"the input has {len(p)} tokens; this model embeds at most {limit} (models[].n_batch)",
+                raise bad_request(f"the input has {len(p)} tokens; this model embeds at most {limit} ({bound})",
                                   param=where, code="context_length_exceeded")
         cap = runner.cfg.n_parallel + runner.cfg.max_queue
         if self._in_flight.get(req.model, 0) >= cap:

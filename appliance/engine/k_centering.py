@@ -35,6 +35,7 @@ from ..kv import ggml_rows
 from ..kv import state as kv_state
 from ..kv.migrate import read_sequence
 from ..resources import file_facts
+from ..resources.architectures import is_encoder
 from ..resources.cores import CoreBudget
 from .decode import decode_with_cores
 from .load_cancel import raise_if_set
@@ -52,6 +53,8 @@ class CenteringError(RuntimeError):
 def unsupported_reason(metadata: dict[str, str], gpu_backend: str | None) -> str | None:
     """Why K centring cannot be used for this model, or None."""
     arch = metadata.get("general.architecture", "")
+    if is_encoder(arch):
+        return "an encoder has no KV cache"
     softcap = metadata.get(f"{arch}.attn_logit_softcapping")
     if softcap not in (None, "", "0", "0.0"):
         return "attention logit soft-capping does not ignore a common shift of the scores"

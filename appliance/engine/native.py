@@ -19,6 +19,7 @@ import numpy as np
 
 from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from here)
 from ..kv.migrate import rotation_sizes
+from ..resources.architectures import is_encoder
 from ..resources.cores import CoreBudget
 from . import backends, held_gil, k_centering
 from .load_cancel import raise_if_set
@@ -359,6 +360,10 @@ def load(
         if not model:
             raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
         metadata = _read_metadata(model)
+        arch = metadata.get("general.architecture", "")
+        if pooling is None and is_encoder(arch):
+            raise LoadError(f"{path.name} is a sentence encoder (architecture {arch}: no KV cache, no output "
+                            "layer), which can only embed: set models[].embedding: true")
         args = ContextArgs(n_ctx_total, n_seq_max, n_batch, n_threads, flash_attn, n_outputs_max, swa_full,
                            None if pooling is None else _pooling_type(pooling, metadata))
         ctx = _create_context(model, args, type_k, type_v)

@@ -464,6 +464,12 @@ class ModelRunner:
     def embedding_size(self) -> int:
         return lc.llama_model_n_embd_out(self.loaded.model)
 
+    def embedding_cap(self) -> int:
+        """The most tokens one input may have: one decode (n_batch), and no more than the model's
+        training context, where an encoder's learned positions end (llama.cpp aborts past them)."""
+        n_train = lc.llama_model_n_ctx_train(self.loaded.model)
+        return min(self.batch_cap, n_train) if n_train > 0 else self.batch_cap
+
     def embed(self, prompts: list[list[int]]) -> "concurrent.futures.Future[list[np.ndarray]]":
         """One pooled embedding (float32, as llama.cpp gives it) per prompt, for an embedding
         model (cfg.embedding); each prompt fits one decode (batch_cap tokens)."""
@@ -471,7 +477,10 @@ class ModelRunner:
 
     def _embed(self, prompts: list[list[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = []
-        n_out = self.embedding_size
+        n_out, cap = self.embedding_size, self.embedding_cap()
+        too_long = next((p for p in prompts if len(p) > cap), None)
+        if too_long is not None:
+            raise ValueError(f"a prompt of {len(too_long)} tokens is over this model's {cap}")
         tok, pos, logits, seq_ptrs = self._tok, self._pos, self._logits, self._seq_ptrs
         i = 0
         while i < len(prompts):

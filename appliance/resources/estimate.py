@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig
+from .architectures import is_encoder
 from .outputs import batch_cap, kv_cells, max_outputs
 from .repack import repacked_output_bytes
 
@@ -91,7 +92,9 @@ def shape_from_header(meta: dict[str, str], file_size: int) -> GgufShape:
 
 
 def kv_bytes(shape: GgufShape, cells: int, type_k: str, type_v: str) -> int:
-    """Bytes of a KV cache holding `cells` tokens with these K and V types."""
+    """Bytes of a KV cache holding `cells` tokens with these K and V types (none for an encoder)."""
+    if is_encoder(shape.architecture):
+        return 0
     per_cell = shape.n_layer * shape.n_head_kv * (
         shape.key_length * KV_BYTES_PER_VALUE[type_k] + shape.value_length * KV_BYTES_PER_VALUE[type_v]
     )

@@ -143,6 +143,7 @@ def test_models_whose_attention_is_not_shift_invariant_are_not_centred():
     assert k_centering.unsupported_reason({"general.architecture": "gpt-oss"}, None)
     assert k_centering.unsupported_reason({"general.architecture": "llama"}, "CUDA")
     assert k_centering.unsupported_reason({"general.architecture": "llama"}, None) is None
+    assert k_centering.unsupported_reason({"general.architecture": "bert"}, None) == "an encoder has no KV cache"
 
 
 def test_the_server_reports_centring_per_model(server_factory):

@@ -176,3 +176,17 @@ def test_an_unreadable_header_leaves_auto_at_f16():
     c = choose_kv(inputs, 1, BUDGET)["a"]
     assert (c.type_v, c.reason) == ("f16", "f16: the GGUF header could not be read (model file not found: m.gguf); "
                                            "the load reports why")
+
+
+def test_an_encoder_takes_no_kv_cache_from_the_budget():
+    """A sentence encoder (llama.cpp's `bert` and kin) has no KV cache: whatever its types, it
+    leaves the whole budget to the others (as an embedding model of any other architecture would
+    hold one decode's cells: 32 here)."""
+    bert = GgufShape(**{**shape().__dict__, "architecture": "bert"})
+    encoder = {"name": "enc", "kv_cache": {"mode": "auto"}, "embedding": True}
+    inputs = models(AUTO, encoder, shapes={"enc": bert})
+    assert {estimate(bert, inputs[1].cfg, t, t).kv for t in ("f16", "q8_0", "turbo2")} == {0}
+    assert choose_kv(inputs, F16, BUDGET)["a"].type_v == "f16"
+    decoder = models(AUTO, encoder)
+    assert estimate(decoder[1].shape, decoder[1].cfg, "f16", "f16").kv == 32 * 1024
+    assert choose_kv(decoder, F16, BUDGET)["a"].type_v == "q8_0"
