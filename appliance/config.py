@@ -134,8 +134,9 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # An embedding model: serves /v1/embeddings only (no generation, speculation or prefix cache);
     # each input's token states are pooled into one vector (auto: the GGUF's pooling type, or mean).
     # Its context holds one decode (n_batch tokens; n_ctx is not used), an input at most that.
+    # With pooling rank (a cross-encoder's GGUF names it) it serves /v1/rerank instead.
     embedding: bool = False
-    pooling: Literal["auto", "mean", "cls", "last"] = "auto"
+    pooling: Literal["auto", "mean", "cls", "last", "rank"] = "auto"
 
 
 class AdaptiveKvConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -552,6 +553,9 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
                 )
         _spec_checks(f"models[{i}].speculative", _inherited(raw, "speculative"), _mapping(m.get("speculative")),
                      problems, name)
+        if m.get("pooling", "auto") != "auto" and m.get("embedding") is not True:
+            problems.append(f"models[{i}].pooling: {_got(m.get('pooling'))} pools an embedding model's token states; "
+                            f"set models[{i}].embedding: true, or leave pooling out")
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")

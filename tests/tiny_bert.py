@@ -1,7 +1,9 @@
-"""A tiny BERT embedding model written with the `gguf` package: random weights, a small WordPiece
-vocabulary, the layout llama.cpp's `bert` architecture reads (what convert_hf_to_gguf.py writes
-for bge, MiniLM and other sentence encoders). No BERT GGUF ships on PyPI, so the encoder-only
-path is tested with this one: its vectors mean nothing, but llama.cpp computes them for real.
+"""A tiny BERT written with the `gguf` package: random weights, a small WordPiece vocabulary, the
+layout llama.cpp's `bert` architecture reads (what convert_hf_to_gguf.py writes for bge, MiniLM
+and other sentence encoders), and with `head` a cross-encoder's classification head (a reranker,
+pooling type rank). No BERT GGUF ships on PyPI, so the encoder path is tested with this one: its
+vectors mean nothing, but llama.cpp computes them for real, and `forward` computes them again in
+numpy from the file's tensors, as BERT defines them, for the tests to compare.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def vocabulary() -> list[str]:
 
 
 def write_tiny_bert(path: Path, *, n_embd: int = 64, n_head: int = 4, n_ff: int = 128, n_layer: int = 2,
-                    n_ctx_train: int = 128, pooling: int = 1, seed: int = 0) -> Path:
-    """Write the model to `path`; `pooling` is the GGUF's pooling type (1 mean, 2 cls)."""
+                    n_ctx_train: int = 128, pooling: int = 1, head: bool = False, seed: int = 0) -> Path:
+    """Write the model to `path`; `pooling` is the GGUF's pooling type (1 mean, 2 cls, 4 rank),
+    `head` adds a classification head with one output (a reranker's score)."""
     rng = np.random.default_rng(seed)
     tokens = vocabulary()
     w = gguf.GGUFWriter(str(path), "bert")
@@ -72,8 +75,57 @@ def write_tiny_bert(path: Path, *, n_embd: int = 64, n_head: int = 4, n_ff: int 
             tensor(f"blk.{i}.{part}.bias", rows, scale=0.02)
         norm(f"blk.{i}.attn_output_norm")
         norm(f"blk.{i}.layer_output_norm")
+    if head:
+        tensor("cls.weight", n_embd, n_embd, scale=n_embd ** -0.5)
+        tensor("cls.bias", n_embd, scale=0.02)
+        tensor("cls.output.weight", 1, n_embd, scale=1.0)
+        tensor("cls.output.bias", 1, scale=0.1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    mu = x.mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps) * w + b
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:  # the tanh form, which ggml computes
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def forward(path: Path, tokens: list[int], pooling: str) -> np.ndarray:
+    """BERT on one input in float64 from the GGUF's tensors: post-norm layers, bidirectional
+    attention, token type 0 (as llama.cpp). `pooling`: mean, cls, last, or rank (the head's
+    output on the first token's state)."""
+    reader = gguf.GGUFReader(str(path))
+    t = {x.name: np.asarray(x.data, dtype=np.float64) for x in reader.tensors}
+    n_head = int(reader.fields["bert.attention.head_count"].contents())
+    n_layer = int(reader.fields["bert.block_count"].contents())
+    x = t["token_embd.weight"][tokens] + t["token_types.weight"][0] + t["position_embd.weight"][: len(tokens)]
+    x = _layer_norm(x, t["token_embd_norm.weight"], t["token_embd_norm.bias"])
+    n, d = x.shape
+    hd = d // n_head
+
+    def linear(name: str, v: np.ndarray) -> np.ndarray:
+        return v @ t[f"{name}.weight"].T + t[f"{name}.bias"]
+
+    for i in range(n_layer):
+        q, k, v = (linear(f"blk.{i}.attn_{p}", x).reshape(n, n_head, hd).transpose(1, 0, 2) for p in "qkv")
+        scores = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
+        probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        a = (probs @ v).transpose(1, 0, 2).reshape(n, d)
+        x = _layer_norm(linear(f"blk.{i}.attn_output", a) + x, t[f"blk.{i}.attn_output_norm.weight"],
+                        t[f"blk.{i}.attn_output_norm.bias"])
+        f = linear(f"blk.{i}.ffn_down", _gelu(linear(f"blk.{i}.ffn_up", x)))
+        x = _layer_norm(f + x, t[f"blk.{i}.layer_output_norm.weight"], t[f"blk.{i}.layer_output_norm.bias"])
+    if pooling == "mean":
+        return x.mean(axis=0)
+    if pooling == "last":
+        return x[-1]
+    if pooling == "cls":
+        return x[0]
+    return linear("cls.output", np.tanh(linear("cls", x[0])))

@@ -73,6 +73,8 @@ class App:
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
             "/v1/embeddings": {"POST": Route(self.embeddings.embeddings, "key", True)},
+            "/v1/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},
+            "/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},  # llama-server's and Jina's path
             "/tokenize": {"POST": Route(self.tokens.tokenize, "key")},
             "/detokenize": {"POST": Route(self.tokens.detokenize, "key")},
             "/v1/batch/execute": {"POST": Route(self.groups.batch, "key", True)},

@@ -1,29 +1,36 @@
-"""POST /v1/embeddings: OpenAI's embeddings from a model configured with `embedding: true`.
+"""POST /v1/embeddings and POST /v1/rerank: what a model configured with `embedding: true` pools.
 
 Each input is one sequence of the model's context, pooled by llama.cpp (engine/runner.py
-`embed`); inputs are packed into decodes of up to n_batch tokens and n_parallel sequences. The
-vectors are L2-normalised, as OpenAI's are, and go out as float lists or base64 of little-endian
-float32 (what the OpenAI SDKs ask for by default)."""
+`embed`); inputs are packed into decodes of up to n_batch tokens and n_parallel sequences.
+Embeddings are L2-normalised, as OpenAI's are, and go out as float lists or base64 of
+little-endian float32 (what the OpenAI SDKs ask for by default). A reranker (pooling rank: a
+cross-encoder with a classification head) scores each (query, document) pair, one sequence each,
+and answers as Jina, Cohere and llama-server do: the documents by score, highest first."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
 
 from ..config import Config
 from ..engine.manager import ModelManager
-from ..engine.runner import NotReady
+from ..engine.native import Vocab
+from ..engine.runner import ModelRunner, NotReady
 from ..observability import context
 from .errors import ApiError, bad_request, decoded
 from .generation import RETRY_AFTER, resolve_runner, token_lists
 from .http import Request
-from .schemas import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
+from .schemas import (Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, RerankDocument, RerankRequest,
+                      RerankResponse, RerankResult)
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
+_rerank_decoder = msgspec.json.Decoder(RerankRequest)
 MAX_INPUTS = 2048  # OpenAI's limit per request
+MAX_DOCUMENTS = 1000  # Cohere's limit per request
 
 
 def normalised(vectors: list[np.ndarray]) -> list[np.ndarray]:
@@ -42,6 +49,14 @@ def encoded(vectors: list[np.ndarray], encoding_format: str) -> list[Embedding]:
     return data
 
 
+def rerank_pair(vocab: Vocab, query: list[int], document: list[int]) -> list[int]:
+    """One cross-encoder input, made as Hugging Face's tokenizers pair two texts, from llama.cpp's
+    own flags for a single text: BERT's [CLS] q [SEP] d [SEP], XLM-RoBERTa's <s> q </s></s> d </s>."""
+    start = [vocab.bos] if vocab.add_bos and vocab.bos >= 0 else []
+    close = ([vocab.eos] if vocab.add_eos and vocab.eos >= 0 else []) + ([vocab.sep] if vocab.add_sep and vocab.sep >= 0 else [])
+    return start + query + close + document + close[:1]
+
+
 class EmbeddingRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
@@ -50,33 +65,73 @@ class EmbeddingRoutes:
 
     async def embeddings(self, request: Request) -> None:
         req: EmbeddingRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = await resolve_runner(self.manager, req.model)
-        if not runner.cfg.embedding:
-            raise bad_request(f"model '{req.model}' is not an embedding model (set models[].embedding: true for one)",
-                              param="model")
+        runner = await self._runner(req.model, rerank=False)
         if req.dimensions is not None and req.dimensions != runner.embedding_size:
             raise bad_request(f"this model's embeddings have {runner.embedding_size} dimensions; dimensions cannot "
                               "change them", param="dimensions")
         prompts = await asyncio.to_thread(token_lists, runner.vocab, req.input, "input", MAX_INPUTS)
         one = isinstance(req.input, str) or not isinstance(req.input[0], (str, list))  # a single input
+        self._check_lengths(runner, prompts, lambda i: "input" if one else f"input[{i}]")
+        vectors = await self._pooled(runner, req.model, prompts)
+        data = await asyncio.to_thread(encoded, vectors, req.encoding_format)  # 2048 vectors take a while
+        await self._answer(request, prompts, EmbeddingList(data, req.model, self._usage(prompts)))
+
+    async def rerank(self, request: Request) -> None:
+        req: RerankRequest = decoded(_rerank_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        runner = await self._runner(req.model, rerank=True)
+        if not req.documents:
+            raise bad_request("documents must not be empty", param="documents")
+        if len(req.documents) > MAX_DOCUMENTS:
+            raise bad_request(f"at most {MAX_DOCUMENTS} documents per request", param="documents")
+        texts = [d if isinstance(d, str) else d.text for d in req.documents]
+
+        def tokenized() -> list[list[int]]:
+            query = runner.vocab.tokenize(req.query, add_special=False, parse_special=False)
+            if not query:
+                raise bad_request("the query is empty after tokenization", param="query")
+            return [rerank_pair(runner.vocab, query, runner.vocab.tokenize(t, add_special=False, parse_special=False))
+                    for t in texts]
+
+        prompts = await asyncio.to_thread(tokenized)
+        self._check_lengths(runner, prompts, lambda i: f"documents[{i}]", "the query and document")
+        scores = [float(v[0]) for v in await self._pooled(runner, req.model, prompts)]
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: req.top_n]
+        results = [RerankResult(i, scores[i], RerankDocument(texts[i]) if req.return_documents else None) for i in order]
+        await self._answer(request, prompts, RerankResponse(req.model, results, self._usage(prompts)))
+
+    async def _runner(self, model: str, rerank: bool) -> ModelRunner:
+        runner = await resolve_runner(self.manager, model)
+        if not runner.cfg.embedding:
+            raise bad_request(f"model '{model}' is not an embedding model (set models[].embedding: true for one)",
+                              param="model")
+        if runner.reranker != rerank:
+            raise bad_request(f"model '{model}' is a reranker (pooling rank): use /v1/rerank" if runner.reranker else
+                              f"model '{model}' is not a reranker: it embeds (/v1/embeddings); a reranker is a "
+                              "cross-encoder GGUF with pooling rank", param="model")
+        return runner
+
+    @staticmethod
+    def _check_lengths(runner: ModelRunner, prompts: list[list[int]], where: Callable[[int], str],
+                       what: str = "the input") -> None:
         limit = runner.embedding_cap()
         bound = "models[].n_batch" if limit == runner.batch_cap else "the model's training context"
         for i, p in enumerate(prompts):
-            where = "input" if one else f"input[{i}]"
             if not p:
-                raise bad_request("the input is empty after tokenization", param=where)
+                raise bad_request(f"{what} is empty after tokenization", param=where(i))
             if len(p) > limit:
-                raise bad_request(f"the input has {len(p)} tokens; this model embeds at most {limit} ({bound})",
-                                  param=where, code="context_length_exceeded")
+                raise bad_request(f"{what} has {len(p)} tokens; this model takes at most {limit} ({bound})",
+                                  param=where(i), code="context_length_exceeded")
+
+    async def _pooled(self, runner: ModelRunner, model: str, prompts: list[list[int]]) -> list[np.ndarray]:
         cap = runner.cfg.n_parallel + runner.cfg.max_queue
-        if self._in_flight.get(req.model, 0) >= cap:
-            raise ApiError(429, f"model '{req.model}' has too many requests queued; retry later",
+        if self._in_flight.get(model, 0) >= cap:
+            raise ApiError(429, f"model '{model}' has too many requests queued; retry later",
                            type="rate_limit_error", code="queue_full", headers=RETRY_AFTER)
-        self._in_flight[req.model] = self._in_flight.get(req.model, 0) + 1
+        self._in_flight[model] = self._in_flight.get(model, 0) + 1
         try:
             fut = runner.embed(prompts)
             try:
-                vectors = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.server.limits.request_timeout_s)
+                return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.server.limits.request_timeout_s)
             except TimeoutError:
                 raise ApiError(504, "the embeddings did not finish in time", type="timeout",
                                code="deadline_exceeded") from None
@@ -84,10 +139,16 @@ class EmbeddingRoutes:
                 raise ApiError(503, f"model is not ready: {e}", type="service_unavailable",
                                code="model_not_ready") from None
         finally:
-            self._in_flight[req.model] -= 1
-        data = await asyncio.to_thread(encoded, vectors, req.encoding_format)  # 2048 vectors take a while
+            self._in_flight[model] -= 1
+
+    @staticmethod
+    def _usage(prompts: list[list[int]]) -> EmbeddingUsage:
         n = sum(len(p) for p in prompts)
+        return EmbeddingUsage(n, n)
+
+    @staticmethod
+    async def _answer(request: Request, prompts: list[list[int]], body: msgspec.Struct) -> None:
         info = context.info()
         if info is not None:
-            info.prompt_tokens += n
-        await request.json(200, EmbeddingList(data, req.model, EmbeddingUsage(n, n)))
+            info.prompt_tokens += sum(len(p) for p in prompts)
+        await request.json(200, body)

@@ -32,6 +32,8 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/completions", "Text completion (stream: server-sent events)", s.CompletionRequest, s.Completion),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
     Op("post", "/v1/embeddings", "Embeddings from an embedding model", s.EmbeddingRequest, s.EmbeddingList),
+    Op("post", "/v1/rerank", "Documents scored against a query by a reranker", s.RerankRequest, s.RerankResponse),
+    Op("post", "/rerank", "The same as /v1/rerank", s.RerankRequest, s.RerankResponse),
     Op("post", "/tokenize", "A model's tokens for a text or a chat", s.TokenizeRequest, s.TokenizeResponse),
     Op("post", "/detokenize", "The text of a model's tokens", s.DetokenizeRequest, s.DetokenizeResponse),
     Op("post", "/v1/batch/execute", "Run a parallel or fanout model group", s.GroupRequest, s.GroupExecution,

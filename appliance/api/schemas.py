@@ -192,6 +192,32 @@ class EmbeddingList(Struct, frozen=True):
     object: str = "list"
 
 
+class RerankDocument(Struct, frozen=True, forbid_unknown_fields=True):
+    text: str
+
+
+class RerankRequest(Struct, frozen=True, kw_only=True):
+    """POST /v1/rerank, as Jina's, Cohere's and llama-server's: documents as strings or {"text"}."""
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: Annotated[int, Meta(ge=1)] | None = None
+    return_documents: bool = False
+
+
+class RerankResult(Struct, frozen=True, omit_defaults=True):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankResponse(Struct, frozen=True):
+    model: str
+    results: list[RerankResult]
+    usage: EmbeddingUsage
+    object: str = "list"
+
+
 class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
     group: Annotated[str, Meta(min_length=1, max_length=256)]
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]

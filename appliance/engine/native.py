@@ -21,7 +21,7 @@ from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from he
 from ..kv.migrate import rotation_sizes
 from ..resources.architectures import is_encoder
 from ..resources.cores import CoreBudget
-from . import backends, held_gil, k_centering
+from . import backends, gguf_tensors, held_gil, k_centering
 from .load_cancel import raise_if_set
 
 log = logging.getLogger("eie.llama")
@@ -369,6 +369,10 @@ def load(
         ctx = _create_context(model, args, type_k, type_v)
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
+        if lc.llama_pooling_type(ctx) == lc.LLAMA_POOLING_TYPE_RANK and not set(_RANK_HEAD) & set(gguf_tensors.table(path)):
+            lc.llama_free(ctx)
+            raise LoadError(f"{path.name} has no classification head ({' or '.join(_RANK_HEAD)}), which pooling "
+                            "rank scores with: it cannot rerank")
         vocab = lc.llama_model_get_vocab(model)
         loaded = LoadedModel(
             model=model,
@@ -436,7 +440,10 @@ def _check_kv_types(type_k: str, type_v: str) -> None:
 
 
 POOLING_TYPES = {"mean": lc.LLAMA_POOLING_TYPE_MEAN, "cls": lc.LLAMA_POOLING_TYPE_CLS,
-                 "last": lc.LLAMA_POOLING_TYPE_LAST}
+                 "last": lc.LLAMA_POOLING_TYPE_LAST, "rank": lc.LLAMA_POOLING_TYPE_RANK}
+# A cross-encoder's classification head (llama.cpp's LLM_TENSOR_CLS and LLM_TENSOR_CLS_OUT): rank
+# pooling without either would score a hidden state's first value.
+_RANK_HEAD = ("cls.weight", "cls.output.weight")
 
 
 def _pooling_type(pooling: str, metadata: dict[str, str]) -> int:
@@ -515,6 +522,9 @@ class Vocab:
         self.add_bos = bool(lc.llama_vocab_get_add_bos(vocab))
         self.bos = int(lc.llama_vocab_bos(vocab))
         self.eos = int(lc.llama_vocab_eos(vocab))
+        self.sep = int(lc.llama_vocab_sep(vocab))
+        self.add_eos = bool(lc.llama_vocab_get_add_eos(vocab))
+        self.add_sep = bool(lc.llama_vocab_get_add_sep(vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog = {t for t in range(n_vocab) if lc.llama_vocab_is_eog(vocab, t)} if n_vocab <= 1_000_000 else set()
         self.bos_text = self.piece(self.bos, special=True).decode("utf-8", "replace") if self.bos >= 0 else ""

@@ -461,7 +461,15 @@ class ModelRunner:
         return self._between_steps(self.prefix.store.flush)
 
     @property
+    def reranker(self) -> bool:
+        """An embedding model whose pooling is rank: one score per input from its classification head."""
+        return self.cfg.embedding and lc.llama_pooling_type(self.loaded.ctx) == lc.LLAMA_POOLING_TYPE_RANK
+
+    @property
     def embedding_size(self) -> int:
+        """Floats per pooled input: the model's embedding width, or a reranker's scores (n_cls_out)."""
+        if self.reranker:
+            return lc.llama_model_n_cls_out(self.loaded.model)
         return lc.llama_model_n_embd_out(self.loaded.model)
 
     def embedding_cap(self) -> int:

@@ -1,7 +1,9 @@
-"""A sentence encoder (llama.cpp's `bert` architecture: no KV cache, no output layer, every token
-an output) served through the real server as an embedding model, beside a generative one. The
-model is a tiny random-weight BERT written by tests/tiny_bert.py (no BERT GGUF ships on PyPI);
-its vectors are checked against llama-cpp-python's own embedding path on the same file."""
+"""Sentence encoders (llama.cpp's `bert` architecture: no KV cache, no output layer, every token
+an output) served through the real server as embedding models and as a reranker (a cross-encoder
+with a classification head, pooling rank), beside a generative model. The models are tiny
+random-weight BERTs written by tests/tiny_bert.py (no BERT GGUF ships on PyPI); their vectors and
+scores are checked against BERT computed in numpy from the same file's tensors, and the vectors
+also against llama-cpp-python's own embedding path."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from appliance.engine import native
 from conftest import SMOLLM2, model_entry
-from tiny_bert import write_tiny_bert
+from tiny_bert import forward, write_tiny_bert
 
 TEXTS = ["The cat sat on the mat.", "Quarterly revenue grew five percent.", "Hi",
          "A much longer sentence about the weather in Oslo during the dark winter months of the year."]
@@ -25,7 +27,8 @@ N_CTX_TRAIN = 128
 def berts(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-bert")
     return {"mean": write_tiny_bert(d / "bert-mean.gguf", n_ctx_train=N_CTX_TRAIN, pooling=1),
-            "cls": write_tiny_bert(d / "bert-cls.gguf", n_ctx_train=N_CTX_TRAIN, pooling=2, seed=1)}
+            "cls": write_tiny_bert(d / "bert-cls.gguf", n_ctx_train=N_CTX_TRAIN, pooling=2, seed=1),
+            "rank": write_tiny_bert(d / "reranker.gguf", n_ctx_train=N_CTX_TRAIN, pooling=4, head=True, seed=2)}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,8 @@ def server(server_factory, berts):
                 model_entry("bert-cls-as-mean", berts["cls"], n_ctx=256, n_parallel=2, n_batch=64, embedding=True,
                             pooling="mean"),
                 model_entry("bert-generative", berts["mean"], n_ctx=256, n_parallel=1),
+                model_entry("reranker", berts["rank"], n_ctx=256, n_parallel=4, n_batch=256, embedding=True),
+                model_entry("bert-rank", berts["mean"], n_ctx=256, n_parallel=1, embedding=True, pooling="rank"),
             ],
         },
         "encoder-embeddings",
@@ -49,6 +54,16 @@ def vectors(server, model: str, inp) -> np.ndarray:
     r = httpx.post(server.base + "/v1/embeddings", json={"model": model, "input": inp}, timeout=60)
     assert r.status_code == 200, r.text
     return np.array([d["embedding"] for d in r.json()["data"]])
+
+
+def tokens(server, model: str, text: str, add_special: bool = True) -> list[int]:
+    r = httpx.post(server.base + "/tokenize", json={"model": model, "content": text, "add_special": add_special})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def rerank(server, body: dict, path: str = "/v1/rerank") -> httpx.Response:
+    return httpx.post(server.base + path, json={"model": "reranker", **body}, timeout=60)
 
 
 def reference(path, texts: list[str], pooling: int) -> np.ndarray:
@@ -72,6 +87,9 @@ def test_encoder_vectors_are_llama_cpps_and_batched_as_alone(server, berts, mode
     assert batch.shape == (len(TEXTS), 64)
     assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
     assert ((batch * reference(berts[gguf], TEXTS, pooling)).sum(axis=1) > 1 - 1e-5).all()
+    name = {llama_cpp.LLAMA_POOLING_TYPE_MEAN: "mean", llama_cpp.LLAMA_POOLING_TYPE_CLS: "cls"}[pooling]
+    bert = np.array([forward(berts[gguf], tokens(server, model, t), name) for t in TEXTS])
+    assert ((batch * bert).sum(axis=1) / np.linalg.norm(bert, axis=1) > 1 - 1e-5).all()
     alone = np.array([vectors(server, model, t)[0] for t in TEXTS])
     assert ((batch * alone).sum(axis=1) > 1 - 1e-5).all()
     assert (batch @ batch.T)[np.triu_indices(len(TEXTS), 1)].max() < 0.999  # different texts, different vectors
@@ -126,3 +144,59 @@ def test_encoders_and_generation_at_once(server):
         results = [j.result() for j in jobs]
     assert all(np.array_equal(results[0], r) for r in results[1:3])  # the same packing, the same bits
     assert results[3].strip()
+
+
+DOCS = ["The cat sat on the mat.", "Quarterly revenue grew five percent.", "hello world",
+        "A much longer sentence about the weather in Oslo.", "the dog"]
+
+
+def test_a_reranker_scores_every_pair_as_bert_does_and_sorts_them(server, berts):
+    query = "the cat on a mat"
+    r = rerank(server, {"query": query, "documents": DOCS})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "reranker" and body["object"] == "list"
+    got = {x["index"]: x["relevance_score"] for x in body["results"]}
+    assert sorted(got) == list(range(len(DOCS))) and all("document" not in x for x in body["results"])
+    assert [x["relevance_score"] for x in body["results"]] == sorted(got.values(), reverse=True)
+    # each pair as a BERT cross-encoder reads it: [CLS] query [SEP] document [SEP]
+    q = tokens(server, "reranker", query, add_special=False)
+    pairs = [[101, *q, 102, *tokens(server, "reranker", d, add_special=False), 102] for d in DOCS]
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == sum(map(len, pairs))
+    bert = [float(forward(berts["rank"], p, "rank")[0]) for p in pairs]
+    assert np.allclose([got[i] for i in range(len(DOCS))], bert, rtol=1e-3, atol=1e-3), (got, bert)
+    assert len(set(np.round(bert, 2))) == len(DOCS)  # distinct scores: the order is the model's
+    alone = [rerank(server, {"query": query, "documents": [d]}).json()["results"][0]["relevance_score"] for d in DOCS]
+    assert np.allclose(alone, [got[i] for i in range(len(DOCS))], rtol=1e-5, atol=1e-5)
+
+
+def test_top_n_documents_as_objects_and_the_llama_server_path(server):
+    full = rerank(server, {"query": "revenue", "documents": DOCS}).json()["results"]
+    r = rerank(server, {"query": "revenue", "documents": [{"text": d} for d in DOCS], "top_n": 2,
+                        "return_documents": True}, path="/rerank")
+    assert r.status_code == 200, r.text
+    top = r.json()["results"]
+    assert [x["index"] for x in top] == [x["index"] for x in full[:2]]
+    assert [x["document"]["text"] for x in top] == [DOCS[x["index"]] for x in full[:2]]
+
+
+def test_a_model_without_a_classification_head_cannot_rerank(server):
+    model = httpx.get(server.base + "/health").json()["models"]["bert-rank"]
+    assert model["state"] == "failed" and "has no classification head" in model["error"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/rerank", {"model": "bert", "query": "q", "documents": ["d"]}, "model"),
+    ("/v1/rerank", {"model": "smollm2-135m", "query": "q", "documents": ["d"]}, "model"),
+    ("/v1/embeddings", {"model": "reranker", "input": "x"}, "model"),
+    ("/v1/rerank", {"model": "reranker", "query": "", "documents": ["d"]}, "query"),
+    ("/v1/rerank", {"model": "reranker", "query": "q", "documents": []}, "documents"),
+    ("/v1/rerank", {"model": "reranker", "query": "q", "documents": ["fine", "cat " * 200]}, "documents[1]"),
+    ("/v1/rerank", {"model": "reranker", "query": "q", "documents": [{"txt": "d"}]}, "documents[0]"),
+    ("/v1/rerank", {"model": "reranker", "query": "q", "documents": ["d"], "top_n": 0}, "top_n"),
+    ("/v1/rerank", {"model": "reranker", "documents": ["d"]}, "query"),
+])
+def test_rerank_misuse_is_refused_with_the_field_named(server, path, body, param):
+    r = httpx.post(server.base + path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

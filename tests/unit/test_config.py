@@ -41,6 +41,8 @@ def problems(raw) -> list[str]:
         ({"models": {"name": "m"}}, "models: expected list of mapping"),
         ({"models": [{**GOOD_MODEL, "n_parallel": 0}]}, "models[0].n_parallel: expected int >= 1 and <= 256, got 0"),
         ({"models": [{**GOOD_MODEL, "n_ctx": 256, "n_parallel": 1, "n_batch": 1024}]}, "models[0].n_batch: must not exceed n_ctx * n_parallel (256)"),
+        ({"models": [{**GOOD_MODEL, "pooling": "rank"}]}, 'models[0].pooling: "rank" pools an embedding model\'s token states; set models[0].embedding: true, or leave pooling out'),
+        ({"models": [{**GOOD_MODEL, "embedding": True, "pooling": "max"}]}, 'models[0].pooling: expected one of auto, cls, last, mean, rank, got "max"'),
         ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"mode": "turbo5"}}}, 'inference.kv_cache.mode: expected one of auto, bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0, turbo2, turbo3, turbo4, got "turbo5"'),
         ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"k": "auto"}}}, 'inference.kv_cache.k: expected one of bf16, f16, f32, iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0, turbo2, turbo3, turbo4, got "auto"'),
         ({"models": [GOOD_MODEL], "inference": {"kv_cache": {"adaptive": "yes"}}}, 'inference.kv_cache.adaptive: expected bool (true or false), got "yes"'),
