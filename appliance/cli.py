@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from . import __version__
 from .config import ConfigError, load_config
@@ -79,6 +80,21 @@ def _audit_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def _gguf_header(args: argparse.Namespace) -> int:
+    """The child of engine/gguf_header.read, and a look at a file for users."""
+    import json
+
+    from .engine import native
+
+    try:
+        meta = native.read_header(Path(args.path))
+    except ValueError as e:
+        print(f"eie: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(meta, indent=1, sort_keys=True))
+    return 0
+
+
 def _hash_key(args: argparse.Namespace) -> int:
     from .api.auth import KeyFileError, key_line
 
@@ -114,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     hash_key = sub.add_parser("hash-key", help="print a key file line for the key read from stdin")
     hash_key.add_argument("id", help="the key's id (what logs and the audit trail name)")
     hash_key.add_argument("--admin", action="store_true", help="an admin key")
+    header = sub.add_parser("gguf-header", help="print a GGUF file's metadata as llama.cpp reads it (JSON)")
+    header.add_argument("path")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, getattr(args, "log_level", "info").upper()),
@@ -127,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return _audit_verify(args)
     if args.command == "hash-key":
         return _hash_key(args)
+    if args.command == "gguf-header":
+        return _gguf_header(args)
     if args.command == "check-config":
         try:
             load_config(args.config)

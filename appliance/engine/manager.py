@@ -24,7 +24,7 @@ from ..resources.estimate import KV_BYTES_PER_VALUE
 from ..resources.kv_choice import KvChoice, KvInput, choose_kv, describe_budget, kv_label, ladder
 from ..kv import migrate
 from ..kv.prefix_store import PrefixStore
-from . import gguf_tensors, k_centering, native
+from . import gguf_header, gguf_tensors, k_centering, native
 from .client import render_chat
 from .load_cancel import LoadCancelled
 from .prefix import PrefixCache, file_sha256, model_identity
@@ -71,13 +71,16 @@ SHAPE_FACTS = "gguf-shape-3"  # -2: with the tied output matrix (resources/repac
 def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
     """A GGUF file's dimensions, cached per version of the file (in memory, and on disk under
     `cache_dir`: reading a header costs a vocab-only load); raises ValueError."""
-    key = file_facts.stat_key(path)
+    try:
+        key = file_facts.stat_key(path)
+    except FileNotFoundError:
+        raise ValueError(f"model file not found: {path}") from None
     if key not in _shapes:
         stored = file_facts.load(cache_dir, SHAPE_FACTS, key)
         try:
             _shapes[key] = GgufShape(**{**stored, "block_bytes": tuple(stored["block_bytes"])})
         except (TypeError, KeyError):  # missing, unreadable or from another version of this code
-            shape = shape_from_header(native.read_header(path), path.stat().st_size)
+            shape = shape_from_header(gguf_header.read(path), path.stat().st_size)
             tensors = gguf_tensors.table(path)
             tied_type, tied_bytes = repack.tied_output(tensors)
             blocks, output = offload.layer_table(gguf_tensors.sizes(tensors), shape.n_layer, tied_bytes)
@@ -576,7 +579,12 @@ class ModelManager:
             in_flight.wait()
             return self.runners[name]
         try:
-            runner.load()  # outside the lock: other models can load meanwhile
+            try:  # a file llama.cpp would abort the process on fails here, in a child (engine/gguf_header.py)
+                shape_of(runner.path, self.config.cache_dir())
+            except (OSError, ValueError) as e:
+                runner.fail_load(e)
+            else:
+                runner.load()  # outside the lock: other models can load meanwhile
         finally:
             with self._lock:
                 self.last_used[name] = time.monotonic()

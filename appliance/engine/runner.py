@@ -286,18 +286,13 @@ class ModelRunner:
                 self._measure_exact_rows()
             raise_if_set(self.cancel)  # stopping: no prefix cache, no step thread
         except Exception as e:  # a load failure is a state, reported by /health, never a crash
-            self.error, self.load_exception = str(e), e
-            self.state = "failed"
             if self.spec is not None:
                 self.spec.close()
                 self.spec = None
             if self.loaded:
                 self.loaded.free()
                 self.loaded = None
-            if isinstance(e, LoadCancelled):
-                log.info("model %s: %s after %.2fs", self.name, e, time.monotonic() - t0)
-            else:
-                log.error("model %s failed to load: %s", self.name, e)
+            self.fail_load(e, time.monotonic() - t0)
             return
         self._mem = lc.llama_get_memory(self.loaded.ctx)
         if self._prefix_factory is not None and not self.cfg.embedding:
@@ -318,6 +313,15 @@ class ModelRunner:
         self.state = "ready"
         self._thread.start()
         log.info("model %s ready in %.2fs", self.name, self.load_seconds)
+
+    def fail_load(self, e: Exception, after_s: float = 0.0) -> None:
+        """The load failed (or was never tried, the file being unreadable): a state, not a crash."""
+        self.error, self.load_exception = str(e), e
+        self.state = "failed"
+        if isinstance(e, LoadCancelled):
+            log.info("model %s: %s after %.2fs", self.name, e, after_s)
+        else:
+            log.error("model %s failed to load: %s", self.name, e)
 
     def _measure_exact_rows(self, seq_id: int = 0) -> None:
         """How many tokens per sequence one decode verifies exactly (speculative/exactness.py), on

@@ -1,6 +1,7 @@
 """Faults through the real server, each with its documented outcome (README, Operations):
-member model files deleted or corrupted before load, a stream cancelled mid-way, the KV disk
-directory made read-only mid-run, SIGTERM during 8 streams, kill -9 and restart."""
+member model files deleted or corrupted before load, a file llama.cpp aborts the process on, a
+stream cancelled mid-way, the KV disk directory made read-only mid-run, SIGTERM during 8 streams,
+kill -9 and restart."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import tiny_bert
 from conftest import EIE, SMOLLM2, model_entry
 from opshelp import audit_path, metric, sse_events, wait_for
 
@@ -92,6 +94,30 @@ def test_member_model_deleted_or_corrupted_before_load(faulty):
     assert metric(m, "eie_group_executions_total", group="partial", outcome="partial") == 1
     assert metric(m, "eie_group_executions_total", group="strict", outcome="failed") == 1
     assert metric(m, "eie_group_fallbacks_total", group="replace", fallback="replace_with") == 1
+
+
+def test_a_file_llama_cpp_aborts_on_fails_alone(server_factory, tmp_path, monkeypatch):
+    """A vocabulary with a token written twice fails an assertion in llama.cpp, which aborts the
+    process that reads it. The server reads a header in a child first (engine/gguf_header.py): the
+    model fails with the assertion named, on demand and in discover, and nothing else stops."""
+    monkeypatch.setattr(tiny_bert, "vocabulary", lambda real=tiny_bert.vocabulary: [*real(), "\u2581cat"])
+    tiny_bert.write_tiny_bert(tmp_path / "twice.gguf")
+    shutil.copyfile(SMOLLM2, tmp_path / "good.gguf")
+    srv = server_factory({
+        "model_dir": str(tmp_path),
+        "policy": {"strategy": "generic"},
+        "models": [model_entry("a", "good.gguf", n_ctx=512), model_entry("later", "twice.gguf", embedding=True)],
+    }, "aborting")
+    r = httpx.post(srv.base + "/v1/embeddings", json={"model": "later", "input": "the cat"})
+    assert r.status_code == 503 and "GGML_ASSERT(id_to_token.size() == token_to_id.size())" in r.text, r.text
+    found = {m["path"]: m for m in httpx.get(srv.base + "/v1/admin/models/discover").json()["models"]}
+    assert "llama.cpp aborted reading twice.gguf: GGML_ASSERT" in found["twice.gguf"]["error"]
+    assert found["good.gguf"]["architecture"] == "llama"
+    r = httpx.post(srv.base + "/v1/completions", json={"model": "a", "prompt": "Hi", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    health = httpx.get(srv.base + "/health").json()["models"]
+    assert health["a"] == {"state": "ready"} and health["later"]["state"] == "failed"
+    assert srv.proc.poll() is None
 
 
 def test_request_cancelled_mid_stream_frees_its_slot(faulty):

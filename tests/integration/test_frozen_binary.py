@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from appliance.engine.manager import SHAPE_FACTS
 from conftest import ROOT, build_spec_host_libs, free_port
 
 HOST_LIBS = build_spec_host_libs()
@@ -92,7 +93,9 @@ def test_frozen_binary_serves_the_default_preset_from_an_empty_environment(froze
     config = yaml.safe_load(preset.read_text())
     config["model_dir"] = str((preset.parent / config["model_dir"]).resolve())
     port = free_port()
-    config["server"] = {**config.get("server", {}), "host": "127.0.0.1", "port": port}
+    # an empty cache: the GGUF headers are read by the binary run again as a child (engine/gguf_header.py)
+    config["server"] = {**config.get("server", {}), "host": "127.0.0.1", "port": port,
+                        "cache_dir": str(tmp_path / "cache")}
     path = tmp_path / "eie.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(tmp_path / "frozen.log", "wb")
@@ -125,3 +128,4 @@ def test_frozen_binary_serves_the_default_preset_from_an_empty_environment(froze
     text = (tmp_path / "frozen.log").read_text(errors="replace")
     assert rc == 0, text
     assert "Traceback" not in text, text
+    assert len(list((tmp_path / "cache" / SHAPE_FACTS).iterdir())) == 2  # both models' headers

@@ -32,7 +32,7 @@ def test_the_hash_is_kept_on_disk_and_a_rewritten_file_is_hashed_again(tmp_path)
 
 
 def test_gguf_dimensions_are_read_once_per_file_version(tmp_path, monkeypatch):
-    from appliance.engine import manager, native
+    from appliance.engine import gguf_header, manager
     from conftest import SMOLLM2
 
     manager._shapes.clear()
@@ -43,7 +43,7 @@ def test_gguf_dimensions_are_read_once_per_file_version(tmp_path, monkeypatch):
     def no_header(path):
         raise AssertionError("the header was read again")
 
-    monkeypatch.setattr(native, "read_header", no_header)
+    monkeypatch.setattr(gguf_header, "read", no_header)
     assert manager.shape_of(SMOLLM2, tmp_path) == first
     manager._shapes.clear()
     for entry in (tmp_path / manager.SHAPE_FACTS).iterdir():
