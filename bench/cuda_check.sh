@@ -5,8 +5,10 @@
 #                               from a local sdist and installs it with EIE into PYTHON's environment
 #   bench/cuda_check.sh serve   `eie doctor`, then bench/cuda_serve.py: `eie serve` of SmolLM2
 #                               offloaded to the GPU (health time, a chat completion, decode speed,
-#                               memory status, metrics), then tests/integration/test_graph_keep.py
-#                               (patch 0008 keeps one graph beside a GPU, whole or split)
+#                               memory status, metrics, GPU memory against the estimate at several
+#                               layer counts, and where PyInstaller is installed the frozen binary
+#                               from `env -i`), then tests/integration/test_graph_keep.py (patch 0008
+#                               keeps one graph beside a GPU, whole or split)
 # Inputs (env): SDIST (llama-cpp-python sdist), WHEELS (dir of EIE's dependency wheels missing on the
 # host), MODEL_DIR (holds SmolLM2-135M-Instruct.Q4_1.gguf), CUDA_ARCHITECTURES (default 90),
 # RESULTS (where the reports go, default bench/results/cuda), PYTHON (the interpreter whose environment
@@ -46,7 +48,8 @@ pack() {
   rm -rf "$tmp"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${HOST_PY:-3.12}" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .dev/wheels msgspec httptools uvicorn gguf diskcache pytest iniconfig pluggy packaging
+    -d .dev/wheels msgspec httptools uvicorn gguf diskcache pytest iniconfig pluggy packaging \
+    pyinstaller pyinstaller-hooks-contrib altgraph setuptools
   half=$(( $(stat -c %s "$model") / 2 ))
   head -c "$half" "$model" > .dev/a/smol.a
   tail -c +"$(( half + 1 ))" "$model" > .dev/b/smol.b
@@ -95,7 +98,12 @@ serve() {
   host_cuda_libs
   "$py" -m appliance doctor > "$results/doctor.txt" 2>&1 || true
   "$py" -m appliance doctor --json > "$results/doctor.json" 2> /dev/null || true
-  "$py" bench/cuda_serve.py --model-dir "$model_dir" --results "$results"
+  local frozen=()
+  if "$py" -c 'import PyInstaller' 2> /dev/null && "$py" -m PyInstaller --noconfirm --log-level WARN \
+      --distpath /tmp/eie-frozen/dist --workpath /tmp/eie-frozen/work build.spec > "$results/freeze.log" 2>&1; then
+    frozen=(--frozen /tmp/eie-frozen/dist/eie/eie)
+  fi
+  "$py" bench/cuda_serve.py --model-dir "$model_dir" --results "$results" "${frozen[@]}"
   # patch 0008 beside a GPU: the last graph alone, whole on the GPU and split with the CPU
   mkdir -p models && ln -sf "$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf" models/ 2> /dev/null || true
   "$py" -m pytest -q -p no:cacheprovider tests/integration/test_graph_keep.py -k "smollm2 or split" \

@@ -427,6 +427,18 @@ class ModelManager:
             return {"offloaded": None, "of": None}
         return {"offloaded": total if runner.gpu_layers < 0 else min(runner.gpu_layers, total), "of": total}
 
+    def estimated_gpu_bytes(self, name: str) -> int | None:
+        """What the estimate puts on the GPU for the model's layers there (resources/offload.py),
+        beside the measured `gpu_memory_bytes`; None without a GPU or an estimate."""
+        est = self.estimate_for(name) if self.gpu is not None else None
+        if est is None:
+            return None
+        try:
+            shape = shape_of(self.runners[name].path, self.config.cache_dir())
+        except (OSError, ValueError):
+            return None
+        return offload.device_bytes(shape, est, self.runners[name].gpu_layers)
+
     def _charge(self, buffers: native.BufferSizes) -> int:
         """What the budget's device holds of these buffers: a GPU its own memory's part, the RAM all."""
         return buffers.device if self.gpu else buffers.total

@@ -55,6 +55,7 @@ def test_auto_offloads_every_layer_when_the_model_fits(monkeypatch, tmp_path, re
     try:
         assert runner.state == "ready" and runner.gpu_layers == -1
         assert m.gpu_layers(NAME) == {"offloaded": len(needs) - 1, "of": len(needs) - 1}
+        assert m.estimated_gpu_bytes(NAME) == needs[-1]
         assert not [e for e in m.events if e["event"] == "partial_offload"]
     finally:
         m.stop()
@@ -67,6 +68,7 @@ def test_auto_offloads_the_most_layers_that_fit(monkeypatch, tmp_path, real_mode
     try:
         assert runner.state == "ready" and runner.gpu_layers == 12
         assert m.gpu_layers(NAME) == {"offloaded": 12, "of": 31}
+        assert m.estimated_gpu_bytes(NAME) == needs[12]  # /v1/admin/vram/status: estimate.gpu_memory_bytes
         (event,) = [e for e in m.events if e["event"] == "partial_offload"]
         assert event["detail"].startswith("12 of 31 layers on CUDA: all of them need about ")
     finally:
