@@ -113,7 +113,7 @@ class EmbeddingRoutes:
     @staticmethod
     def _check_lengths(runner: ModelRunner, prompts: list[list[int]], where: Callable[[int], str],
                        what: str = "the input") -> None:
-        limit = runner.embedding_cap()
+        limit = runner.embedding_cap
         bound = "models[].n_batch" if limit == runner.batch_cap else "the model's training context"
         for i, p in enumerate(prompts):
             if not p:

@@ -229,6 +229,12 @@ class ModelRunner:
         self.gpu_layers = -1 if cfg.n_gpu_layers == "auto" else cfg.n_gpu_layers
         self.batch_cap = outputs.batch_cap(cfg)
         self.swa_window = 0  # the sliding window whose cells llama.cpp reuses (native.LoadedModel.swa_window)
+        # An embedding model's pooled output, read once loaded: a reranker (pooling rank) gives its
+        # classification head's n_cls_out scores, any other the model's embedding width; and the
+        # most tokens one input may have (embedding_cap).
+        self.reranker = False
+        self.embedding_size = 0
+        self.embedding_cap = 0
         self.outputs_cap = outputs.max_outputs(cfg)  # llama.cpp's n_outputs_max: no decode asks for more rows
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Sequence] = collections.deque()
@@ -277,6 +283,8 @@ class ModelRunner:
                 pooling=self.cfg.pooling if self.cfg.embedding else None,
             )
             self.swa_window = self.loaded.swa_window
+            if self.cfg.embedding:
+                self._read_pooled_shape()
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
             self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
@@ -464,23 +472,14 @@ class ModelRunner:
             return fut
         return self._between_steps(self.prefix.store.flush)
 
-    @property
-    def reranker(self) -> bool:
-        """An embedding model whose pooling is rank: one score per input from its classification head."""
-        return self.cfg.embedding and lc.llama_pooling_type(self.loaded.ctx) == lc.LLAMA_POOLING_TYPE_RANK
-
-    @property
-    def embedding_size(self) -> int:
-        """Floats per pooled input: the model's embedding width, or a reranker's scores (n_cls_out)."""
-        if self.reranker:
-            return lc.llama_model_n_cls_out(self.loaded.model)
-        return lc.llama_model_n_embd_out(self.loaded.model)
-
-    def embedding_cap(self) -> int:
-        """The most tokens one input may have: one decode (n_batch), and no more than the model's
-        training context, where an encoder's learned positions end (llama.cpp aborts past them)."""
-        n_train = lc.llama_model_n_ctx_train(self.loaded.model)
-        return min(self.batch_cap, n_train) if n_train > 0 else self.batch_cap
+    def _read_pooled_shape(self) -> None:
+        model = self.loaded.model
+        self.reranker = lc.llama_pooling_type(self.loaded.ctx) == lc.LLAMA_POOLING_TYPE_RANK
+        self.embedding_size = lc.llama_model_n_cls_out(model) if self.reranker else lc.llama_model_n_embd_out(model)
+        # no more than the training context either: an encoder's learned positions end there
+        # (llama.cpp aborts past them)
+        n_train = lc.llama_model_n_ctx_train(model)
+        self.embedding_cap = min(self.batch_cap, n_train) if n_train > 0 else self.batch_cap
 
     def embed(self, prompts: list[list[int]]) -> "concurrent.futures.Future[list[np.ndarray]]":
         """One pooled embedding (float32, as llama.cpp gives it) per prompt, for an embedding
@@ -489,7 +488,7 @@ class ModelRunner:
 
     def _embed(self, prompts: list[list[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = []
-        n_out, cap = self.embedding_size, self.embedding_cap()
+        n_out, cap = self.embedding_size, self.embedding_cap
         too_long = next((p for p in prompts if len(p) > cap), None)
         if too_long is not None:
             raise ValueError(f"a prompt of {len(too_long)} tokens is over this model's {cap}")
