@@ -53,7 +53,7 @@ def rerank_pair(vocab: Vocab, query: list[int], document: list[int]) -> list[int
     """One cross-encoder input, made as Hugging Face's tokenizers pair two texts, from llama.cpp's
     own flags for a single text: BERT's [CLS] q [SEP] d [SEP], XLM-RoBERTa's <s> q </s></s> d </s>."""
     start = [vocab.bos] if vocab.add_bos and vocab.bos >= 0 else []
-    close = ([vocab.eos] if vocab.add_eos and vocab.eos >= 0 else []) + ([vocab.sep] if vocab.add_sep and vocab.sep >= 0 else [])
+    close = [t for t, added in ((vocab.eos, vocab.add_eos), (vocab.sep, vocab.add_sep)) if added and t >= 0]
     return start + query + close + document + close[:1]
 
 
@@ -89,8 +89,8 @@ class EmbeddingRoutes:
             query = runner.vocab.tokenize(req.query, add_special=False, parse_special=False)
             if not query:
                 raise bad_request("the query is empty after tokenization", param="query")
-            return [rerank_pair(runner.vocab, query, runner.vocab.tokenize(t, add_special=False, parse_special=False))
-                    for t in texts]
+            tokenize = runner.vocab.tokenize
+            return [rerank_pair(runner.vocab, query, tokenize(t, add_special=False, parse_special=False)) for t in texts]
 
         prompts = await asyncio.to_thread(tokenized)
         self._check_lengths(runner, prompts, lambda i: f"documents[{i}]", "the query and document")
