@@ -29,9 +29,11 @@ def vocabulary() -> list[str]:
 
 
 def write_tiny_bert(path: Path, *, n_embd: int = 64, n_head: int = 4, n_ff: int = 128, n_layer: int = 2,
-                    n_ctx_train: int = 128, pooling: int = 1, head: bool = False, seed: int = 0) -> Path:
+                    n_ctx_train: int = 128, pooling: int = 1, head: bool = False, rerank_template: str | None = None,
+                    seed: int = 0) -> Path:
     """Write the model to `path`; `pooling` is the GGUF's pooling type (1 mean, 2 cls, 4 rank),
-    `head` adds a classification head with one output (a reranker's score)."""
+    `head` adds a classification head with one output (a reranker's score), `rerank_template` a
+    rerank prompt (`tokenizer.chat_template.rerank`, with `{query}` and `{document}`)."""
     rng = np.random.default_rng(seed)
     tokens = vocabulary()
     w = gguf.GGUFWriter(str(path), "bert")
@@ -54,6 +56,8 @@ def write_tiny_bert(path: Path, *, n_embd: int = 64, n_head: int = 4, n_ff: int 
     w.add_unk_token_id(100)
     w.add_pad_token_id(0)
     w.add_mask_token_id(103)
+    if rerank_template is not None:
+        w.add_chat_template([{"name": "rerank", "template": rerank_template}])
 
     def tensor(name: str, *shape: int, scale: float = 0.05) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))

@@ -49,6 +49,19 @@ def encoded(vectors: list[np.ndarray], encoding_format: str) -> list[Embedding]:
     return data
 
 
+def templated_pair(vocab: Vocab, template: str, query: str, document: str, param: str) -> list[int]:
+    """One reranker input from the GGUF's rerank prompt (`tokenizer.chat_template.rerank`, as
+    Qwen3-Reranker's converter writes it): `{query}` and `{document}` replaced, the whole read
+    with its special tokens as llama-server reads it. A query or document whose text would read
+    as a special token (`<|im_end|>`) is refused rather than let it end the prompt's parts early."""
+    for text, where in ((query, "query"), (document, param)):
+        if vocab.tokenize(text, add_special=False, parse_special=True) != vocab.tokenize(
+                text, add_special=False, parse_special=False):
+            raise bad_request("the text contains a special token of this model's rerank prompt", param=where)
+    prompt = template.replace("{query}", query).replace("{document}", document)
+    return vocab.tokenize(prompt, add_special=False, parse_special=True)
+
+
 def rerank_pair(vocab: Vocab, query: list[int], document: list[int]) -> list[int]:
     """One cross-encoder input, made as Hugging Face's tokenizers pair two texts, from llama.cpp's
     own flags for a single text: BERT's [CLS] q [SEP] d [SEP], XLM-RoBERTa's <s> q </s></s> d </s>."""
@@ -89,6 +102,9 @@ class EmbeddingRoutes:
             query = runner.vocab.tokenize(req.query, add_special=False, parse_special=False)
             if not query:
                 raise bad_request("the query is empty after tokenization", param="query")
+            if runner.rerank_template is not None:
+                return [templated_pair(runner.vocab, runner.rerank_template, req.query, t, f"documents[{i}]")
+                        for i, t in enumerate(texts)]
             tokenize = runner.vocab.tokenize
             return [rerank_pair(runner.vocab, query, tokenize(t, add_special=False, parse_special=False)) for t in texts]
 

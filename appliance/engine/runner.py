@@ -233,6 +233,7 @@ class ModelRunner:
         # classification head's n_cls_out scores, any other the model's embedding width; and the
         # most tokens one input may have (embedding_cap).
         self.reranker = False
+        self.rerank_template: str | None = None  # the GGUF's `tokenizer.chat_template.rerank`
         self.embedding_size = 0
         self.embedding_cap = 0
         self.outputs_cap = outputs.max_outputs(cfg)  # llama.cpp's n_outputs_max: no decode asks for more rows
@@ -475,6 +476,8 @@ class ModelRunner:
     def _read_pooled_shape(self) -> None:
         model = self.loaded.model
         self.reranker = lc.llama_pooling_type(self.loaded.ctx) == lc.LLAMA_POOLING_TYPE_RANK
+        if self.reranker:
+            self.rerank_template = self.loaded.metadata.get("tokenizer.chat_template.rerank")
         self.embedding_size = lc.llama_model_n_cls_out(model) if self.reranker else lc.llama_model_n_embd_out(model)
         # no more than the training context either: an encoder's learned positions end there
         # (llama.cpp aborts past them)

@@ -21,6 +21,7 @@ from tiny_bert import forward, write_tiny_bert
 TEXTS = ["The cat sat on the mat.", "Quarterly revenue grew five percent.", "Hi",
          "A much longer sentence about the weather in Oslo during the dark winter months of the year."]
 N_CTX_TRAIN = 128
+TEMPLATE = "[CLS] {document} [SEP] the {query} [SEP]"  # not the pair rerank_pair makes: the prompt is used
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,9 @@ def berts(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-bert")
     return {"mean": write_tiny_bert(d / "bert-mean.gguf", n_ctx_train=N_CTX_TRAIN, pooling=1),
             "cls": write_tiny_bert(d / "bert-cls.gguf", n_ctx_train=N_CTX_TRAIN, pooling=2, seed=1),
-            "rank": write_tiny_bert(d / "reranker.gguf", n_ctx_train=N_CTX_TRAIN, pooling=4, head=True, seed=2)}
+            "rank": write_tiny_bert(d / "reranker.gguf", n_ctx_train=N_CTX_TRAIN, pooling=4, head=True, seed=2),
+            "templated": write_tiny_bert(d / "reranker-prompt.gguf", n_ctx_train=N_CTX_TRAIN, pooling=4, head=True,
+                                         seed=2, rerank_template=TEMPLATE)}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,8 @@ def server(server_factory, berts):
                 model_entry("bert-generative", berts["mean"], n_ctx=256, n_parallel=1),
                 model_entry("reranker", berts["rank"], n_ctx=256, n_parallel=4, n_batch=256, embedding=True),
                 model_entry("bert-rank", berts["mean"], n_ctx=256, n_parallel=1, embedding=True, pooling="rank"),
+                model_entry("reranker-prompt", berts["templated"], n_ctx=256, n_parallel=2, n_batch=256,
+                            embedding=True),
             ],
         },
         "encoder-embeddings",
@@ -178,6 +183,24 @@ def test_top_n_documents_as_objects_and_the_llama_server_path(server):
     top = r.json()["results"]
     assert [x["index"] for x in top] == [x["index"] for x in full[:2]]
     assert [x["document"]["text"] for x in top] == [DOCS[x["index"]] for x in full[:2]]
+
+
+def test_a_rerank_prompt_in_the_gguf_makes_the_pairs(server, berts):
+    """A GGUF's `tokenizer.chat_template.rerank` (Qwen3-Reranker's converter writes one) is filled
+    and read with its special tokens, as llama-server does; a document whose text is a special
+    token is refused."""
+    query = "cat"
+    r = rerank(server, {"model": "reranker-prompt", "query": query, "documents": DOCS[:3]})
+    assert r.status_code == 200, r.text
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    ids = [[101, *tokens(server, "reranker-prompt", d, add_special=False), 102,
+            *tokens(server, "reranker-prompt", f"the {query}", add_special=False), 102] for d in DOCS[:3]]
+    bert = [float(forward(berts["templated"], p, "rank")[0]) for p in ids]
+    assert np.allclose([got[i] for i in range(3)], bert, rtol=1e-3, atol=1e-3), (got, bert)
+    plain = rerank(server, {"query": query, "documents": DOCS[:3]}).json()["results"]  # same weights, own pairs
+    assert not np.allclose(sorted(x["relevance_score"] for x in plain), sorted(got.values()), atol=1e-3)
+    r = rerank(server, {"model": "reranker-prompt", "query": query, "documents": ["fine", "a [SEP] b"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "documents[1]", r.text
 
 
 def test_a_model_without_a_classification_head_cannot_rerank(server):
