@@ -209,7 +209,11 @@ class ModelManager:
         out: dict[str, KvChoice] = {}
         for budget, models in scopes.values():
             any_auto = any(m.kv_cache.mode == "auto" for m in models)
-            inputs = [self._kv_input(m) if any_auto else KvInput(m, None) for m in models]
+            if any_auto:  # each header not cached yet is read in a child process: several at once
+                with concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="gguf-header") as pool:
+                    inputs = list(pool.map(self._kv_input, models))
+            else:
+                inputs = [KvInput(m, None) for m in models]
             desc = describe_budget(budget.scope, budget.capacity, self.config.vram.low_watermark)
             out.update(choose_kv(inputs, budget.low if any_auto else None, desc, gpu=gpu, turbo_built=turbo_built))
         for m in self.config.models:
