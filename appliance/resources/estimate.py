@@ -111,6 +111,12 @@ def estimate(shape: GgufShape, cfg: ModelConfig, type_k: str | None = None, type
     # and the activations of a full ubatch.
     logits = (max_outputs(cfg) if n_outputs is None else n_outputs) * shape.n_vocab * 4
     activations = n_batch * (8 * shape.n_embd + 3 * shape.n_ff) * 4
+    if cfg.flash_attn == "off":
+        # llama.cpp then materialises the attention scores: float32, one row per KV cell a
+        # sequence attends to (an embedding model's context holds one decode), per token and head.
+        # SmolLM2 at n_ctx 4096, n_batch 512: 72 MiB of its 87 MiB compute buffer.
+        n_kv = kv_cells(cfg) if cfg.embedding else cfg.n_ctx
+        activations += n_kv * n_batch * shape.n_head * 4
     outputs = cfg.n_parallel * shape.n_vocab * 4
     if cfg.embedding:  # patch 0017: a pooling context has no output layer; its outputs are token states
         logits, outputs = 0, n_batch * shape.n_embd * 4

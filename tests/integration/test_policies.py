@@ -103,14 +103,20 @@ def test_a_load_past_the_critical_watermark_is_refused_with_507(server_factory):
 
 
 def test_estimates_are_checked_against_measurements(server_factory):
-    srv = server_factory({"policy": {"strategy": "generic"}, "models": [smol("a"), model_entry("g", GEMMA3, **SMALL)]},
-                         "estimates")
-    for m in ("a", "g"):
+    # without flash attention the compute buffer holds the attention scores: 4096 cells x 512
+    # tokens x 9 heads of float32 for SmolLM2, 4 times the rest of it
+    no_fa = model_entry("no-fa", SMOLLM2, n_ctx=4096, n_parallel=1, n_batch=512, flash_attn="off",
+                        kv_cache={"mode": "f16"})
+    srv = server_factory({"policy": {"strategy": "generic"},
+                          "models": [smol("a"), model_entry("g", GEMMA3, **SMALL), no_fa]}, "estimates")
+    for m in ("a", "g", "no-fa"):
         assert ask(srv, m).status_code == 200
     status = httpx.get(srv.base + "/v1/admin/vram/status").json()
     for m in status["models"]:
         est, measured = m["estimate"]["total_bytes"], m["total_bytes"]
         assert 0.8 < est / measured < 1.25, (m["name"], est, measured)
+        compute = m["estimate"]["compute_bytes"] / m["compute_bytes"]
+        assert 0.8 < compute < 1.5, (m["name"], m["estimate"]["compute_bytes"], m["compute_bytes"])
         # the estimate leaves out the float32 K centres (n_layer x n_embd_k_gqa x 4 bytes, under
         # 32 KiB here), and llama.cpp reports each KV buffer in MiB with 2 decimals
         assert abs(m["estimate"]["kv_cache_bytes"] - m["kv_cache_bytes"]) <= 32 * 1024
