@@ -49,15 +49,18 @@ def encoded(vectors: list[np.ndarray], encoding_format: str) -> list[Embedding]:
     return data
 
 
-def templated_pair(vocab: Vocab, template: str, query: str, document: str, param: str) -> list[int]:
+def refuse_special_text(vocab: Vocab, text: str, param: str) -> None:
+    """A query or document filled into a rerank prompt must not read as a special token
+    (`<|im_end|>`): it would end the prompt's parts early."""
+    if vocab.tokenize(text, add_special=False, parse_special=True) != vocab.tokenize(
+            text, add_special=False, parse_special=False):
+        raise bad_request("the text contains a special token of this model's rerank prompt", param=param)
+
+
+def templated_pair(vocab: Vocab, template: str, query: str, document: str) -> list[int]:
     """One reranker input from the GGUF's rerank prompt (`tokenizer.chat_template.rerank`, as
     Qwen3-Reranker's converter writes it): `{query}` and `{document}` replaced, the whole read
-    with its special tokens as llama-server reads it. A query or document whose text would read
-    as a special token (`<|im_end|>`) is refused rather than let it end the prompt's parts early."""
-    for text, where in ((query, "query"), (document, param)):
-        if vocab.tokenize(text, add_special=False, parse_special=True) != vocab.tokenize(
-                text, add_special=False, parse_special=False):
-            raise bad_request("the text contains a special token of this model's rerank prompt", param=where)
+    with its special tokens as llama-server reads it (both texts checked by refuse_special_text)."""
     prompt = template.replace("{query}", query).replace("{document}", document)
     return vocab.tokenize(prompt, add_special=False, parse_special=True)
 
@@ -87,7 +90,7 @@ class EmbeddingRoutes:
         self._check_lengths(runner, prompts, lambda i: "input" if one else f"input[{i}]")
         vectors = await self._pooled(runner, req.model, prompts)
         data = await asyncio.to_thread(encoded, vectors, req.encoding_format)  # 2048 vectors take a while
-        await self._answer(request, prompts, EmbeddingList(data, req.model, self._usage(prompts)))
+        await self._answer(request, EmbeddingList(data, req.model, self._usage(prompts)))
 
     async def rerank(self, request: Request) -> None:
         req: RerankRequest = decoded(_rerank_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -103,8 +106,10 @@ class EmbeddingRoutes:
             if not query:
                 raise bad_request("the query is empty after tokenization", param="query")
             if runner.rerank_template is not None:
-                return [templated_pair(runner.vocab, runner.rerank_template, req.query, t, f"documents[{i}]")
-                        for i, t in enumerate(texts)]
+                refuse_special_text(runner.vocab, req.query, "query")
+                for i, t in enumerate(texts):
+                    refuse_special_text(runner.vocab, t, f"documents[{i}]")
+                return [templated_pair(runner.vocab, runner.rerank_template, req.query, t) for t in texts]
             tokenize = runner.vocab.tokenize
             return [rerank_pair(runner.vocab, query, tokenize(t, add_special=False, parse_special=False)) for t in texts]
 
@@ -113,7 +118,7 @@ class EmbeddingRoutes:
         scores = [float(v[0]) for v in await self._pooled(runner, req.model, prompts)]
         order = sorted(range(len(scores)), key=lambda i: -scores[i])[: req.top_n]
         results = [RerankResult(i, scores[i], RerankDocument(texts[i]) if req.return_documents else None) for i in order]
-        await self._answer(request, prompts, RerankResponse(req.model, results, self._usage(prompts)))
+        await self._answer(request, RerankResponse(req.model, results, self._usage(prompts)))
 
     async def _runner(self, model: str, rerank: bool) -> ModelRunner:
         runner = await resolve_runner(self.manager, model)
@@ -163,8 +168,8 @@ class EmbeddingRoutes:
         return EmbeddingUsage(n, n)
 
     @staticmethod
-    async def _answer(request: Request, prompts: list[list[int]], body: msgspec.Struct) -> None:
+    async def _answer(request: Request, body: EmbeddingList | RerankResponse) -> None:
         info = context.info()
         if info is not None:
-            info.prompt_tokens += sum(len(p) for p in prompts)
+            info.prompt_tokens += body.usage.prompt_tokens
         await request.json(200, body)
