@@ -160,14 +160,6 @@ def main_server(server_factory) -> Server:
     )
 
 
-@pytest.fixture
-def truncated_gguf(tmp_path: Path) -> Path:
-    bad = tmp_path / "truncated.gguf"
-    with open(SMOLLM2, "rb") as src, open(bad, "wb") as dst:
-        dst.write(src.read(1 << 20))
-    return bad
-
-
 def copy_model(src: Path, dst_dir: Path) -> Path:
     dst = dst_dir / src.name
     shutil.copyfile(src, dst)

@@ -63,6 +63,9 @@ class Budget:
 
 
 _shapes: dict[tuple[str, int, int], GgufShape] = {}
+# Why a file version could not be read: kept for the process only, so the child read (0.3-1.3 s)
+# runs once per version; a rewritten file has a new key, and a new build a new process.
+_shape_failures: dict[tuple[str, int, int], str] = {}
 
 
 SHAPE_FACTS = "gguf-shape-3"  # -2: with the tied output matrix (resources/repack.py); -3: the layer table
@@ -70,24 +73,37 @@ SHAPE_FACTS = "gguf-shape-3"  # -2: with the tied output matrix (resources/repac
 
 def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
     """A GGUF file's dimensions, cached per version of the file (in memory, and on disk under
-    `cache_dir`: reading a header costs a vocab-only load); raises ValueError."""
+    `cache_dir`: reading a header costs a vocab-only load in a child); raises ValueError, also
+    cached per version."""
     try:
         key = file_facts.stat_key(path)
     except FileNotFoundError:
         raise ValueError(f"model file not found: {path}") from None
+    if key in _shape_failures:
+        raise ValueError(_shape_failures[key])
     if key not in _shapes:
-        stored = file_facts.load(cache_dir, SHAPE_FACTS, key)
         try:
-            _shapes[key] = GgufShape(**{**stored, "block_bytes": tuple(stored["block_bytes"])})
-        except (TypeError, KeyError):  # missing, unreadable or from another version of this code
-            shape = shape_from_header(gguf_header.read(path), path.stat().st_size)
-            tensors = gguf_tensors.table(path)
-            tied_type, tied_bytes = repack.tied_output(tensors)
-            blocks, output = offload.layer_table(gguf_tensors.sizes(tensors), shape.n_layer, tied_bytes)
-            _shapes[key] = dataclasses.replace(shape, tied_output_type=tied_type, tied_output_bytes=tied_bytes,
-                                               block_bytes=blocks, output_bytes=output)
-            file_facts.save(cache_dir, SHAPE_FACTS, key, dataclasses.asdict(_shapes[key]))
+            _shapes[key] = _read_shape(path, key, cache_dir)
+        except ValueError as e:
+            _shape_failures[key] = str(e)
+            raise
     return _shapes[key]
+
+
+def _read_shape(path: Path, key: tuple, cache_dir: Path | None) -> GgufShape:
+    stored = file_facts.load(cache_dir, SHAPE_FACTS, key)
+    try:
+        return GgufShape(**{**stored, "block_bytes": tuple(stored["block_bytes"])})
+    except (TypeError, KeyError):  # missing, unreadable or from another version of this code
+        pass
+    shape = shape_from_header(gguf_header.read(path), path.stat().st_size)
+    tensors = gguf_tensors.table(path)
+    tied_type, tied_bytes = repack.tied_output(tensors)
+    blocks, output = offload.layer_table(gguf_tensors.sizes(tensors), shape.n_layer, tied_bytes)
+    shape = dataclasses.replace(shape, tied_output_type=tied_type, tied_output_bytes=tied_bytes,
+                                block_bytes=blocks, output_bytes=output)
+    file_facts.save(cache_dir, SHAPE_FACTS, key, dataclasses.asdict(shape))
+    return shape
 
 
 class ModelManager:
@@ -575,6 +591,7 @@ class ModelManager:
             reason = self.policy.refuse_load(name)
             if reason:
                 raise PolicyRefused(reason)
+        self._read_headers(self.runners[name])
         with self._lock:
             runner = self.runners[name]
             if runner.state == "ready":
@@ -616,6 +633,18 @@ class ModelManager:
                 self._loading.pop(name).set()
                 self._charged.pop(name, None)
         return runner
+
+    def _read_headers(self, runner: ModelRunner) -> None:
+        """Read the model's GGUF header and its draft model's (each in a child, engine/gguf_header.py)
+        before `load` takes the lock, which other loads and the janitor need meanwhile; the
+        estimate under the lock then finds them cached, failures included (the load reports those)."""
+        for path in (runner.path, self._draft_path(runner.cfg)):
+            if path is None:
+                continue
+            try:
+                shape_of(path, self.config.cache_dir())
+            except (OSError, ValueError):
+                pass
 
     async def load_async(self, name: str, timeout: float | None = None) -> ModelRunner:
         """`load` without holding a thread while waiting: every caller for a model awaits one

@@ -41,6 +41,14 @@ _BUFFER_LINE = re.compile(
 _HOLDS_LINE = re.compile(r"^\w+:\s+(?P<buf>\S+)\s+model buffer holds\s+(?P<mib>[0-9.]+) MiB of tensors")
 
 
+class Capture(list):
+    """The log lines of one load, in order; `errors` holds those llama.cpp logged as errors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[str] = []
+
+
 class _LogRouter:
     """Routes llama.cpp's log lines to Python logging and to the calling thread's capture, if any.
 
@@ -68,6 +76,8 @@ class _LogRouter:
         capture = getattr(local, "capture", None)
         if capture is not None:
             capture.append(line)
+            if level == 4:
+                capture.errors.append(line)
         if level == 4:  # GGML_LOG_LEVEL_ERROR
             log.error("%s", line)
         elif level == 3:
@@ -75,8 +85,8 @@ class _LogRouter:
         else:
             log.debug("%s", line)
 
-    def start_capture(self) -> list[str]:
-        self._local.capture = []
+    def start_capture(self) -> "Capture":
+        self._local.capture = Capture()
         return self._local.capture
 
     def stop_capture(self) -> None:
@@ -256,7 +266,8 @@ def read_header(path: Path) -> dict[str, str]:
     finally:
         _router.stop_capture()
     if not model:
-        raise ValueError(_last_error(lines) or f"not a readable GGUF file: {path}")
+        raise ValueError(f"{path.name} is not a model llama.cpp can read: "
+                         f"{_load_error(lines) or 'no reason given'}")
     try:
         meta = _read_metadata(model)
         meta["n_vocab"] = str(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model)))
@@ -358,7 +369,7 @@ def load(
         model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         raise_if_set(cancel)
         if not model:
-            raise LoadError(_last_error(lines) or f"llama.cpp could not load {path}")
+            raise LoadError(f"llama.cpp could not load {path.name}: {_load_error(lines) or 'no reason given'}")
         metadata = _read_metadata(model)
         arch = metadata.get("general.architecture", "")
         if pooling is None and is_encoder(arch):
@@ -505,12 +516,28 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
     return ctx, dataclasses.replace(fresh, weights=loaded.buffers.weights, weights_device=loaded.buffers.weights_device)
 
 
+def _is_error(line: str) -> bool:
+    low = line.lower()
+    return "error" in low or "failed" in low or "invalid" in low
+
+
 def _last_error(lines: list[str]) -> str | None:
-    for line in reversed(lines):
-        low = line.lower()
-        if "error" in low or "failed" in low or "invalid" in low:
-            return line.strip()
-    return None
+    return next((line.strip() for line in reversed(lines) if _is_error(line)), None)
+
+
+# What llama.cpp's model loaders log after the line that says why: they only repeat that it failed.
+_LOAD_FAILED = re.compile(r"failed to (load model|read header)\b")
+_ERROR_PREFIX = re.compile(r"^(\w+: )?(error loading model: )?(\w+: )?")
+
+
+def _load_error(lines: Capture) -> str | None:
+    """Why llama.cpp did not load a model file: the first error it logged that names the cause (a
+    tensor outside the file, a missing tensor, a bad magic or version), without its function
+    prefixes; the generic last line when there is none."""
+    cause = next((line for line in lines.errors if not _LOAD_FAILED.search(line)), None)
+    if cause is None:
+        return _last_error(lines)
+    return _ERROR_PREFIX.sub("", cause.strip(), count=1) or cause.strip()
 
 
 class Vocab:

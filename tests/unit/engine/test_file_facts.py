@@ -50,3 +50,65 @@ def test_gguf_dimensions_are_read_once_per_file_version(tmp_path, monkeypatch):
         entry.write_text('{"n_layer": 1}')  # from another version of the code: read again
     monkeypatch.undo()
     assert manager.shape_of(SMOLLM2, tmp_path) == first
+
+
+def test_a_file_that_cannot_be_read_is_read_once_per_version(tmp_path, monkeypatch):
+    """The child read of a bad file runs once: the estimate and the pre-load check that follow
+    get the same error; a rewritten file is read afresh."""
+    import pytest
+
+    from appliance.engine import gguf_header, manager
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF but not really" * 10)
+    reads: list = []
+    real = gguf_header.read
+    monkeypatch.setattr(gguf_header, "read", lambda path: reads.append(path) or real(path))
+    errors = set()
+    for _ in range(3):
+        with pytest.raises(ValueError) as e:
+            manager.shape_of(bad, tmp_path / "cache")
+        errors.add(str(e.value))
+    assert len(reads) == 1 and errors == {"bad.gguf is not a model llama.cpp can read: this GGUF file is version "
+                                          "1953849888 but this software only supports up to version 3"}
+    time.sleep(0.01)
+    bad.write_bytes(b"still not a GGUF" * 10)  # a new version: read again
+    with pytest.raises(ValueError):
+        manager.shape_of(bad, tmp_path / "cache")
+    assert len(reads) == 2
+
+
+def test_a_load_reads_its_headers_outside_the_managers_lock(tmp_path, monkeypatch, real_models):
+    """Each header read is a child process (0.3-1.3 s): under the lock it would hold up the other
+    models' loads and the janitor."""
+    import shutil
+
+    from appliance.config import parse_config
+    from appliance.engine import gguf_header, manager as manager_module
+    from appliance.engine.manager import ModelManager
+    from appliance.resources.cores import CoreBudget
+    from conftest import SMOLLM2, model_entry
+
+    shutil.copyfile(SMOLLM2, tmp_path / "target.gguf")
+    shutil.copyfile(SMOLLM2, tmp_path / "draft.gguf")  # new files: nothing cached for them
+    config = parse_config({
+        "server": {"cache_dir": str(tmp_path / "cache")}, "model_dir": str(tmp_path),
+        "policy": {"strategy": "generic"},
+        "models": [model_entry("draft", "draft.gguf", n_ctx=256, n_parallel=1, threads=1),
+                   model_entry("m", "target.gguf", n_ctx=256, n_parallel=1, threads=1,
+                               speculative={"sources": ["draft_model"], "draft_model": "draft"})]})
+    manager = ModelManager(config, CoreBudget(1))
+    held: dict[str, bool] = {}
+    real = gguf_header.read
+
+    def read(path):
+        held[path.name] = manager._lock._is_owned()
+        return real(path)
+
+    monkeypatch.setattr(gguf_header, "read", read)
+    manager_module._shapes.clear()
+    try:
+        assert manager.load("m").state == "ready"
+    finally:
+        manager.stop()
+    assert held == {"target.gguf": False, "draft.gguf": False}
