@@ -117,7 +117,8 @@ def _schema_grammar(schema: object, param: str) -> str:
         raise bad_request(f"{where}: {e.reason}", param=where) from None
 
 
-async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_grammar: str | None = None) -> SamplingParams:
+async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_grammar: str | None = None,
+                           tool_triggers: tuple[int, ...] = ()) -> SamplingParams:
     """The request's sampling parameters. A grammar (response_format, grammar, or the one tools
     need) is converted and compiled once by llama.cpp for this vocabulary (None: a group's
     several, where a token named by its text cannot compile), off the event loop: a large schema
@@ -130,7 +131,7 @@ async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_gramm
     def build() -> SamplingParams:
         params = sampling_params(req, n_vocab)
         if tool_grammar is not None:
-            params = replace(params, grammar=tool_grammar)
+            params = replace(params, grammar=tool_grammar, grammar_triggers=tool_triggers)
         try:
             grammar.check(vocab, params.grammar)
         except GrammarError as e:

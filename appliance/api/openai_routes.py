@@ -28,7 +28,7 @@ from .generation import (
     generation_runner,
     stop_list,
 )
-from . import tools
+from . import native_tools, tools
 from .http import EventStream, Request
 from .schemas import (
     AssistantMessage,
@@ -133,10 +133,12 @@ class OpenAIRoutes:
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await generation_runner(self.manager, req.model)
-        tool_plan = await asyncio.to_thread(tools.plan, req) if req.tools else tools.plan(req)  # schemas: off the loop
-        messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan)
-        params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None)
-        prompt = await asyncio.to_thread(render_chat, runner, messages)
+        native = native_tools.format_of(runner.template, runner.vocab)
+        tool_plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)  # schemas: off the loop
+        messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan, native)
+        params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None,
+                                        tool_plan.triggers if tool_plan else ())
+        prompt = await asyncio.to_thread(render_chat, runner, messages, tool_plan.template_tools if tool_plan else None)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
         stops = stop_list(req)
@@ -149,10 +151,9 @@ class OpenAIRoutes:
                               speculative=req.speculative)
             for i in range(req.n)
         ])
-        calls = tool_plan is not None
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
-                        lambda *a: self._chat_stream(*a, tool_calls=calls),
-                        lambda *a: self._chat_response(*a, tool_calls=calls), req.model, top is not None)
+                        lambda *a: self._chat_stream(*a, tool_plan=tool_plan),
+                        lambda *a: self._chat_response(*a, tool_plan=tool_plan), req.model, top is not None)
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = decoded(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -201,11 +202,11 @@ class OpenAIRoutes:
     # ---- chat ------------------------------------------------------------------------------
 
     @staticmethod
-    def _chat_response(outs, model: str, logprobs: bool, tool_calls: bool = False) -> ChatCompletion:
+    def _chat_response(outs, model: str, logprobs: bool, tool_plan: tools.ToolPlan | None = None) -> ChatCompletion:
         choices = []
         for i, o in enumerate(outs):
-            if tool_calls:
-                content, calls, reason = tools.read_answer(o.text, o.finish_reason)
+            if tool_plan is not None:
+                content, calls, reason = tool_plan.read(o.text, o.finish_reason)
                 message = AssistantMessage("assistant", content, calls)
             else:
                 message, reason = AssistantMessage("assistant", o.text), o.finish_reason
@@ -215,11 +216,12 @@ class OpenAIRoutes:
                               _usage(outs[0].prompt_tokens, completion), system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
-                           logprobs: bool, tool_calls: bool = False) -> None:
+                           logprobs: bool, tool_plan: tools.ToolPlan | None = None) -> None:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
-        readers: dict[int, tools.AnswerReader] = {}  # with tools: each choice's JSON answer
+        readers: dict = {}  # with tools: each choice's answer reader
+        tool_calls = tool_plan is not None
 
         def chunk(choices, usage=None) -> ChatCompletionChunk:
             return ChatCompletionChunk(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
@@ -228,13 +230,15 @@ class OpenAIRoutes:
             if not tool_calls:
                 return chunk([ChatChunkChoice(i, Delta(content=ev.text), None,
                                               chat_logprobs(ev.logprobs) if logprobs else None)])
-            text = readers.setdefault(i, tools.AnswerReader()).push(ev.text)
+            if i not in readers:
+                readers[i] = tool_plan.reader()
+            text = readers[i].push(ev.text)
             return chunk([ChatChunkChoice(i, Delta(content=text))]) if text else None
 
         def final(i: int, reason: str) -> list[ChatCompletionChunk]:
             out = []
             if tool_calls:
-                content, calls, reason = readers.pop(i, tools.AnswerReader()).finish(reason)
+                content, calls, reason = (readers.pop(i, None) or tool_plan.reader()).finish(reason)
                 if content:
                     out.append(chunk([ChatChunkChoice(i, Delta(content=content))]))
                 if calls:

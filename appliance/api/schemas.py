@@ -136,6 +136,10 @@ class TokenizeRequest(Struct, frozen=True, kw_only=True):
     # exactly one: text as a completions prompt, or messages as the chat endpoint renders them
     content: str | None = None
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
+    # messages only: as a chat request with these tools would render them
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    tool_choice: str | ToolChoice | None = None
+    parallel_tool_calls: bool = True
     # text only: BOS/EOS as the model's tokenizer adds them (a completions prompt gets them)
     add_special: bool = True
     # text only: special tokens written in the text (<|im_end|>) become those tokens

@@ -14,11 +14,11 @@ import msgspec
 from ..config import Config
 from ..engine.client import PromptError, render_chat
 from ..engine.manager import ModelManager
-from . import tools
+from . import native_tools, tools
 from .errors import bad_request, decoded
 from .generation import plain_messages, resolve_runner
 from .http import Request
-from .schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenPiece
+from .schemas import ChatRequest, DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenPiece
 
 _tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
@@ -34,10 +34,16 @@ class TokenRoutes:
         if (req.content is None) == (req.messages is None):
             raise bad_request("give exactly one of content and messages", param="content")
         runner = await resolve_runner(self.manager, req.model)
+        if req.tools is not None and req.messages is None:
+            raise bad_request("tools go with messages", param="tools")
         if req.messages is not None:
-            messages = tools.conversation(plain_messages(req.messages), req.messages, None)
+            native = native_tools.format_of(runner.template, runner.vocab)
+            chat = ChatRequest(model=req.model, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice,
+                               parallel_tool_calls=req.parallel_tool_calls)
+            plan = await asyncio.to_thread(tools.plan, chat, native) if req.tools else tools.plan(chat)
+            messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
             try:
-                tokens = await asyncio.to_thread(render_chat, runner, messages)
+                tokens = await asyncio.to_thread(render_chat, runner, messages, plan.template_tools if plan else None)
             except PromptError as e:
                 raise bad_request(str(e), param=e.param) from None
         else:

@@ -1,4 +1,5 @@
-"""Tool calls (OpenAI `tools`, `tool_choice`) for models without a tool-call format of their own.
+"""Tool calls (OpenAI `tools`, `tool_choice`); in the model's own format where its template has
+one this server reads (api/native_tools.py), else in EIE's format, described below.
 
 The tools are described in the system message; the answer is held by a grammar (built from the
 tools' parameter schemas by engine/schema_grammar.py) to one JSON object: {"tool_calls": [{"name",
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
+from . import native_tools
 from .errors import bad_request
+from .native_tools import NativeFormat
 from .schemas import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall, ToolChoice
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -28,11 +31,21 @@ ANY_OBJECT = {"type": "object"}
 class ToolPlan:
     mode: str  # "auto", "required" or "named"
     grammar: str
-    instructions: str  # for the system message
+    instructions: str  # for the system message (EIE's format)
+    native: NativeFormat | None = None  # the model's own format: its template lists the tools
+    template_tools: list[dict[str, Any]] | None = None
+    triggers: tuple[int, ...] = ()  # the grammar waits for one of these tokens (grammar.Constraint)
+
+    def reader(self) -> "AnswerReader | native_tools.AnswerReader":
+        return native_tools.AnswerReader() if self.native else AnswerReader()
+
+    def read(self, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
+        return (native_tools.read_answer if self.native else read_answer)(text, finish_reason)
 
 
-def plan(req: ChatRequest) -> ToolPlan | None:
-    """What the request's tools ask of the answer; None when no tool may be called."""
+def plan(req: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | None:
+    """What the request's tools ask of the answer; None when no tool may be called. With `native`
+    the answer is held to the model's own format, else to EIE's."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
@@ -78,6 +91,13 @@ def plan(req: ChatRequest) -> ToolPlan | None:
     calls = [{"type": "object", "properties": {"name": {"const": req.tools[i].function.name},
                                                 "arguments": {OWN_ROOT: _parameters(req.tools[i])}},
               "required": ["name", "arguments"]} for i in callable_tools]
+    if native is not None:
+        one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        where = {(f"anyOf.{k}." if len(calls) > 1 else "") + "properties.arguments": i
+                 for k, i in enumerate(callable_tools)}
+        parallel = req.parallel_tool_calls and named is None
+        return ToolPlan(mode, native_tools.grammar(_convert(one, where), parallel), "", native,
+                        native_tools.template_tools(req), (native.open_token,) if mode == "auto" else ())
     call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
     if not req.parallel_tool_calls or named is not None:
         call_list["maxItems"] = 1
@@ -124,11 +144,15 @@ def _instructions(req: ChatRequest, mode: str, named: str | None) -> str:
     return text
 
 
-def conversation(messages: list[dict[str, str]], raw: list[ChatMessage], tools: ToolPlan | None) -> list[dict[str, str]]:
-    """Messages (already plain text) with OpenAI's tool turns written as user and assistant turns:
-    an assistant's tool calls as the JSON it would answer with, tool results as a user turn
+def conversation(messages: list[dict[str, str]], raw: list[ChatMessage], tools: ToolPlan | None,
+                 native: NativeFormat | None = None) -> list[dict[str, Any]]:
+    """Messages (already plain text) with OpenAI's tool turns: for a model with its own format
+    (`native`), as its template takes them; else written as user and assistant turns: an
+    assistant's tool calls as the JSON it would answer with, tool results as a user turn
     (consecutive ones, and a user message right after them, in one), and the instructions in the
     system message when tools apply."""
+    if native is not None:
+        return native_tools.conversation(messages, raw)
     out: list[dict[str, str]] = []
     called: dict[str, str] = {}  # tool_call_id -> function name
     for msg, plain in zip(raw, messages):

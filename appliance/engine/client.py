@@ -10,7 +10,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from .chat_template import TemplateError
 from .runner import Event, Failed, Finished, GenerationRequest, Handle, ModelRunner, PromptScored, TextDelta, TokenLogprob
@@ -33,10 +33,11 @@ class GenerationFailed(Exception):
         self.kind = event.kind
 
 
-def render_chat(runner: ModelRunner, messages: list[dict[str, str]]) -> list[int]:
-    """Render with the model's template and tokenize (blocking: run it off the event loop)."""
+def render_chat(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Render with the model's template (and `tools`, for a template that lists them itself) and
+    tokenize (blocking: run it off the event loop)."""
     try:
-        text = runner.template.render(messages)
+        text = runner.template.render(messages, tools=tools)
     except TemplateError as e:
         raise PromptError(f"messages cannot be rendered for model '{runner.name}': {e}", "messages") from e
     vocab = runner.vocab

@@ -40,10 +40,20 @@ _REFUSED = ("llama.cpp could not compile the grammar: a syntax error, an undefin
             "recursion or a repetition minimum over 2000 (the server log has the parser's message)")
 
 
-def _compile(vocab: Vocab | None, text: str) -> lc.llama_sampler_p:
+def _compile(vocab: Vocab | None, text: str, triggers: tuple[int, ...] = ()) -> lc.llama_sampler_p:
     """llama.cpp's grammar sampler for `text` (None: for no vocabulary, where a token reference
-    such as <[42]> cannot compile); GrammarError when it does not compile."""
-    smpl = lc.llama_sampler_init_grammar(vocab.handle if vocab is not None else None, text.encode("utf-8"), b"root")
+    such as <[42]> cannot compile), lazy with `triggers`; GrammarError when it does not compile.
+
+    A lazy grammar refuses nothing until a trigger token is accepted, and goes on from that token.
+    Only tokens trigger: on a trigger text llama.cpp replays the rest of the token that completed
+    it into the grammar, and a rest the grammar refuses would throw through its C API."""
+    handle = vocab.handle if vocab is not None else None
+    if triggers:
+        ids = (lc.llama_token * len(triggers))(*triggers)
+        smpl = lc.llama_sampler_init_grammar_lazy_patterns(handle, text.encode("utf-8"), b"root", None, 0, ids,
+                                                           len(triggers))
+    else:
+        smpl = lc.llama_sampler_init_grammar(handle, text.encode("utf-8"), b"root")
     if not smpl:
         raise GrammarError(_REFUSED + (" (token references need a model: not in group requests)" if vocab is None else ""))
     return smpl
@@ -59,8 +69,8 @@ class Constraint:
 
     Used by one thread at a time (a runner's); `close` frees it."""
 
-    def __init__(self, vocab: Vocab, text: str):
-        self._smpl = _compile(vocab, text)
+    def __init__(self, vocab: Vocab, text: str, triggers: tuple[int, ...] = ()):
+        self._smpl = _compile(vocab, text, triggers)
         self._vocab = vocab
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._one_arr = _array(self._one)

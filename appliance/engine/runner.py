@@ -636,7 +636,7 @@ class ModelRunner:
             params = seq.req.sampling
             if params.grammar is not None:
                 try:
-                    seq.grammar = Constraint(self.vocab, params.grammar)
+                    seq.grammar = Constraint(self.vocab, params.grammar, params.grammar_triggers)
                 except GrammarError as e:
                     seq.sink(Failed("invalid_request", f"grammar: {e}"))
                     continue

@@ -22,6 +22,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     # A GBNF grammar (start symbol `root`) the output must follow (grammar.Constraint).
     grammar: str | None = None
+    # With these tokens the grammar is lazy: the output is free until one of them is picked, and
+    # from it on follows the grammar, which begins with that token (a model's tool-call tag).
+    grammar_triggers: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
