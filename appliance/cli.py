@@ -87,7 +87,7 @@ def _gguf_header(args: argparse.Namespace) -> int:
     from .engine import native
 
     try:
-        meta = native.read_header(Path(args.path))
+        meta = native.read_header(Path(args.path), trial=True)
     except ValueError as e:
         print(f"eie: {e}", file=sys.stderr)
         return 2

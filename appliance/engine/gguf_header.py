@@ -1,12 +1,14 @@
-"""A GGUF file's metadata, read by llama.cpp in a child process (`eie gguf-header PATH`).
+"""A GGUF file's metadata, read by llama.cpp in a child process (`eie gguf-header PATH`) that also
+tries the model: a load, a context, and the checks of engine/gguf_checks.py.
 
 llama.cpp aborts the whole process on some malformed files instead of failing the load: a
 vocabulary with a token written twice fails `GGML_ASSERT(id_to_token.size() ==
-token_to_id.size())`. A file named in the config, or dropped into model_dir and listed by the
-admin discover endpoint, must fail alone, so its header (and with it the vocabulary, the part that
-asserts) is read here first; the load that follows in the server reads the same vocabulary. The
-answer is cached per file version by the caller (engine/manager.py shape_of), so the child runs
-once per new file: about 0.3 s more than reading in process.
+token_to_id.size())`, a `block_count` of 0 fails at the load, K/V heads that do not divide the
+query heads fail when the context builds its graphs (tests/unit/engine/test_gguf_trial.py). A
+file named in the config, or dropped into model_dir and listed by the admin discover endpoint,
+must fail alone, so it is tried here first. The answer is cached per file version by the caller
+(engine/manager.py shape_of), so the child runs once per new file: 0.44 s for SmolLM2, 0.92 s for
+Gemma 3 on this machine.
 """
 
 from __future__ import annotations

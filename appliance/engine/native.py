@@ -21,7 +21,7 @@ from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from he
 from ..kv.migrate import rotation_sizes
 from ..resources.architectures import is_encoder
 from ..resources.cores import CoreBudget
-from . import backends, gguf_tensors, held_gil, k_centering
+from . import backends, gguf_checks, gguf_tensors, held_gil, k_centering
 from .load_cancel import raise_if_set
 
 log = logging.getLogger("eie.llama")
@@ -248,21 +248,32 @@ def _read_metadata(model: lc.llama_model_p) -> dict[str, str]:
     return out
 
 
-def read_header(path: Path) -> dict[str, str]:
+def read_header(path: Path, trial: bool = False) -> dict[str, str]:
     """A GGUF file's metadata (as strings) plus `n_vocab`, through llama.cpp's vocab-only load.
 
     The `gguf` package parses every token string eagerly (about 12 s for Gemma 3's 262k-token
     vocabulary on this machine); llama.cpp reads the same header in about 0.5 s.
+
+    With `trial` the model is loaded whole instead (mapped, on the CPU, weights not repacked: none
+    is read) and given a small context, whose graphs llama.cpp builds: the steps where a malformed
+    file makes it abort the process (engine/gguf_header.py runs this in a child).
     """
     init_backend()
     if not path.is_file():
         raise ValueError(f"model file not found: {path}")
     params = lc.llama_model_default_params()
-    params.vocab_only = True
+    if trial:
+        params.use_mmap = True
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = False
+    else:
+        params.vocab_only = True
     assert _router is not None
     lines = _router.start_capture()
     try:
         model = lc.llama_model_load_from_file(str(path).encode(), params)
+        if model and trial:
+            _trial_context(model, path, lines)
     finally:
         _router.stop_capture()
     if not model:
@@ -271,9 +282,28 @@ def read_header(path: Path) -> dict[str, str]:
     try:
         meta = _read_metadata(model)
         meta["n_vocab"] = str(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model)))
-        return meta
     finally:
         lc.llama_model_free(model)
+    if trial:
+        problem = gguf_checks.decode_problem(meta, gguf_tensors.table(path))
+        if problem:
+            raise ValueError(f"{path.name} would make llama.cpp abort when decoding: {problem}")
+    return meta
+
+
+def _trial_context(model: lc.llama_model_p, path: Path, lines: list[str]) -> None:
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = 256
+    cparams.n_batch = cparams.n_ubatch = 32
+    cparams.n_seq_max = 1
+    cparams.n_threads = cparams.n_threads_batch = 1
+    cparams.no_perf = True
+    ctx = lc.llama_init_from_model(model, cparams)
+    if not ctx:
+        lc.llama_model_free(model)
+        raise ValueError(f"llama.cpp could not make a context for {path.name}: "
+                         f"{_last_error(lines) or 'no reason given'}")
+    lc.llama_free(ctx)
 
 
 TURBO_TYPES = {"turbo4", "turbo3", "turbo2"}

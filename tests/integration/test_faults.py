@@ -20,6 +20,7 @@ import pytest
 import tiny_bert
 from conftest import EIE, SMOLLM2, model_entry
 from opshelp import audit_path, metric, sse_events, wait_for
+from tiny_llama import write_tiny_llama
 
 NO_EOS = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end tokens: generations run to max_tokens
 
@@ -104,12 +105,16 @@ def test_a_file_llama_cpp_aborts_on_fails_alone(server_factory, tmp_path, monkey
     model fails with the assertion named, on demand and in discover, and nothing else stops."""
     monkeypatch.setattr(tiny_bert, "vocabulary", lambda real=tiny_bert.vocabulary: [*real(), "\u2581cat"])
     tiny_bert.write_tiny_bert(tmp_path / "twice.gguf")
+    write_tiny_llama(tmp_path / "heads.gguf", n_head_kv=3)  # aborts when llama.cpp builds a context's graphs
     shutil.copyfile(SMOLLM2, tmp_path / "good.gguf")
     srv = server_factory({
         "model_dir": str(tmp_path),
         "policy": {"strategy": "generic"},
-        "models": [model_entry("a", "good.gguf", n_ctx=512), model_entry("later", "twice.gguf", embedding=True)],
+        "models": [model_entry("a", "good.gguf", n_ctx=512), model_entry("later", "twice.gguf", embedding=True),
+                   model_entry("heads", "heads.gguf", n_ctx=256)],
     }, "aborting")
+    r = httpx.post(srv.base + "/v1/completions", json={"model": "heads", "prompt": "Hi", "max_tokens": 4})
+    assert r.status_code == 503 and "GGML_ASSERT(ggml_can_mul_mat(k, q))" in r.text, r.text
     r = httpx.post(srv.base + "/v1/embeddings", json={"model": "later", "input": "the cat"})
     assert r.status_code == 503 and "GGML_ASSERT(id_to_token.size() == token_to_id.size())" in r.text, r.text
     found = {m["path"]: m for m in httpx.get(srv.base + "/v1/admin/models/discover").json()["models"]}
