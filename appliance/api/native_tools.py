@@ -75,7 +75,7 @@ def conversation(messages: list[dict[str, str]], raw: list[ChatMessage]) -> list
     for msg, plain in zip(raw, messages):
         if msg.role == "assistant" and msg.tool_calls:
             calls = [{"id": c.id or f"call_{k}", "type": "function",
-                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                      "function": {"name": c.function.name, "arguments": arguments_value(c.function.arguments)}}
                      for k, c in enumerate(msg.tool_calls)]
             out.append({"role": "assistant", "content": plain["content"], "tool_calls": calls})
         elif msg.role == "tool":
@@ -87,7 +87,9 @@ def conversation(messages: list[dict[str, str]], raw: list[ChatMessage]) -> list
     return out
 
 
-def _arguments(text: str) -> Any:
+def arguments_value(text: str) -> Any:
+    """A call's arguments (JSON text, as OpenAI sends them) as the value they encode; text that
+    is not JSON as it is."""
     try:
         return json.loads(text)
     except ValueError:

@@ -14,19 +14,8 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from hermes_smollm2 import HERMES_TEMPLATE, TOOL_CALL_TOKEN, write_hermes_smollm2
+from tool_requests import TOOLS, WEATHER
 
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
-                       "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two integers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                       "required": ["a", "b"], "additionalProperties": False}}},
-]
-WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
 
 

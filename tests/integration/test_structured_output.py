@@ -13,6 +13,7 @@ import pytest
 
 from conftest import GEMMA3, SMOLLM2, model_entry
 from opshelp import metric
+from tool_requests import TOOLS, WEATHER
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
 PERSON = {
@@ -226,20 +227,6 @@ def test_a_grammar_that_no_token_can_continue_ends_the_answer(server):
 
 
 # ---- tools --------------------------------------------------------------------------------------
-
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
-                       "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two integers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                       "required": ["a", "b"], "additionalProperties": False}}},
-]
-WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
-
 
 def tool_chat(server, model: str, messages: list, **kw) -> dict:
     r = post(server, "/v1/chat/completions", {"model": model, "messages": messages, "tools": TOOLS,
