@@ -46,7 +46,7 @@ class EieServer:
         self.cfg_path = state / f"bench-{self.port}.yaml"
         self.cfg_path.write_text(yaml.safe_dump(config))
         self.log = open(state / f"bench-{self.port}.log", "wb")
-        t0 = time.monotonic()
+        self.t0 = t0 = time.monotonic()
         self.proc = subprocess.Popen([*(cmd or EIE_CMD), "serve", "--config", str(self.cfg_path), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         self.base = f"http://127.0.0.1:{self.port}"

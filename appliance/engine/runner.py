@@ -257,7 +257,7 @@ class ModelRunner:
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
         self.last_finished = 0.0  # time.monotonic() when a sequence last finished
         self._candidates: np.ndarray | None = None  # llama_token_data for the rejection rule
-        self._exact_stale = False  # KV types changed: exact_rows to be measured again (_step)
+        self._exact_stale = False  # exact_rows to be measured by the next step: none cached at load, or KV types changed
     # ---- lifecycle -------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -291,8 +291,12 @@ class ModelRunner:
             self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
             if self._speculator_factory is not None and not self.cfg.embedding:  # a draft model with another vocabulary fails the load
                 self.spec = self._speculator_factory(self)
-            if self.spec is not None:
-                self._measure_exact_rows()
+            if self.spec is not None and not self._cached_exact_rows():
+                # Measured by the step thread's first step instead (1-4 s on 2 cores at a first
+                # boot): the model is ready that much sooner, and a request that comes meanwhile
+                # waits for that step, which it would have waited for in the load.
+                self.spec.exact_rows, self.spec.exact_kv = 1, None
+                self._exact_stale = True
             raise_if_set(self.cancel)  # stopping: no prefix cache, no step thread
         except Exception as e:  # a load failure is a state, reported by /health, never a crash
             if self.spec is not None:
@@ -332,27 +336,38 @@ class ModelRunner:
         else:
             log.error("model %s failed to load: %s", self.name, e)
 
+    def _exact_rows_key(self) -> tuple[tuple, int]:
+        max_rows = min(self.spec.cfg.max_draft + 1, self.outputs_cap)
+        centered = self.loaded.k_centers is not None  # other keys, other rounding
+        return (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v,
+                centered, *EXACTNESS_CONTEXTS), max_rows
+
+    def _cached_exact_rows(self) -> bool:
+        """Take the exactness probe's answer from the cache dir, when it has one for these KV types."""
+        key, max_rows = self._exact_rows_key()
+        cached = file_facts.load(self.cache_dir, "exact-verify-rows", key)
+        if not (isinstance(cached, int) and 1 <= cached <= max_rows):
+            return False
+        self.spec.exact_rows, self.spec.exact_kv = cached, (self.loaded.type_k, self.loaded.type_v)
+        log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name, cached)
+        return True
+
     def _measure_exact_rows(self, seq_id: int = 0) -> None:
         """How many tokens per sequence one decode verifies exactly (speculative/exactness.py), on
         the free sequence `seq_id`; measured once per model file, llama.cpp build, KV types and K
         centring, then read from the cache dir."""
-        max_rows = min(self.spec.cfg.max_draft + 1, self.outputs_cap)
-        centered = self.loaded.k_centers is not None  # other keys, other rounding
-        key = (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v,
-               centered, *EXACTNESS_CONTEXTS)
-        cached = file_facts.load(self.cache_dir, "exact-verify-rows", key)
-        if isinstance(cached, int) and 1 <= cached <= max_rows:
-            self.spec.exact_rows = cached
-        else:
-            granted = self.cores.acquire(self.threads)
-            try:
-                lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
-                self._threads_set = granted
-                self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id,
-                                                  cancel=self.cancel)
-            finally:
-                self.cores.release(granted)
-            file_facts.save(self.cache_dir, "exact-verify-rows", key, self.spec.exact_rows)
+        if self._cached_exact_rows():
+            return
+        key, max_rows = self._exact_rows_key()
+        granted = self.cores.acquire(self.threads)
+        try:
+            lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
+            self._threads_set = granted
+            self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id,
+                                              cancel=self.cancel)
+        finally:
+            self.cores.release(granted)
+        file_facts.save(self.cache_dir, "exact-verify-rows", key, self.spec.exact_rows)
         self.spec.exact_kv = (self.loaded.type_k, self.loaded.type_v)
         log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name,
                  self.spec.exact_rows)
@@ -596,7 +611,8 @@ class ModelRunner:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._waiting and not self._active and not self._commands:
+                while (not self._stopping and not self._waiting and not self._active and not self._commands
+                       and not self._exact_stale):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -697,7 +713,7 @@ class ModelRunner:
             except LoadCancelled:  # the server is stopping
                 pass
             except Exception:  # greedy sequences keep verifying no drafts
-                log.exception("model %s: measuring exact verification for the new KV types failed", self.name)
+                log.exception("model %s: measuring exact verification for its KV types failed", self.name)
         now = time.monotonic()
         for seq in list(self._active):
             if seq.cancelled:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,15 @@ def chat(server, model: str, prompt: str, max_tokens: int, **extra) -> str:
 
 def spec_status(server, model: str) -> dict:
     return httpx.get(server.base + "/v1/admin/scheduling/status").json()["models"][model]["speculative"]
+
+
+def probed_status(server, model: str) -> dict:
+    """The status once the exactness probe has run: a first load leaves it to the runner's first
+    step (`exact_verify_kv` is null until then)."""
+    deadline = time.monotonic() + 120
+    while (status := spec_status(server, model))["exact_verify_kv"] is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return status
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +126,27 @@ def test_turbo_kv_verifies_exactly_across_attention_chunks(server_factory):
     # tokens spans two, and verifying drafts must still compute what decoding alone does
     srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=2, kv_cache={"mode": "turbo3"},
                                                  speculative={"sources": ["ngram"]})]}, "spec-turbo")
-    assert spec_status(srv, "m")["exact_verify_rows"] == 17  # every probed width is exact
+    assert probed_status(srv, "m")["exact_verify_rows"] == 17  # every probed width is exact
     prompt = f"Correct the spelling mistakes and write the text out again in full:\n\n{TEXT} {TEXT} {TEXT}"
     plain = chat(srv, "m", prompt, 96, speculative=False)
     assert chat(srv, "m", prompt, 96) == plain
     assert spec_status(srv, "m")["accepted"] > 0
+    srv.stop()
+
+
+def test_a_first_boot_probes_at_the_first_step_and_a_restart_reads_the_answer_at_load(server_factory, tmp_path):
+    """The probe takes 1-4 s on 2 cores: a first boot leaves it to the runner's first step, so
+    the model is ready sooner; its answer is kept in the cache dir, and a restart has it at load."""
+    config = {"server": {"cache_dir": str(tmp_path / "cache")},
+              "models": [model_entry("m", SMOLLM2, n_parallel=2, speculative={"sources": ["ngram"]})]}
+    srv = server_factory(config, "spec-first-boot")
+    first = probed_status(srv, "m")
+    assert first["exact_verify_rows"] == 17 and first["exact_verify_kv"] is not None
+    assert len(list((tmp_path / "cache" / "exact-verify-rows").iterdir())) == 1
+    srv.stop()
+    srv = server_factory(config, "spec-restart")
+    assert spec_status(srv, "m")["exact_verify_kv"] == first["exact_verify_kv"]  # at once, from the cache
+    assert "exact up to 17 tokens" in srv.log()
     srv.stop()
 
 
@@ -129,7 +155,7 @@ def test_a_kv_type_change_measures_exact_verification_again(server_factory):
     # probe has run for the new types, on a free sequence, at the next step
     srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=2, speculative={"sources": ["ngram"]})]},
                          "spec-kv-change")
-    before = spec_status(srv, "m")
+    before = probed_status(srv, "m")
     assert before["exact_verify_rows"] == 17 and before["exact_verify_kv"] not in (None, ["q8_0", "q8_0"])
     r = httpx.post(srv.base + "/v1/admin/kv/convert", json={"model": "m", "mode": "q8_0"}, timeout=120)
     assert r.status_code == 200, r.text
