@@ -125,6 +125,9 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # a number takes that many (0: weights and KV cache stay in host memory). No effect on a CPU.
     n_gpu_layers: Annotated[int, Meta(ge=0, le=100_000)] | Literal["auto"] = "auto"
     chat_template: str | None = None
+    # Variables for the chat template (e.g. {enable_thinking: false} for Qwen3); a request's
+    # chat_template_kwargs are laid over them.
+    chat_template_kwargs: dict[str, Any] = {}
     # Requests waiting for a sequence slot beyond this are refused with 429.
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

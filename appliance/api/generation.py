@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 from ..config import Config
 from ..engine.client import GenerationFailed, PromptError
@@ -13,6 +14,7 @@ from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, Policy
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..policy import PluginError
 from ..engine import grammar
+from ..engine.chat_template import RESERVED
 from ..engine.grammar import GrammarError
 from ..engine.native import Vocab
 from ..engine.sampling import SamplingParams
@@ -162,6 +164,16 @@ def _message_text(msg: ChatMessage, index: int) -> str:
             )
         parts.append(part.text)
     return "".join(parts)
+
+
+def template_kwargs(configured: dict[str, Any], requested: dict[str, Any] | None) -> dict[str, Any]:
+    """The chat template's extra variables: the model's, with the request's laid over them; a
+    variable the server sets itself is a 400 naming it."""
+    for key in requested or {}:
+        if key in RESERVED:
+            raise bad_request(f"chat_template_kwargs may not set {key!r}: the server sets it",
+                              param=f"chat_template_kwargs.{key}")
+    return {**configured, **(requested or {})}
 
 
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

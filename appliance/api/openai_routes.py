@@ -27,8 +27,10 @@ from .generation import (
     request_sampling,
     generation_runner,
     stop_list,
+    template_kwargs,
 )
-from . import native_tools, tools
+from . import native_tools, reasoning, tools
+from .chat_answer import AnswerReader, AnswerShape
 from .http import EventStream, Request
 from .schemas import (
     AssistantMessage,
@@ -138,7 +140,15 @@ class OpenAIRoutes:
         messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan, native)
         params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None,
                                         tool_plan.triggers if tool_plan else ())
-        prompt = await asyncio.to_thread(render_chat, runner, messages, tool_plan.template_tools if tool_plan else None)
+        extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
+        prompt = await asyncio.to_thread(render_chat, runner, messages, tool_plan.template_tools if tool_plan else None,
+                                         extra)
+        think = reasoning.applies(runner.template.source, req.reasoning_format)
+        # A grammar from the first token (structured output, tools other than a lazy call tag)
+        # leaves no room for a think block the prompt opened: the answer is read as it is.
+        from_start = params.grammar is not None and not params.grammar_triggers
+        inside = think and not from_start and reasoning.opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+        shape = AnswerShape(tool_plan, think, inside)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
         stops = stop_list(req)
@@ -152,8 +162,8 @@ class OpenAIRoutes:
             for i in range(req.n)
         ])
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
-                        lambda *a: self._chat_stream(*a, tool_plan=tool_plan),
-                        lambda *a: self._chat_response(*a, tool_plan=tool_plan), req.model, top is not None)
+                        lambda *a: self._chat_stream(*a, shape=shape),
+                        lambda *a: self._chat_response(*a, shape=shape), req.model, top is not None)
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = decoded(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -202,49 +212,48 @@ class OpenAIRoutes:
     # ---- chat ------------------------------------------------------------------------------
 
     @staticmethod
-    def _chat_response(outs, model: str, logprobs: bool, tool_plan: tools.ToolPlan | None = None) -> ChatCompletion:
+    def _chat_response(outs, model: str, logprobs: bool, shape: AnswerShape = AnswerShape()) -> ChatCompletion:
         choices = []
         for i, o in enumerate(outs):
-            if tool_plan is not None:
-                content, calls, reason = tool_plan.read(o.text, o.finish_reason)
-                message = AssistantMessage("assistant", content, calls)
-            else:
-                message, reason = AssistantMessage("assistant", o.text), o.finish_reason
-            choices.append(ChatChoice(i, message, reason, chat_logprobs(o.logprobs) if logprobs else None))
+            parts = shape.whole(o.text, o.finish_reason)
+            message = AssistantMessage("assistant", parts.content, parts.tool_calls, parts.reasoning)
+            choices.append(ChatChoice(i, message, parts.finish_reason, chat_logprobs(o.logprobs) if logprobs else None))
         completion = sum(o.completion_tokens for o in outs)
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
                               _usage(outs[0].prompt_tokens, completion), system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
-                           logprobs: bool, tool_plan: tools.ToolPlan | None = None) -> None:
+                           logprobs: bool, shape: AnswerShape = AnswerShape()) -> None:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
-        readers: dict = {}  # with tools: each choice's answer reader
-        tool_calls = tool_plan is not None
+        readers: dict[int, AnswerReader] = {}  # each choice's, unless the text goes out as it is
 
         def chunk(choices, usage=None) -> ChatCompletionChunk:
             return ChatCompletionChunk(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
 
         def delta(i: int, ev: TextDelta) -> ChatCompletionChunk | None:
-            if not tool_calls:
-                return chunk([ChatChunkChoice(i, Delta(content=ev.text), None,
-                                              chat_logprobs(ev.logprobs) if logprobs else None)])
+            lp = chat_logprobs(ev.logprobs) if logprobs else None
+            if shape.plain:
+                return chunk([ChatChunkChoice(i, Delta(content=ev.text), None, lp)])
             if i not in readers:
-                readers[i] = tool_plan.reader()
-            text = readers[i].push(ev.text)
-            return chunk([ChatChunkChoice(i, Delta(content=text))]) if text else None
+                readers[i] = shape.reader()
+            thought, text = readers[i].push(ev.text)
+            if not (thought or text or lp):
+                return None  # held back: a tag's start, blanks, or a tool call read whole
+            return chunk([ChatChunkChoice(i, Delta(content=text or None, reasoning_content=thought or None), None, lp)])
 
         def final(i: int, reason: str) -> list[ChatCompletionChunk]:
+            if shape.plain:
+                return [chunk([ChatChunkChoice(i, Delta(), reason)])]
+            parts = (readers.pop(i, None) or shape.reader()).finish(reason)
             out = []
-            if tool_calls:
-                content, calls, reason = (readers.pop(i, None) or tool_plan.reader()).finish(reason)
-                if content:
-                    out.append(chunk([ChatChunkChoice(i, Delta(content=content))]))
-                if calls:
-                    out.append(chunk([ChatChunkChoice(i, Delta(tool_calls=[
-                        ToolCallDelta(k, c.id, c.type, c.function) for k, c in enumerate(calls)]))]))
-            return out + [chunk([ChatChunkChoice(i, Delta(), reason)])]
+            if parts.reasoning or parts.content:
+                out.append(chunk([ChatChunkChoice(i, Delta(content=parts.content, reasoning_content=parts.reasoning))]))
+            if parts.tool_calls:
+                out.append(chunk([ChatChunkChoice(i, Delta(tool_calls=[
+                    ToolCallDelta(k, c.id, c.type, c.function) for k, c in enumerate(parts.tool_calls)]))]))
+            return out + [chunk([ChatChunkChoice(i, Delta(), parts.finish_reason)])]
 
         await self._stream(
             sse, gens, include_usage,

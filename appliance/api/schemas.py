@@ -116,6 +116,11 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: str | ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # A think block (<think>...</think>) as `reasoning_content` (auto; deepseek: the same) or
+    # left in the content (none); see api/reasoning.py.
+    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
+    # Variables for the chat template (e.g. Qwen3's enable_thinking), over models[].chat_template_kwargs.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
@@ -140,6 +145,7 @@ class TokenizeRequest(Struct, frozen=True, kw_only=True):
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: str | ToolChoice | None = None
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
     # text only: BOS/EOS as the model's tokenizer adds them (a completions prompt gets them)
     add_special: bool = True
     # text only: special tokens written in the text (<|im_end|>) become those tokens
@@ -240,6 +246,7 @@ class AssistantMessage(Struct, frozen=True, omit_defaults=True):
     role: str
     content: str | None  # null when the answer is tool calls
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # a think block (api/reasoning.py)
 
 
 class TopLogprob(Struct, frozen=True):
@@ -294,6 +301,7 @@ class Delta(Struct, frozen=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(Struct, frozen=True):

@@ -30,6 +30,11 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
                       separators=tuple(separators) if separators else None, sort_keys=sort_keys)
 
 
+# The variables render() sets, which chat_template_kwargs may not give.
+RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "raise_exception",
+                      "strftime_now"})
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str, eos_token: str):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
@@ -45,9 +50,11 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
+        """The prompt; `extra` adds variables (chat_template_kwargs), never in place of these."""
         try:
             return self._template.render(
+                **(extra or {}),
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,

@@ -33,11 +33,12 @@ class GenerationFailed(Exception):
         self.kind = event.kind
 
 
-def render_chat(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """Render with the model's template (and `tools`, for a template that lists them itself) and
-    tokenize (blocking: run it off the event loop)."""
+def render_chat(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                extra: dict[str, Any] | None = None) -> list[int]:
+    """Render with the model's template (with `tools`, for a template that lists them itself, and
+    the template variables `extra`) and tokenize (blocking: run it off the event loop)."""
     try:
-        text = runner.template.render(messages, tools=tools)
+        text = runner.template.render(messages, tools=tools, extra=extra)
     except TemplateError as e:
         raise PromptError(f"messages cannot be rendered for model '{runner.name}': {e}", "messages") from e
     vocab = runner.vocab

@@ -1,0 +1,63 @@
+"""A chat answer's text read into the message's parts: the reasoning (a think block, api/reasoning.py),
+the content and the tool calls (api/tools.py, api/native_tools.py), whole or as it streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import reasoning
+from .schemas import ToolCall
+from .tools import ToolPlan
+
+
+@dataclass(frozen=True)
+class Parts:
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[ToolCall] | None
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class AnswerShape:
+    tools: ToolPlan | None = None
+    think: bool = False  # the template has think blocks and the request wants them apart
+    inside: bool = False  # the prompt opened the block: the answer starts in it
+
+    @property
+    def plain(self) -> bool:
+        return self.tools is None and not self.think
+
+    def whole(self, text: str, finish_reason: str) -> Parts:
+        thought = None
+        if self.think:
+            thought, text = reasoning.split(text, self.inside)
+        if self.tools is None:
+            return Parts(thought, text, None, finish_reason)
+        content, calls, reason = self.tools.read(text, finish_reason)
+        return Parts(thought, content, calls, reason)
+
+    def reader(self) -> "AnswerReader":
+        return AnswerReader(self)
+
+
+class AnswerReader:
+    """`AnswerShape.whole` as the text streams: push pieces, get (reasoning, content) deltas; the
+    tool calls, and what was held back, come with `finish`."""
+
+    def __init__(self, shape: AnswerShape) -> None:
+        self.splitter = reasoning.Splitter(shape.inside) if shape.think else None
+        self.tools = shape.tools.reader() if shape.tools is not None else None
+
+    def push(self, piece: str) -> tuple[str, str]:
+        thought, text = self.splitter.push(piece) if self.splitter else ("", piece)
+        return thought, (self.tools.push(text) if self.tools and text else text)
+
+    def finish(self, finish_reason: str) -> Parts:
+        thought, text = self.splitter.finish() if self.splitter else ("", "")
+        if self.tools is None:
+            return Parts(thought or None, text or None, None, finish_reason)
+        if text:
+            text = self.tools.push(text)
+        content, calls, reason = self.tools.finish(finish_reason)
+        return Parts(thought or None, (text + (content or "")) or None, calls, reason)

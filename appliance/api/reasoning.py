@@ -1,0 +1,107 @@
+"""A reasoning model's thinking, given apart from its answer (`reasoning_content`, as DeepSeek's
+API and llama-server give it).
+
+Models whose chat template knows `<think>` ... `</think>` (Qwen3, DeepSeek-R1 and its distills,
+QwQ, and fine-tunes of them) write their reasoning there before the answer; some templates open
+the block in the generation prompt, so the answer starts inside it. With `reasoning_format`
+`auto` (the default) the block becomes `reasoning_content` and the rest `content`; `none` leaves
+the text as the model wrote it. An answer cut short inside the block is all reasoning.
+"""
+
+from __future__ import annotations
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def applies(template_source: str, reasoning_format: str | None) -> bool:
+    """Whether answers are split: the template has think tags and the request did not opt out."""
+    return reasoning_format != "none" and OPEN in template_source and CLOSE in template_source
+
+
+def opened_by_prompt(prompt_tail: str) -> bool:
+    """Whether the rendered prompt (its last characters) ends in an open think block."""
+    return prompt_tail.rstrip().endswith(OPEN)
+
+
+def split(text: str, inside: bool) -> tuple[str | None, str]:
+    """(reasoning, content) of a whole answer; reasoning is None when the answer has none."""
+    if not inside:
+        stripped = text.lstrip()
+        if not stripped.startswith(OPEN):
+            return None, text
+        text = stripped[len(OPEN):]
+    end = text.find(CLOSE)
+    if end < 0:
+        return text.strip(), ""
+    return text[:end].strip(), text[end + len(CLOSE):].lstrip()
+
+
+class Splitter:
+    """`split` as the answer streams: push pieces, get (reasoning, content) deltas whose sums are
+    what `split` gives for the whole text, once `finish` has given out what was held back (blanks
+    that may end the reasoning, a tail that may be the start of a tag)."""
+
+    def __init__(self, inside: bool) -> None:
+        self.state = "reasoning-start" if inside else "start"
+        self.held = ""
+
+    def push(self, piece: str) -> tuple[str, str]:
+        self.held += piece
+        reasoning = content = ""
+        while True:
+            if self.state == "start":
+                lead = self.held.lstrip()
+                if lead.startswith(OPEN):
+                    self.state, self.held = "reasoning-start", lead[len(OPEN):]
+                    continue
+                if OPEN.startswith(lead):  # still possibly the tag (or only blanks so far)
+                    return reasoning, content
+                self.state = "content"
+                continue
+            if self.state == "reasoning-start":
+                self.held = self.held.lstrip()
+                if not self.held:
+                    return reasoning, content
+                self.state = "reasoning"
+                continue
+            if self.state == "reasoning":
+                end = self.held.find(CLOSE)
+                if end >= 0:
+                    reasoning += self.held[:end].rstrip()
+                    self.state, self.held = "content-start", self.held[end + len(CLOSE):]
+                    continue
+                keep = _tail_to_hold(self.held)
+                out = self.held[:len(self.held) - keep]
+                reasoning += out
+                self.held = self.held[len(out):]
+                return reasoning, content
+            if self.state == "content-start":
+                self.held = self.held.lstrip()
+                if not self.held:
+                    return reasoning, content
+                self.state = "content"
+                continue
+            content += self.held
+            self.held = ""
+            return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """What was held back: (reasoning, content)."""
+        held, self.held = self.held, ""
+        if self.state == "start":
+            return "", held
+        if self.state in ("reasoning", "reasoning-start"):
+            return held.rstrip(), ""
+        return "", held if self.state == "content" else ""
+
+
+def _tail_to_hold(text: str) -> int:
+    """How many characters at the end of reasoning text to hold: trailing blanks (they are not
+    reasoning if `</think>` follows) and what could be the start of `</think>`."""
+    tag = 0
+    for n in range(min(len(CLOSE) - 1, len(text)), 0, -1):
+        if CLOSE.startswith(text[-n:]):
+            tag = n
+            break
+    rest = text[:len(text) - tag]
+    return tag + (len(rest) - len(rest.rstrip()))

@@ -1,0 +1,108 @@
+"""Reasoning models' think blocks (api/reasoning.py) and chat template variables, through the real
+server: SmolLM2 served with templates in the two shapes reasoning models have (Qwen3's: the model
+opens `<think>` itself, and `enable_thinking: false` closes an empty block in the prompt;
+DeepSeek-R1's: the prompt opens the block). A grammar makes the untrained model write a block."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import SMOLLM2, model_entry
+
+TURNS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n")
+QWEN3_STYLE = TURNS + ("{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+                       "{% endif %}{% endif %}")
+# DeepSeek-R1's shape: the prompt opens the block, and earlier answers lose theirs
+OPENED = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+          "{{ m.content.split('</think>')[-1] if m.role == 'assistant' else m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+THINK = 'root ::= "<think>" [a-z ]{10,60} "</think>" [A-Za-z ]{10,60}'
+ASK = [{"role": "user", "content": "What is two plus two?"}]
+
+
+@pytest.fixture(scope="module")
+def server(server_factory):
+    return server_factory({"models": [
+        model_entry("qwen3-style", SMOLLM2, n_parallel=2, chat_template=QWEN3_STYLE),
+        model_entry("opened", SMOLLM2, n_parallel=1, chat_template=OPENED),
+        model_entry("no-thinking", SMOLLM2, n_parallel=1, chat_template=QWEN3_STYLE,
+                    chat_template_kwargs={"enable_thinking": False}),
+    ]}, "reasoning")
+
+
+def chat(server, model: str, **kw) -> dict:
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=300, json={
+        "model": model, "messages": ASK, "temperature": 0, "max_tokens": 60, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def stream(server, model: str, **kw) -> tuple[str, str, str]:
+    reasoning = content = ""
+    reason = None
+    with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
+            "model": model, "messages": ASK, "temperature": 0, "max_tokens": 60, "stream": True, **kw}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                reasoning += choice["delta"].get("reasoning_content") or ""
+                content += choice["delta"].get("content") or ""
+                reason = choice["finish_reason"] or reason
+    return reasoning, content, reason
+
+
+def prompt_text(server, model: str, **kw) -> str:
+    r = httpx.post(server.base + "/tokenize", timeout=60, json={"model": model, "messages": ASK, "with_pieces": True, **kw})
+    assert r.status_code == 200, r.text
+    return "".join(t["piece"] for t in r.json()["tokens"])
+
+
+def test_a_think_block_is_given_apart_whole_and_streamed(server):
+    raw = chat(server, "qwen3-style", grammar=THINK, reasoning_format="none")["message"]["content"]
+    assert raw.startswith("<think>") and "</think>" in raw
+    choice = chat(server, "qwen3-style", grammar=THINK)
+    thought, answer = raw[len("<think>"):].split("</think>")
+    assert choice["message"]["reasoning_content"] == thought.strip()
+    assert choice["message"]["content"] == answer.lstrip() and choice["finish_reason"] == "stop"
+    assert stream(server, "qwen3-style", grammar=THINK) == (thought.strip(), answer.lstrip(), "stop")
+
+
+def test_an_answer_without_a_block_has_no_reasoning(server):
+    plain = chat(server, "qwen3-style", max_tokens=20)
+    assert "reasoning_content" not in plain["message"] and plain["message"]["content"]
+
+
+def test_a_block_the_prompt_opened_is_reasoning_until_it_closes(server):
+    assert prompt_text(server, "opened").endswith("<|im_start|>assistant\n<think>\n")
+    raw = chat(server, "opened", reasoning_format="none", max_tokens=30)["message"]["content"]
+    assert "</think>" not in raw  # the untrained model never closes it: cut short, all reasoning
+    choice = chat(server, "opened", max_tokens=30)
+    assert choice["message"]["reasoning_content"] == raw.strip() and choice["message"]["content"] == ""
+    assert choice["finish_reason"] == "length"
+    assert stream(server, "opened", max_tokens=30) == (raw.strip(), "", "length")
+
+
+def test_template_variables_from_the_config_and_the_request(server):
+    closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert prompt_text(server, "no-thinking").endswith(closed)  # models[].chat_template_kwargs
+    assert not prompt_text(server, "no-thinking", chat_template_kwargs={"enable_thinking": True}).endswith(closed)
+    assert prompt_text(server, "qwen3-style", chat_template_kwargs={"enable_thinking": False}).endswith(closed)
+    r = httpx.post(server.base + "/v1/chat/completions", json={
+        "model": "no-thinking", "messages": ASK, "max_tokens": 40, "temperature": 0})
+    assert r.status_code == 200 and "reasoning_content" not in r.json()["choices"][0]["message"]
+    assert r.json()["usage"]["prompt_tokens"] == httpx.post(server.base + "/tokenize", json={
+        "model": "no-thinking", "messages": ASK}).json()["count"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs.add_generation_prompt"),
+    ({"reasoning_format": "hidden"}, "reasoning_format"),
+])
+def test_bad_reasoning_fields_are_refused_by_name(server, body, param):
+    r = httpx.post(server.base + "/v1/chat/completions", json={"model": "qwen3-style", "messages": ASK, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -1,0 +1,70 @@
+"""api/reasoning.py: a think block split from the answer, whole and as it streams (every way of
+cutting the text into pieces gives what the whole text gives)."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.api import reasoning
+
+TEXTS = [
+    ("<think>\nFirst, 2 + 2.\n</think>\n\nIt is 4.", False, ("First, 2 + 2.", "It is 4.")),
+    ("  <think>a</think>b", False, ("a", "b")),
+    ("No thinking here.", False, (None, "No thinking here.")),
+    ("  plain with blanks ", False, (None, "  plain with blanks ")),
+    ("<thinking aloud>", False, (None, "<thinking aloud>")),
+    ("<thi", False, (None, "<thi")),
+    ("<think>cut short </th", False, ("cut short </th", "")),
+    ("\nreasoning first\n</think>\nanswer", True, ("reasoning first", "answer")),
+    ("all reasoning   ", True, ("all reasoning", "")),
+    ("</think>", True, ("", "")),
+    ("<think></think>   ", False, ("", "")),
+]
+
+
+@pytest.mark.parametrize("text,inside,want", TEXTS)
+def test_a_whole_answer_splits(text, inside, want):
+    assert reasoning.split(text, inside) == want
+
+
+@pytest.mark.parametrize("text,inside,want", TEXTS)
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+def test_streamed_pieces_add_up_to_the_whole_split(text, inside, want, size):
+    splitter = reasoning.Splitter(inside)
+    got_r = got_c = ""
+    for i in range(0, len(text), size):
+        r, c = splitter.push(text[i:i + size])
+        got_r, got_c = got_r + r, got_c + c
+    r, c = splitter.finish()
+    got_r, got_c = got_r + r, got_c + c
+    assert (got_r if want[0] is not None or got_r else None, got_c) == want
+
+
+def test_it_applies_to_templates_with_think_tags_unless_turned_off():
+    qwen3 = "{%- if enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    assert reasoning.applies(qwen3, "auto") and reasoning.applies(qwen3, None)
+    assert not reasoning.applies(qwen3, "none") and not reasoning.applies("{{ messages }}", "auto")
+    assert reasoning.opened_by_prompt("<|im_start|>assistant\n<think>\n") and not reasoning.opened_by_prompt("x\n")
+
+
+@pytest.mark.parametrize("size", [1, 4, 9])
+def test_tool_calls_are_read_from_the_content_after_the_block(size):
+    import msgspec
+
+    from appliance.api import tools
+    from appliance.api.chat_answer import AnswerShape
+    from appliance.api.native_tools import NativeFormat
+    from appliance.api.schemas import ChatRequest
+
+    req = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "w"}}]}, ChatRequest)
+    shape = AnswerShape(tools.plan(req, NativeFormat("hermes", 7)), think=True)
+    text = '<think>\nI should call w.\n</think>\n\nLet me.\n<tool_call>\n{"name": "w", "arguments": {}}\n</tool_call>'
+    whole = shape.whole(text, "stop")
+    assert (whole.reasoning, whole.content, whole.finish_reason) == ("I should call w.", "Let me.", "tool_calls")
+    reader = shape.reader()
+    got = [reader.push(text[i:i + size]) for i in range(0, len(text), size)]
+    end = reader.finish("stop")
+    assert "".join(r for r, _ in got) + (end.reasoning or "") == whole.reasoning
+    assert "".join(c for _, c in got) + (end.content or "") == whole.content
+    assert [c.function.name for c in end.tool_calls] == ["w"] and end.finish_reason == "tool_calls"
