@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     hash_key = sub.add_parser("hash-key", help="print a key file line for the key read from stdin")
     hash_key.add_argument("id", help="the key's id (what logs and the audit trail name)")
     hash_key.add_argument("--admin", action="store_true", help="an admin key")
-    header = sub.add_parser("gguf-header", help="try a GGUF file as the server does before a load (a load, a small context, the checks of what aborts a decode) and print its metadata as llama.cpp reads it (JSON)")
+    header = sub.add_parser("gguf-header", help="try a GGUF file as the server does before a load (a load, a small "
+                            "context, the checks of what aborts a decode); print its metadata as JSON")
     header.add_argument("path")
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -136,7 +136,8 @@ class OpenAIRoutes:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await generation_runner(self.manager, req.model)
         native = native_tools.format_of(runner.template, runner.vocab)
-        tool_plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)  # schemas: off the loop
+        # a large schema takes milliseconds: off the loop
+        tool_plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)
         messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan, native)
         params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None,
                                         tool_plan.triggers if tool_plan else ())

@@ -160,7 +160,8 @@ def conversation(messages: list[dict[str, str]], raw: list[ChatMessage], tools: 
             for c in msg.tool_calls:
                 if c.id:
                     called[c.id] = c.function.name
-            calls = [{"name": c.function.name, "arguments": native_tools.arguments_value(c.function.arguments)} for c in msg.tool_calls]
+            calls = [{"name": c.function.name, "arguments": native_tools.arguments_value(c.function.arguments)}
+                     for c in msg.tool_calls]
             out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
         elif msg.role == "assistant" and tools is not None:
             out.append({"role": "assistant", "content": json.dumps({"response": plain["content"]}, ensure_ascii=False)})
