@@ -1,11 +1,11 @@
-"""A chat answer's text read into the message's parts: the reasoning (a think block, api/reasoning.py),
+"""A chat answer's text read into the message's parts: the reasoning (engine/reasoning.py),
 the content and the tool calls (api/tools.py, api/native_tools.py), whole or as it streams."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import reasoning
+from ..engine import reasoning
 from .schemas import ToolCall
 from .tools import ToolPlan
 

@@ -35,7 +35,7 @@ _decoder = msgspec.json.Decoder(GroupRequest)
 def member_out(m: MemberResult) -> MemberOut:
     usage = Usage(m.prompt_tokens, m.completion_tokens, m.prompt_tokens + m.completion_tokens)
     return MemberOut(m.index, m.model, m.status, m.text, m.finish_reason, usage, round(m.latency_ms, 1), m.attempts,
-                     m.error, m.replaced_by, m.mean_logprob)
+                     m.error, m.replaced_by, m.mean_logprob, m.reasoning)
 
 
 def execution_out(result: GroupResult, exec_id: str, created: int) -> GroupExecution:
@@ -84,6 +84,7 @@ class GroupRoutes:
             max_tokens=req.max_tokens,
             stop=stop_list(req),
             deadline=deadline(self.config),
+            reasoning_format=req.reasoning_format,
         )
         exec_id, created = f"grp-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
@@ -113,8 +114,8 @@ class GroupRoutes:
     async def _stream(self, request: Request, group, call: GroupCall, exec_id: str, created: int) -> None:
         sse = EventStream(request)
 
-        async def on_delta(m: MemberResult, text: str) -> None:
-            await sse.event(MemberDelta(m.index, m.model, text))
+        async def on_delta(m: MemberResult, text: str, thought: str) -> None:
+            await sse.event(MemberDelta(m.index, m.model, text, thought or None))
 
         async def on_done(m: MemberResult) -> None:
             await sse.event(MemberDone(member_out(m)))

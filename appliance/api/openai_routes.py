@@ -29,7 +29,8 @@ from .generation import (
     stop_list,
     template_kwargs,
 )
-from . import native_tools, reasoning, tools
+from ..engine import reasoning
+from . import native_tools, tools
 from .chat_answer import AnswerReader, AnswerShape
 from .http import EventStream, Request
 from .schemas import (

@@ -117,7 +117,7 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     tool_choice: str | ToolChoice | None = None
     parallel_tool_calls: bool = True
     # A think block (<think>...</think>) as `reasoning_content` (auto; deepseek: the same) or
-    # left in the content (none); see api/reasoning.py.
+    # left in the content (none); see engine/reasoning.py.
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
     # Variables for the chat template (e.g. Qwen3's enable_thinking), over models[].chat_template_kwargs.
     chat_template_kwargs: dict[str, Any] | None = None
@@ -231,6 +231,8 @@ class RerankResponse(Struct, frozen=True):
 class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
     group: Annotated[str, Meta(min_length=1, max_length=256)]
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    # each member's think block apart (auto, deepseek) or left in its text (none)
+    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -246,7 +248,7 @@ class AssistantMessage(Struct, frozen=True, omit_defaults=True):
     role: str
     content: str | None  # null when the answer is tool calls
     tool_calls: list[ToolCall] | None = None
-    reasoning_content: str | None = None  # a think block (api/reasoning.py)
+    reasoning_content: str | None = None  # a think block (engine/reasoning.py)
 
 
 class TopLogprob(Struct, frozen=True):
@@ -377,6 +379,7 @@ class MemberOut(Struct, frozen=True):
     error: str | None = None
     replaced_by: str | None = None
     mean_logprob: float | None = None
+    reasoning_content: str | None = None  # the member's think block (its `text` is the answer after it)
 
 
 class SelectedOut(Struct, frozen=True):
@@ -405,10 +408,11 @@ class GroupFailure(Struct, frozen=True):
     result: GroupExecution
 
 
-class MemberDelta(Struct, frozen=True, tag_field="type", tag="member.delta"):
+class MemberDelta(Struct, frozen=True, omit_defaults=True, tag_field="type", tag="member.delta"):
     index: int
     model: str
     text: str
+    reasoning_content: str | None = None
 
 
 class MemberDone(Struct, frozen=True, tag_field="type", tag="member.done"):

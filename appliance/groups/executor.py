@@ -20,6 +20,7 @@ from ..engine.runner import (
     TextDelta,
 )
 from ..engine.sampling import SamplingParams, with_seed_offset
+from ..engine import reasoning
 from . import select as selection
 
 OK_STATES = ("ok", "replaced")
@@ -30,7 +31,8 @@ class MemberResult:
     index: int
     model: str
     status: str = "skipped"  # ok | failed | timeout | replaced | skipped
-    text: str = ""
+    text: str = ""  # the answer; a think block is apart, in `reasoning` (engine/reasoning.py)
+    reasoning: str | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -71,14 +73,16 @@ class GroupCall:
     max_tokens: int | None
     stop: list[str] = field(default_factory=list)
     deadline: float = float("inf")
+    reasoning_format: str = "auto"
 
 
-# Called for every piece of streamed text and for every finished member.
-DeltaHook = Callable[[MemberResult, str], Awaitable[None]]
+# Called for every piece of streamed text (the answer's, and a think block's) and for every
+# finished member.
+DeltaHook = Callable[[MemberResult, str, str], Awaitable[None]]
 DoneHook = Callable[[MemberResult], Awaitable[None]]
 
 
-async def _noop_delta(_m: MemberResult, _t: str) -> None:
+async def _noop_delta(_m: MemberResult, _t: str, _r: str) -> None:
     return None
 
 
@@ -137,15 +141,27 @@ class GroupExecutor:
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
             return
+        think = reasoning.applies(runner.template.source, call.reasoning_format)
+        from_start = call.sampling.grammar is not None and not call.sampling.grammar_triggers
+        inside = think and not from_start and reasoning.opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+        splitters = [reasoning.Splitter(inside) if think else None for _ in members]
         parts: list[list[str]] = [[] for _ in members]
         try:
             async for i, ev in gens.events():
                 m = members[i]
                 if isinstance(ev, TextDelta):
                     parts[i].append(ev.text)
-                    await on_delta(m, ev.text)
+                    thought, text = splitters[i].push(ev.text) if splitters[i] else ("", ev.text)
+                    if thought or text:
+                        await on_delta(m, text, thought)
                 elif isinstance(ev, Finished):
-                    m.status, m.text, m.finish_reason = "ok", "".join(parts[i]), ev.reason
+                    whole = "".join(parts[i])
+                    if splitters[i]:  # the next member of a chain gets the answer without the thinking
+                        thought, text = splitters[i].finish()
+                        if thought or text:
+                            await on_delta(m, text, thought)
+                        m.reasoning, whole = reasoning.split(whole, inside)
+                    m.status, m.text, m.finish_reason = "ok", whole, ev.reason
                     m.prompt_tokens, m.completion_tokens, m.mean_logprob = ev.prompt_tokens, ev.completion_tokens, ev.mean_logprob
                     m.latency_ms = (time.monotonic() - t0) * 1000
                     m.error = None

@@ -1,4 +1,4 @@
-"""Reasoning models' think blocks (api/reasoning.py) and chat template variables, through the real
+"""Reasoning models' think blocks (engine/reasoning.py) and chat template variables, through the real
 server: SmolLM2 served with templates in the two shapes reasoning models have (Qwen3's: the model
 opens `<think>` itself, and `enable_thinking: false` closes an empty block in the prompt;
 DeepSeek-R1's: the prompt opens the block). A grammar makes the untrained model write a block."""
@@ -31,6 +31,10 @@ def server(server_factory):
         model_entry("opened", SMOLLM2, n_parallel=1, chat_template=OPENED),
         model_entry("no-thinking", SMOLLM2, n_parallel=1, chat_template=QWEN3_STYLE,
                     chat_template_kwargs={"enable_thinking": False}),
+    ], "groups": [
+        {"name": "pair", "models": ["qwen3-style", "no-thinking"], "type": "parallel"},
+        {"name": "chain", "models": ["opened", "qwen3-style"], "type": "sequential",
+         "prompt_templates": [None, "Answer: {input}"]},
     ]}, "reasoning")
 
 
@@ -106,3 +110,37 @@ def test_template_variables_from_the_config_and_the_request(server):
 def test_bad_reasoning_fields_are_refused_by_name(server, body, param):
     r = httpx.post(server.base + "/v1/chat/completions", json={"model": "qwen3-style", "messages": ASK, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_group_members_give_their_thinking_apart(server):
+    body = {"group": "pair", "messages": ASK, "temperature": 0, "max_tokens": 60, "grammar": THINK}
+    r = httpx.post(server.base + "/v1/batch/execute", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    members = r.json()["members"]
+    for m in members:
+        assert m["reasoning_content"] and m["text"] and "<think>" not in m["text"] + m["reasoning_content"], m
+    streamed: dict[int, list[str]] = {0: ["", ""], 1: ["", ""]}
+    with httpx.stream("POST", server.base + "/v1/batch/execute", json={**body, "stream": True}, timeout=300) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {") and (event := json.loads(line[6:]))["type"] == "member.delta":
+                streamed[event["index"]][0] += event.get("reasoning_content") or ""
+                streamed[event["index"]][1] += event["text"]
+    assert streamed == {m["index"]: [m["reasoning_content"], m["text"]] for m in members}
+
+
+def test_a_chain_passes_on_the_answer_without_the_thinking(server):
+    """The first member's block never closes (cut short: all reasoning, no answer), so the next
+    member is asked "Answer: " alone; with reasoning_format none it gets the whole text."""
+    for fmt in ("auto", "none"):
+        r = httpx.post(server.base + "/v1/chain/execute", timeout=300, json={
+            "group": "chain", "messages": ASK, "temperature": 0, "max_tokens": 20, "reasoning_format": fmt})
+        assert r.status_code == 200, r.text
+        first, second = r.json()["members"]
+        passed = first["text"]
+        if fmt == "auto":
+            assert first["reasoning_content"] and passed == ""
+        else:
+            assert first["reasoning_content"] is None and passed.strip()
+        asked = httpx.post(server.base + "/tokenize", json={
+            "model": "qwen3-style", "messages": [{"role": "user", "content": "Answer: " + passed}]}).json()["count"]
+        assert second["usage"]["prompt_tokens"] == asked

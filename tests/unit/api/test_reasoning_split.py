@@ -1,11 +1,11 @@
-"""api/reasoning.py: a think block split from the answer, whole and as it streams (every way of
+"""engine/reasoning.py: a think block split from the answer, whole and as it streams (every way of
 cutting the text into pieces gives what the whole text gives)."""
 
 from __future__ import annotations
 
 import pytest
 
-from appliance.api import reasoning
+from appliance.engine import reasoning
 
 TEXTS = [
     ("<think>\nFirst, 2 + 2.\n</think>\n\nIt is 4.", False, ("First, 2 + 2.", "It is 4.")),
