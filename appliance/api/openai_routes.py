@@ -145,11 +145,8 @@ class OpenAIRoutes:
         extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
         prompt = await asyncio.to_thread(render_chat, runner, messages, tool_plan.template_tools if tool_plan else None,
                                          extra)
-        think = reasoning.applies(runner.template.source, req.reasoning_format)
-        # A grammar from the first token (structured output, tools other than a lazy call tag)
-        # leaves no room for a think block the prompt opened: the answer is read as it is.
-        from_start = params.grammar is not None and not params.grammar_triggers
-        inside = think and not from_start and reasoning.opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+        think, inside = reasoning.for_answer(runner.template.source, req.reasoning_format,
+                                             runner.vocab.text(prompt[-8:], special=True), params)
         shape = AnswerShape(tool_plan, think, inside)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")

@@ -10,6 +10,8 @@ the text as the model wrote it. An answer cut short inside the block is all reas
 
 from __future__ import annotations
 
+from .sampling import SamplingParams
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -21,6 +23,16 @@ def applies(template_source: str, reasoning_format: str | None) -> bool:
 def opened_by_prompt(prompt_tail: str) -> bool:
     """Whether the rendered prompt (its last characters) ends in an open think block."""
     return prompt_tail.rstrip().endswith(OPEN)
+
+
+def for_answer(template_source: str, reasoning_format: str | None, prompt_tail: str,
+               sampling: SamplingParams) -> tuple[bool, bool]:
+    """(split the answer, the answer starts inside the block). A grammar from the first token
+    (structured output, a tool format without a lazy call tag) leaves no room for a block the
+    prompt opened: such an answer is read as it is."""
+    think = applies(template_source, reasoning_format)
+    from_start = sampling.grammar is not None and not sampling.grammar_triggers
+    return think, think and not from_start and opened_by_prompt(prompt_tail)
 
 
 def split(text: str, inside: bool) -> tuple[str | None, str]:

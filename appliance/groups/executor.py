@@ -141,9 +141,8 @@ class GroupExecutor:
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
             return
-        think = reasoning.applies(runner.template.source, call.reasoning_format)
-        from_start = call.sampling.grammar is not None and not call.sampling.grammar_triggers
-        inside = think and not from_start and reasoning.opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+        think, inside = reasoning.for_answer(runner.template.source, call.reasoning_format,
+                                             runner.vocab.text(prompt[-8:], special=True), call.sampling)
         splitters = [reasoning.Splitter(inside) if think else None for _ in members]
         parts: list[list[str]] = [[] for _ in members]
         try:
