@@ -112,8 +112,17 @@ class OpenAIRoutes:
         self.created = int(time.time())
 
     async def models(self, request: Request) -> None:
-        cards = [ModelCard(name, self.created, "eie", r.state) for name, r in self.manager.runners.items()]
-        await request.json(200, ModelList(cards))
+        await request.json(200, ModelList([self._card(name, r) for name, r in self.manager.runners.items()]))
+
+    def _card(self, name: str, runner: ModelRunner) -> ModelCard:
+        reranks = runner.reranker or runner.cfg.pooling == "rank"
+        kind = ("rerank" if reranks else "embedding") if runner.cfg.embedding else "chat"
+        card = ModelCard(name, self.created, "eie", runner.state, kind=kind, context_length=runner.n_ctx)
+        if kind != "chat" or runner.state != "ready":
+            return card
+        native = native_tools.format_of(runner.template, runner.vocab)
+        return msgspec.structs.replace(card, tool_format=native.name if native else "eie",
+                                       reasoning=reasoning.applies(runner.template.source, "auto"))
 
     async def chat(self, request: Request) -> None:
         try:

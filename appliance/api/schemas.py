@@ -346,6 +346,12 @@ class ModelCard(Struct, frozen=True):
     owned_by: str
     state: str
     object: str = "model"
+    # EIE's: what the model serves (chat, embedding, rerank), its context, and once it is loaded,
+    # its tool-call format (hermes: its own; eie: EIE's JSON) and whether it thinks in <think> blocks
+    kind: str = "chat"
+    context_length: int = 0
+    tool_format: str | None = None
+    reasoning: bool | None = None
 
 
 class ModelList(Struct, frozen=True):

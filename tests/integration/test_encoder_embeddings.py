@@ -223,3 +223,13 @@ def test_rerank_misuse_is_refused_with_the_field_named(server, path, body, param
     r = httpx.post(server.base + path, json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_the_model_list_says_what_each_model_serves(server):
+    cards = {c["id"]: c for c in httpx.get(server.base + "/v1/models").json()["data"]}
+    assert cards["bert"]["kind"] == "embedding" and cards["bert"]["context_length"] == 256
+    assert cards["reranker"]["kind"] == "rerank" and cards["bert-rank"]["kind"] == "rerank"
+    assert cards["bert"]["tool_format"] is None and cards["bert"]["reasoning"] is None
+    chat = cards["smollm2-135m"]
+    assert chat["kind"] == "chat" and chat["tool_format"] == "eie" and chat["reasoning"] is False
+    assert chat["object"] == "model" and chat["owned_by"] == "eie"

@@ -139,3 +139,8 @@ def test_a_vocabulary_without_the_tag_gets_eies_format(server):
 def test_tools_in_tokenize_need_messages(server):
     r = httpx.post(server.base + "/tokenize", json={"model": "hermes", "content": "x", "tools": TOOLS})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_the_model_list_names_each_models_tool_format(server):
+    cards = {c["id"]: c for c in httpx.get(server.base + "/v1/models").json()["data"]}
+    assert cards["hermes"]["tool_format"] == "hermes" and cards["no-tag"]["tool_format"] == "eie"

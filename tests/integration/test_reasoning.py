@@ -144,3 +144,8 @@ def test_a_chain_passes_on_the_answer_without_the_thinking(server):
         asked = httpx.post(server.base + "/tokenize", json={
             "model": "qwen3-style", "messages": [{"role": "user", "content": "Answer: " + passed}]}).json()["count"]
         assert second["usage"]["prompt_tokens"] == asked
+
+
+def test_the_model_list_says_which_models_think(server):
+    cards = {c["id"]: c for c in httpx.get(server.base + "/v1/models").json()["data"]}
+    assert cards["qwen3-style"]["reasoning"] is True and cards["opened"]["reasoning"] is True
