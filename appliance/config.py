@@ -128,6 +128,9 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Variables for the chat template (e.g. {enable_thinking: false} for Qwen3); a request's
     # chat_template_kwargs are laid over them.
     chat_template_kwargs: dict[str, Any] = {}
+    # A think block as reasoning_content (auto, deepseek) or left in the content (none), where a
+    # request does not say (engine/reasoning.py).
+    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
     # Requests waiting for a sequence slot beyond this are refused with 429.
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

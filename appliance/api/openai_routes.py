@@ -154,8 +154,9 @@ class OpenAIRoutes:
         extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
         prompt = await asyncio.to_thread(render_chat, runner, messages, tool_plan.template_tools if tool_plan else None,
                                          extra)
-        think, inside = reasoning.for_answer(runner.template.source, req.reasoning_format,
-                                             runner.vocab.text(prompt[-8:], special=True), params)
+        fmt = req.reasoning_format or runner.cfg.reasoning_format
+        think, inside = reasoning.for_answer(runner.template.source, fmt, runner.vocab.text(prompt[-8:], special=True),
+                                             params)
         shape = AnswerShape(tool_plan, think, inside)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")

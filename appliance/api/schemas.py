@@ -117,8 +117,8 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     tool_choice: str | ToolChoice | None = None
     parallel_tool_calls: bool = True
     # A think block (<think>...</think>) as `reasoning_content` (auto; deepseek: the same) or
-    # left in the content (none); see engine/reasoning.py.
-    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
+    # left in the content (none); see engine/reasoning.py. Unset: models[].reasoning_format.
+    reasoning_format: Literal["auto", "deepseek", "none"] | None = None
     # Variables for the chat template (e.g. Qwen3's enable_thinking), over models[].chat_template_kwargs.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -231,8 +231,9 @@ class RerankResponse(Struct, frozen=True):
 class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
     group: Annotated[str, Meta(min_length=1, max_length=256)]
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    # each member's think block apart (auto, deepseek) or left in its text (none)
-    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
+    # each member's think block apart (auto, deepseek) or left in its text (none); unset: each
+    # member model's models[].reasoning_format
+    reasoning_format: Literal["auto", "deepseek", "none"] | None = None
 
 
 # ---- responses -------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class GroupCall:
     max_tokens: int | None
     stop: list[str] = field(default_factory=list)
     deadline: float = float("inf")
-    reasoning_format: str = "auto"
+    reasoning_format: str | None = None  # None: each member model's own (models[].reasoning_format)
 
 
 # Called for every piece of streamed text (the answer's, and a think block's) and for every
@@ -141,8 +141,9 @@ class GroupExecutor:
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
             return
-        think, inside = reasoning.for_answer(runner.template.source, call.reasoning_format,
-                                             runner.vocab.text(prompt[-8:], special=True), call.sampling)
+        fmt = call.reasoning_format or runner.cfg.reasoning_format
+        think, inside = reasoning.for_answer(runner.template.source, fmt, runner.vocab.text(prompt[-8:], special=True),
+                                             call.sampling)
         splitters = [reasoning.Splitter(inside) if think else None for _ in members]
         parts: list[list[str]] = [[] for _ in members]
         try:

@@ -31,6 +31,7 @@ def server(server_factory):
         model_entry("opened", SMOLLM2, n_parallel=1, chat_template=OPENED),
         model_entry("no-thinking", SMOLLM2, n_parallel=1, chat_template=QWEN3_STYLE,
                     chat_template_kwargs={"enable_thinking": False}),
+        model_entry("left-in", SMOLLM2, n_parallel=1, chat_template=QWEN3_STYLE, reasoning_format="none"),
     ], "groups": [
         {"name": "pair", "models": ["qwen3-style", "no-thinking"], "type": "parallel"},
         {"name": "chain", "models": ["opened", "qwen3-style"], "type": "sequential",
@@ -149,3 +150,11 @@ def test_a_chain_passes_on_the_answer_without_the_thinking(server):
 def test_the_model_list_says_which_models_think(server):
     cards = {c["id"]: c for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards["qwen3-style"]["reasoning"] is True and cards["opened"]["reasoning"] is True
+
+
+def test_a_models_configured_reasoning_format_applies_unless_the_request_says(server):
+    raw = chat(server, "left-in", grammar=THINK)["message"]
+    assert raw["content"].startswith("<think>") and "reasoning_content" not in raw
+    split = chat(server, "left-in", grammar=THINK, reasoning_format="auto")["message"]
+    assert split["reasoning_content"] and not split["content"].startswith("<think>")
+    assert raw["content"].split("</think>")[0][len("<think>"):].strip() == split["reasoning_content"]
