@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..config import Config
-from ..engine.client import GenerationFailed, PromptError
+from ..engine.client import GenerationFailed, PromptError, render_chat
 from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
@@ -19,8 +19,10 @@ from ..engine.grammar import GrammarError
 from ..engine.native import Vocab
 from ..engine.sampling import SamplingParams
 from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbnf
+from . import native_tools, tools
 from .errors import ApiError, bad_request
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions
+from .tools import ToolPlan
 
 RETRY_AFTER = [(b"retry-after", b"1")]
 
@@ -174,6 +176,19 @@ def template_kwargs(configured: dict[str, Any], requested: dict[str, Any] | None
             raise bad_request(f"chat_template_kwargs may not set {key!r}: the server sets it",
                               param=f"chat_template_kwargs.{key}")
     return {**configured, **(requested or {})}
+
+
+async def chat_prompt(runner: ModelRunner, req: ChatRequest) -> tuple[list[int], ToolPlan | None]:
+    """The prompt tokens of a chat request, as `/v1/chat/completions` renders it and `/tokenize`
+    shows it (tools in the model's own format or EIE's, template variables), and its tool plan.
+    Raises PromptError when the template cannot render the messages."""
+    native = native_tools.format_of(runner.template, runner.vocab)
+    # a large schema takes milliseconds: off the loop
+    plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)
+    messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
+    extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
+    prompt = await asyncio.to_thread(render_chat, runner, messages, plan.template_tools if plan else None, extra)
+    return prompt, plan
 
 
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

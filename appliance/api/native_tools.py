@@ -19,6 +19,7 @@ from typing import Any
 
 from ..engine.chat_template import ChatTemplate
 from ..engine.native import Vocab
+from ..engine.text import partial_suffix
 from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -130,7 +131,7 @@ class AnswerReader:
     def push(self, piece: str) -> str:
         self.text += piece
         start = self.text.find(OPEN)
-        end = start if start >= 0 else len(self.text) - _tag_prefix(self.text)
+        end = start if start >= 0 else len(self.text) - partial_suffix(self.text, [OPEN])
         end = len(self.text[:end].rstrip())  # blanks before a call are not content
         new = self.text[self.sent:end] if end > self.sent else ""
         self.sent += len(new)
@@ -141,11 +142,3 @@ class AnswerReader:
         if content is not None:
             content = content[self.sent:]
         return content, calls, reason
-
-
-def _tag_prefix(text: str) -> int:
-    """How many characters at the end of `text` could be the start of `<tool_call>`."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
-            return n
-    return 0

@@ -14,11 +14,11 @@ from ..config import Config
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, PromptScored, TextDelta, TokenLogprob
 from .errors import bad_request, decoded
-from ..engine.client import Generations, collect, fit_max_tokens, render_chat
+from ..engine.client import Generations, collect, fit_max_tokens
 from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
-    plain_messages,
+    chat_prompt,
     completion_prompts,
     deadline,
     echo_texts,
@@ -27,10 +27,9 @@ from .generation import (
     request_sampling,
     generation_runner,
     stop_list,
-    template_kwargs,
 )
 from ..engine import reasoning
-from . import native_tools, tools
+from . import native_tools
 from .chat_answer import AnswerReader, AnswerShape
 from .http import EventStream, Request
 from .schemas import (
@@ -145,18 +144,10 @@ class OpenAIRoutes:
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await generation_runner(self.manager, req.model)
-        native = native_tools.format_of(runner.template, runner.vocab)
-        # a large schema takes milliseconds: off the loop
-        tool_plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)
-        messages = tools.conversation(plain_messages(req.messages), req.messages, tool_plan, native)
+        prompt, tool_plan = await chat_prompt(runner, req)
         params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None,
                                         tool_plan.triggers if tool_plan else ())
-        extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
-        prompt = await asyncio.to_thread(render_chat, runner, messages, tool_plan.template_tools if tool_plan else None,
-                                         extra)
-        fmt = req.reasoning_format or runner.cfg.reasoning_format
-        think, inside = reasoning.for_answer(runner.template.source, fmt, runner.vocab.text(prompt[-8:], special=True),
-                                             params)
+        think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt, params)
         shape = AnswerShape(tool_plan, think, inside)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")

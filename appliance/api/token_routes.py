@@ -12,11 +12,10 @@ import asyncio
 import msgspec
 
 from ..config import Config
-from ..engine.client import PromptError, render_chat
+from ..engine.client import PromptError
 from ..engine.manager import ModelManager
-from . import native_tools, tools
 from .errors import bad_request, decoded
-from .generation import plain_messages, resolve_runner, template_kwargs
+from .generation import chat_prompt, resolve_runner
 from .http import Request
 from .schemas import ChatRequest, DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenPiece
 
@@ -38,15 +37,10 @@ class TokenRoutes:
             if getattr(req, field) is not None and req.messages is None:
                 raise bad_request(f"{field} goes with messages", param=field)
         if req.messages is not None:
-            native = native_tools.format_of(runner.template, runner.vocab)
             chat = ChatRequest(model=req.model, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice,
-                               parallel_tool_calls=req.parallel_tool_calls)
-            plan = await asyncio.to_thread(tools.plan, chat, native) if req.tools else tools.plan(chat)
-            messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
-            extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
+                               parallel_tool_calls=req.parallel_tool_calls, chat_template_kwargs=req.chat_template_kwargs)
             try:
-                tokens = await asyncio.to_thread(render_chat, runner, messages, plan.template_tools if plan else None,
-                                                 extra)
+                tokens, _ = await chat_prompt(runner, chat)
             except PromptError as e:
                 raise bad_request(str(e), param=e.param) from None
         else:

@@ -270,20 +270,24 @@ def read_header(path: Path, trial: bool = False) -> dict[str, str]:
         params.vocab_only = True
     assert _router is not None
     lines = _router.start_capture()
+    model = None
     try:
         model = lc.llama_model_load_from_file(str(path).encode(), params)
-        if model and trial:
-            _trial_context(model, path, lines)
-    finally:
-        _router.stop_capture()
-    if not model:
-        raise ValueError(f"{path.name} is not a model llama.cpp can read: "
-                         f"{_load_error(lines) or 'no reason given'}")
-    try:
+        if not model:
+            raise ValueError(f"{path.name} is not a model llama.cpp can read: "
+                             f"{_load_error(lines) or 'no reason given'}")
+        if trial:  # a context as the server makes one, small: llama.cpp builds its graphs
+            ctx = _create_context(model, _TRIAL_CONTEXT, "f16", "f16")
+            if not ctx:
+                raise ValueError(f"llama.cpp could not make a context for {path.name}: "
+                                 f"{_last_error(lines) or 'no reason given'}")
+            lc.llama_free(ctx)
         meta = _read_metadata(model)
         meta["n_vocab"] = str(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model)))
     finally:
-        lc.llama_model_free(model)
+        _router.stop_capture()
+        if model:
+            lc.llama_model_free(model)
     if trial:
         problem = gguf_checks.decode_problem(meta, gguf_tensors.table(path))
         if problem:
@@ -291,19 +295,7 @@ def read_header(path: Path, trial: bool = False) -> dict[str, str]:
     return meta
 
 
-def _trial_context(model: lc.llama_model_p, path: Path, lines: list[str]) -> None:
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = 256
-    cparams.n_batch = cparams.n_ubatch = 32
-    cparams.n_seq_max = 1
-    cparams.n_threads = cparams.n_threads_batch = 1
-    cparams.no_perf = True
-    ctx = lc.llama_init_from_model(model, cparams)
-    if not ctx:
-        lc.llama_model_free(model)
-        raise ValueError(f"llama.cpp could not make a context for {path.name}: "
-                         f"{_last_error(lines) or 'no reason given'}")
-    lc.llama_free(ctx)
+_TRIAL_CONTEXT = ContextArgs(n_ctx_total=256, n_seq_max=1, n_batch=32, n_threads=1, flash_attn="auto")
 
 
 TURBO_TYPES = {"turbo4", "turbo3", "turbo2"}

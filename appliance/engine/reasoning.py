@@ -10,7 +10,13 @@ the text as the model wrote it. An answer cut short inside the block is all reas
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .sampling import SamplingParams
+from .text import partial_suffix
+
+if TYPE_CHECKING:
+    from .runner import ModelRunner
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -25,14 +31,16 @@ def opened_by_prompt(prompt_tail: str) -> bool:
     return prompt_tail.rstrip().endswith(OPEN)
 
 
-def for_answer(template_source: str, reasoning_format: str | None, prompt_tail: str,
+def for_answer(runner: ModelRunner, requested: str | None, prompt: list[int],
                sampling: SamplingParams) -> tuple[bool, bool]:
-    """(split the answer, the answer starts inside the block). A grammar from the first token
-    (structured output, a tool format without a lazy call tag) leaves no room for a block the
-    prompt opened: such an answer is read as it is."""
-    think = applies(template_source, reasoning_format)
+    """(split the answer, the answer starts inside the block), for an answer of `runner` to
+    `prompt`; `requested` is the request's reasoning_format (None: the model's configured one).
+    A grammar from the first token (structured output, a tool format without a lazy call tag)
+    leaves no room for a block the prompt opened: such an answer is read as it is."""
+    think = applies(runner.template.source, requested or runner.cfg.reasoning_format)
     from_start = sampling.grammar is not None and not sampling.grammar_triggers
-    return think, think and not from_start and opened_by_prompt(prompt_tail)
+    return think, (think and not from_start
+                   and opened_by_prompt(runner.vocab.text(prompt[-8:], special=True)))
 
 
 def split(text: str, inside: bool) -> tuple[str | None, str]:
@@ -46,6 +54,9 @@ def split(text: str, inside: bool) -> tuple[str | None, str]:
     if end < 0:
         return text.strip(), ""
     return text[:end].strip(), text[end + len(CLOSE):].lstrip()
+
+
+_AFTER_BLANKS = {"reasoning-start": "reasoning", "content-start": "content"}
 
 
 class Splitter:
@@ -70,11 +81,11 @@ class Splitter:
                     return reasoning, content
                 self.state = "content"
                 continue
-            if self.state == "reasoning-start":
+            if self.state in _AFTER_BLANKS:  # blanks that begin the reasoning or the answer are dropped
                 self.held = self.held.lstrip()
                 if not self.held:
                     return reasoning, content
-                self.state = "reasoning"
+                self.state = _AFTER_BLANKS[self.state]
                 continue
             if self.state == "reasoning":
                 end = self.held.find(CLOSE)
@@ -87,12 +98,6 @@ class Splitter:
                 reasoning += out
                 self.held = self.held[len(out):]
                 return reasoning, content
-            if self.state == "content-start":
-                self.held = self.held.lstrip()
-                if not self.held:
-                    return reasoning, content
-                self.state = "content"
-                continue
             content += self.held
             self.held = ""
             return reasoning, content
@@ -104,16 +109,12 @@ class Splitter:
             return "", held
         if self.state in ("reasoning", "reasoning-start"):
             return held.rstrip(), ""
-        return "", held if self.state == "content" else ""
+        return "", ""  # after the block: push gave out all but the blanks that begin the answer
 
 
 def _tail_to_hold(text: str) -> int:
     """How many characters at the end of reasoning text to hold: trailing blanks (they are not
     reasoning if `</think>` follows) and what could be the start of `</think>`."""
-    tag = 0
-    for n in range(min(len(CLOSE) - 1, len(text)), 0, -1):
-        if CLOSE.startswith(text[-n:]):
-            tag = n
-            break
+    tag = partial_suffix(text, [CLOSE])
     rest = text[:len(text) - tag]
     return tag + (len(rest) - len(rest.rstrip()))

@@ -5,6 +5,16 @@ from __future__ import annotations
 import codecs
 
 
+def partial_suffix(text: str, strings: list[str]) -> int:
+    """Length of the longest end of `text` that is a proper prefix of one of `strings` (text to
+    hold back while it may still become one of them)."""
+    for n in range(min(len(text), max((len(s) for s in strings), default=0) - 1), 0, -1):
+        tail = text[-n:]
+        if any(s.startswith(tail) for s in strings):
+            return n
+    return 0
+
+
 class StopMatcher:
     """Holds back text that could be the start of a stop string; never emits a stop string.
 
@@ -15,7 +25,6 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
         self._held = ""
-        self._max = max((len(s) for s in self.stops), default=0)
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self.stops:
@@ -29,17 +38,9 @@ class StopMatcher:
         if first != -1:
             self._held = ""
             return buf[:first], True
-        keep = self._partial_suffix(buf)
+        keep = partial_suffix(buf, self.stops)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep], False
-
-    def _partial_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of some stop string."""
-        for n in range(min(len(buf), self._max - 1), 0, -1):
-            tail = buf[-n:]
-            if any(s.startswith(tail) for s in self.stops):
-                return n
-        return 0
 
     def flush(self) -> str:
         held, self._held = self._held, ""

@@ -141,9 +141,7 @@ class GroupExecutor:
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
             return
-        fmt = call.reasoning_format or runner.cfg.reasoning_format
-        think, inside = reasoning.for_answer(runner.template.source, fmt, runner.vocab.text(prompt[-8:], special=True),
-                                             call.sampling)
+        think, inside = reasoning.for_answer(runner, call.reasoning_format, prompt, call.sampling)
         splitters = [reasoning.Splitter(inside) if think else None for _ in members]
         parts: list[list[str]] = [[] for _ in members]
         try:
