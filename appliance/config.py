@@ -214,6 +214,15 @@ class LimitsConfig(Struct, frozen=True, forbid_unknown_fields=True):
     concurrent_requests: Annotated[int, Meta(ge=1)] | None = None
 
 
+class ResponsesConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """What the Responses API keeps for GET /v1/responses/{id} and previous_response_id (in memory)."""
+
+    # Stored responses at most (0: none is stored); the least recently used go first.
+    max_entries: Annotated[int, Meta(ge=0, le=1_000_000)] = 1000
+    # Their size at most: the JSON of each response, its input and its turns.
+    max_mb: Annotated[int, Meta(ge=1, le=65536)] = 64
+
+
 MetricsAuth = Literal["open", "key", "admin"]
 LogFormat = Literal["json", "text"]
 
@@ -233,6 +242,7 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Log lines as JSON objects (one per line) or as plain text.
     log_format: LogFormat = "json"
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     # Where the appliance keeps state that must survive (audit trail); default $EIE_STATE_DIR,
     # $STATE_DIRECTORY (systemd's StateDirectory) or ~/.local/state/eie.
     state_dir: str | None = None

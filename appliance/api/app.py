@@ -27,6 +27,8 @@ from .group_routes import GroupRoutes
 from .http import Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
 from .openai_routes import OpenAIRoutes
+from .response_store import ResponseStore
+from .responses_routes import ResponsesRoutes
 from .token_routes import TokenRoutes
 from .embedding_routes import EmbeddingRoutes
 from .reload import plan_reload
@@ -54,6 +56,8 @@ class App:
         self.config_path = config_path
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager)
+        stored = config.server.responses
+        self.responses = ResponsesRoutes(config, manager, ResponseStore(stored.max_entries, stored.max_mb << 20))
         self.tokens = TokenRoutes(config, manager)
         self.embeddings = EmbeddingRoutes(config, manager)
         self.groups = GroupRoutes(config, manager)
@@ -72,6 +76,10 @@ class App:
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
+            "/v1/responses": {"POST": Route(self.responses.create, "key", True)},
+            "/v1/responses/{response_id}": {"GET": Route(self.responses.retrieve, "key"),
+                                            "DELETE": Route(self.responses.delete, "key")},
+            "/v1/responses/{response_id}/input_items": {"GET": Route(self.responses.input_items, "key")},
             "/v1/embeddings": {"POST": Route(self.embeddings.embeddings, "key", True)},
             "/v1/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},
             "/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},  # llama-server's and Jina's path
@@ -122,10 +130,12 @@ class App:
     def apply_config(self, config: Config) -> None:
         """Point every part at a reloaded config (see admin config reload)."""
         self.keys = self._keyring(config)  # the key file is read again too
-        lim = config.server.limits
+        lim, lim_store = config.server.limits, config.server.responses
         self.limits.rate, self.limits.concurrent = lim.rate_per_minute, lim.concurrent_requests
         self.config = config
         self.openai.config = config
+        self.responses.config = config
+        self.responses.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
         self.tokens.config = config
         self.embeddings.config = config
         self.groups.set_config(config)
@@ -205,7 +215,10 @@ class App:
         return who
 
     def _route(self, request: Request) -> Route:
-        methods = self.routes.get(request.path.rstrip("/") or "/")
+        path = request.path.rstrip("/") or "/"
+        methods = self.routes.get(path)
+        if methods is None:
+            methods = self._templated(request, path)
         if methods is None:
             raise ApiError(404, f"no such endpoint: {request.method} {request.path}", code="not_found")
         route = methods.get(request.method)
@@ -214,6 +227,27 @@ class App:
             raise ApiError(405, f"method {request.method} is not allowed on {request.path}",
                            code="method_not_allowed", headers=[(b"allow", allow)])
         return route
+
+    def _templated(self, request: Request, path: str) -> dict[str, Route] | None:
+        """The routes of a path with {name} segments that `path` fills (request.path_params, and
+        request.template: what metrics and logs call the endpoint)."""
+        parts = path.split("/")
+        for template, methods in self.routes.items():
+            names = template.split("/")
+            if "{" not in template or len(names) != len(parts):
+                continue
+            params = {}
+            for name, part in zip(names, parts):
+                if name.startswith("{"):
+                    if not part:
+                        break
+                    params[name[1:-1]] = part
+                elif name != part:
+                    break
+            else:
+                request.path_params, request.template = params, template
+                return methods
+        return None
 
     @staticmethod
     async def _safe_error(request: Request, err: ApiError) -> None:
@@ -260,7 +294,7 @@ class App:
 
     def _account(self, info: context.RequestInfo, request: Request, route: Route | None) -> None:
         known = route is not None
-        endpoint = request.path.rstrip("/") if known else "other"
+        endpoint = (request.template or request.path.rstrip("/")) if known else "other"
         try:
             self.metrics.observe_request(info, endpoint)
         except Exception:

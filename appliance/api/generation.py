@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ..config import Config
-from ..engine.client import GenerationFailed, PromptError, render_chat
+from ..engine.client import GenerationFailed, Generations, PromptError, render_chat
 from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
@@ -21,6 +21,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbnf
 from . import native_tools, tools
 from .errors import ApiError, bad_request
+from .http import Request
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions
 from .tools import ToolPlan
 
@@ -244,6 +245,22 @@ def echo_texts(runner: ModelRunner, req: CompletionRequest, prompts: list[list[i
     if all(isinstance(x, str) for x in req.prompt):
         return list(req.prompt)  # type: ignore[arg-type]
     return [runner.vocab.text(p) for p in prompts]
+
+
+async def serve(request: Request, gens: Generations, answer: Callable[[], Awaitable[None]]) -> None:
+    """Start the request's sequences and run `answer` (a stream, or the whole answer once
+    collected); the sequences are cancelled when the client goes away or `answer` ends early."""
+    gens.start()
+    watcher = asyncio.ensure_future(request.watch_disconnect())
+    disconnect = asyncio.ensure_future(request.disconnected.wait())
+    disconnect.add_done_callback(lambda _: gens.cancel())
+    try:
+        await answer()
+    finally:
+        if gens.pending:
+            gens.cancel()
+        watcher.cancel()
+        disconnect.cancel()
 
 
 ENGINE_ERRORS = (PromptError, QueueFull, NotReady, GenerationFailed)

@@ -25,6 +25,8 @@ class Request:
         self.disconnected = asyncio.Event()
         self._body_done = False
         self.raw_body = b""  # the body once read (for the audit trail)
+        self.path_params: dict[str, str] = {}  # the route's {name} segments
+        self.template: str | None = None  # the route's path with {name} segments, where it has them
 
     def header(self, name: str) -> str | None:
         v = self.headers.get(name.lower().encode())

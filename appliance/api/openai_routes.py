@@ -26,6 +26,7 @@ from .generation import (
     failure_error,
     request_sampling,
     generation_runner,
+    serve,
     stop_list,
 )
 from ..engine import reasoning
@@ -48,6 +49,7 @@ from .schemas import (
     Delta,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
     ToolCallDelta,
     TopLogprob,
     Usage,
@@ -58,8 +60,8 @@ _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-def _usage(outs_prompt: int, completion: int) -> Usage:
-    return Usage(outs_prompt, completion, outs_prompt + completion)
+def _usage(outs_prompt: int, completion: int, cached: int) -> Usage:
+    return Usage(outs_prompt, completion, outs_prompt + completion, PromptTokensDetails(cached))
 
 
 def _text(b: bytes) -> str:
@@ -193,21 +195,11 @@ class OpenAIRoutes:
 
     async def _run(self, request: Request, gens: Generations, stream: bool, include_usage: bool | None,
                    streamer: Callable, responder: Callable, model: str, logprobs: bool) -> None:
-        gens.start()
-        watcher = asyncio.ensure_future(request.watch_disconnect())
-        disconnect = asyncio.ensure_future(request.disconnected.wait())
-        disconnect.add_done_callback(lambda _: gens.cancel())
-        try:
-            if stream:
-                await streamer(request, gens, bool(include_usage), model, logprobs)
-            else:
-                outs = await collect(gens)
-                await request.json(200, responder(outs, model, logprobs))
-        finally:
-            if gens.pending:
-                gens.cancel()
-            watcher.cancel()
-            disconnect.cancel()
+        async def whole() -> None:
+            await request.json(200, responder(await collect(gens), model, logprobs))
+
+        await serve(request, gens, lambda: streamer(request, gens, bool(include_usage), model, logprobs)
+                    if stream else whole())
 
     # ---- chat ------------------------------------------------------------------------------
 
@@ -220,7 +212,8 @@ class OpenAIRoutes:
             choices.append(ChatChoice(i, message, parts.finish_reason, chat_logprobs(o.logprobs) if logprobs else None))
         completion = sum(o.completion_tokens for o in outs)
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
-                              _usage(outs[0].prompt_tokens, completion), system_fingerprint=FINGERPRINT)
+                              _usage(outs[0].prompt_tokens, completion, outs[0].cached_tokens),
+                              system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
                            logprobs: bool, shape: AnswerShape = AnswerShape()) -> None:
@@ -273,8 +266,9 @@ class OpenAIRoutes:
                                             completion_logprobs(o.logprobs, echoed) if logprobs else None))
         prompt = sum(o.prompt_tokens for o in outs)
         completion = sum(o.completion_tokens for o in outs)
+        cached = sum(o.cached_tokens for o in outs)
         return Completion(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
-                          system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion))
+                          system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion, cached))
 
     async def _completion_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
                                  logprobs: bool, echoes: list[tuple[str, bytes]] | None = None) -> None:
@@ -307,7 +301,7 @@ class OpenAIRoutes:
                       scored=None) -> None:
         """Relay events as SSE; a failure before the first byte keeps its HTTP status."""
         opened: set[int] = set()
-        prompt_tokens: dict[int, int] = {}
+        prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per sequence
         completion = 0
         try:
             async for i, ev in gens.events():
@@ -329,13 +323,14 @@ class OpenAIRoutes:
                     if scored is not None:
                         await sse.event(scored(i, ev))
                 elif isinstance(ev, Finished):
-                    prompt_tokens[i] = ev.prompt_tokens
+                    prompt_tokens[i] = (ev.prompt_tokens, ev.cached_tokens)
                     completion += ev.completion_tokens
                     for out in final(i, ev.reason):
                         await sse.event(out)
             else:
                 if include_usage:
-                    await sse.event(usage(_usage(next(iter(prompt_tokens.values()), 0), completion)))
+                    prompt, cached = next(iter(prompt_tokens.values()), (0, 0))
+                    await sse.event(usage(_usage(prompt, completion, cached)))
             await sse.raw(b"data: [DONE]\n\n")
             await sse.close()
         except OSError:  # client went away mid-stream

@@ -10,6 +10,7 @@ import msgspec
 
 from .. import __version__
 from . import admin_routes as admin
+from . import responses_schemas as rs
 from . import schemas as s
 
 REF = "#/components/schemas/{name}"
@@ -31,6 +32,13 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/chat/completions", "Chat completion (stream: server-sent events)", s.ChatRequest, s.ChatCompletion),
     Op("post", "/v1/completions", "Text completion (stream: server-sent events)", s.CompletionRequest, s.Completion),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
+    Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events)", rs.ResponsesRequest,
+       rs.Response),
+    Op("get", "/v1/responses/{response_id}", "A stored response", None, rs.Response),
+    Op("delete", "/v1/responses/{response_id}", "Delete a stored response", None, rs.DeletedResponse),
+    Op("get", "/v1/responses/{response_id}/input_items", "A stored response's input items", None, rs.InputItemList,
+       query=(("order", "asc or desc (default desc)"), ("limit", "1 to 100 (default 20)"),
+              ("after", "an item id: list the items after it"))),
     Op("post", "/v1/embeddings", "Embeddings from an embedding model", s.EmbeddingRequest, s.EmbeddingList),
     Op("post", "/v1/rerank", "Documents scored against a query by a reranker", s.RerankRequest, s.RerankResponse),
     Op("post", "/rerank", "The same as /v1/rerank", s.RerankRequest, s.RerankResponse),
@@ -71,6 +79,7 @@ def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dic
     return {
         s.ChatRequest: {"model": model, "messages": msgs, "max_tokens": 4},
         s.CompletionRequest: {"model": model, "prompt": "Hello", "max_tokens": 4},
+        rs.ResponsesRequest: {"model": model, "input": "Hello", "max_output_tokens": 4},
         "/v1/batch/execute": {"group": batch, "messages": msgs, "max_tokens": 4},
         "/v1/chain/execute": {"group": chain, "messages": msgs, "max_tokens": 4},
         admin.ModelAction: {"model": model},
@@ -95,9 +104,12 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
         entry: dict[str, Any] = {"summary": op.summary, "tags": [op.tag], "operationId": _op_id(op)}
         if auth != "open":
             entry["security"] = [{"bearer": []}]
-        if op.query:
-            entry["parameters"] = [{"name": n, "in": "query", "required": False, "description": d,
-                                    "schema": {"type": "string"}} for n, d in op.query]
+        parameters = [{"name": part[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+                      for part in op.path.split("/") if part.startswith("{")]
+        parameters += [{"name": n, "in": "query", "required": False, "description": d,
+                        "schema": {"type": "string"}} for n, d in op.query]
+        if parameters:
+            entry["parameters"] = parameters
         if op.request is not None:
             media: dict[str, Any] = {"schema": by_type[op.request]}
             if models is not None:
@@ -109,7 +121,7 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
         else:
             schema = by_type[op.response] if op.response is not None else {"type": "object"}
             ok["content"] = {"application/json": {"schema": schema}}
-            if op.request in (s.ChatRequest, s.CompletionRequest, s.GroupRequest):
+            if op.request in (s.ChatRequest, s.CompletionRequest, s.GroupRequest, rs.ResponsesRequest):
                 ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
         responses = {"200": ok}
         for code, desc in _ERRORS.items():
@@ -119,6 +131,7 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
         entry["responses"] = responses
         paths.setdefault(op.path, {})[op.method] = entry
     for name, key, values in (("ChatRequest", "model", models), ("CompletionRequest", "model", models),
+                              ("ResponsesRequest", "model", models),
                               ("GroupRequest", "group", [n for n, _ in groups or []]),
                               ("ModelAction", "model", models),
                               ("KvConvert", "model", models), ("KvWarm", "model", models),
@@ -136,4 +149,4 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
 
 
 def _op_id(op: Op) -> str:
-    return op.method + op.path.replace("/", "_").replace(".", "_").replace("-", "_")
+    return op.method + op.path.replace("/", "_").replace(".", "_").replace("-", "_").replace("{", "").replace("}", "")

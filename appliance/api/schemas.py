@@ -239,10 +239,15 @@ class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
 # ---- responses -------------------------------------------------------------------------------
 
 
-class Usage(Struct, frozen=True):
+class PromptTokensDetails(Struct, frozen=True):
+    cached_tokens: int  # prompt tokens whose KV was restored (prefix cache, a live sequence), not computed
+
+
+class Usage(Struct, frozen=True, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class AssistantMessage(Struct, frozen=True, omit_defaults=True):

@@ -90,6 +90,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     mean_logprob: float | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache or a live sequence
 
 
 @dataclass(frozen=True)
@@ -1114,7 +1115,7 @@ class ModelRunner:
         mean = None
         if seq.req.logprobs:
             mean = seq.logprob_sum / max(1, seq.n_generated + (1 if reason == "stop" else 0))
-        return Finished(reason, len(seq.req.prompt), seq.n_generated, mean)
+        return Finished(reason, len(seq.req.prompt), seq.n_generated, mean, seq.restored)
 
     def _entry(self, piece: bytes, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
         """A token's logprobs entry (`piece`: its text), its alternatives named by their pieces."""

@@ -50,6 +50,7 @@ def first(server_factory, disk):
 def test_a_repeated_prefix_is_restored_from_ram_with_the_same_answer(first):
     cold = chat(first, "What does this say about copying?")
     assert kv(first)["misses"] == 1
+    assert cold["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     prefill_before = sched(first)["prefill_tokens"]
     warm = chat(first, "What does this say about copying?")
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
@@ -58,12 +59,18 @@ def test_a_repeated_prefix_is_restored_from_ram_with_the_same_answer(first):
     prompt = warm["usage"]["prompt_tokens"]
     prefilled = sched(first)["prefill_tokens"] - prefill_before
     assert prefilled < 20 < prompt  # only the tail after the last saved block was prefilled
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt - prefilled
 
 
 def test_another_question_on_the_same_system_prompt_reuses_it(first):
     before = sched(first)["prefix_tokens_restored"]
-    chat(first, "Who may distribute it?")
+    answer = chat(first, "Who may distribute it?")
     assert sched(first)["prefix_tokens_restored"] - before > 300
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == sched(first)["prefix_tokens_restored"] - before
+    streamed = httpx.post(first.base + "/v1/completions", timeout=120, json={
+        "model": "m", "prompt": SYSTEM, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}})
+    usage = [line for line in streamed.text.splitlines() if '"usage":{' in line][-1]
+    assert '"prompt_tokens_details":{"cached_tokens":' in usage
 
 
 def test_the_next_turn_of_a_conversation_restores_the_whole_previous_turn(first):

@@ -11,16 +11,8 @@ import httpx
 import pytest
 
 from conftest import SMOLLM2, model_entry
+from reasoning_templates import OPENED, QWEN3_STYLE, THINK
 
-TURNS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-         "{% if add_generation_prompt %}<|im_start|>assistant\n")
-QWEN3_STYLE = TURNS + ("{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-                       "{% endif %}{% endif %}")
-# DeepSeek-R1's shape: the prompt opens the block, and earlier answers lose theirs
-OPENED = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n"
-          "{{ m.content.split('</think>')[-1] if m.role == 'assistant' else m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
-THINK = 'root ::= "<think>" [a-z ]{10,60} "</think>" [A-Za-z ]{10,60}'
 ASK = [{"role": "user", "content": "What is two plus two?"}]
 
 

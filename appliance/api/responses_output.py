@@ -1,0 +1,175 @@
+"""A Responses API answer as it is written: its output items (reasoning, message, function
+calls) and the stream events that announce them, in the order OpenAI's streams have them.
+
+The non-streamed answer is built by the same calls with the events left unsent, so a streamed
+and a whole answer to the same request have the same items."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from msgspec.structs import replace
+from typing import Any
+
+from ..engine.runner import TokenLogprob
+from .responses_input import new_id
+from .responses_schemas import (
+    FunctionCallItem,
+    IncompleteDetails,
+    InputTokensDetails,
+    MessageItem,
+    OutputItem,
+    OutputText,
+    OutputTokensDetails,
+    ReasoningItem,
+    ReasoningText,
+    Response,
+    ResponseError,
+    ResponseUsage,
+)
+from .openai_routes import chat_logprobs
+from .schemas import ChatTokenLogprob, ToolCall
+
+Event = dict[str, Any]
+
+
+@dataclass
+class _Open:
+    """The item being written: a reasoning item or a message."""
+
+    kind: str  # reasoning | message
+    id: str
+    index: int  # its place in the output
+    text: list[str] = field(default_factory=list)
+    logprobs: list[ChatTokenLogprob] = field(default_factory=list)
+
+
+class ResponseEvents:
+    def __init__(self, base: Response, logprobs: bool):
+        self.base = base  # the response as created: status in_progress, no output
+        self.with_logprobs = logprobs
+        self.items: list[OutputItem] = []
+        self.open: _Open | None = None
+        self.pending: list[ChatTokenLogprob] = []  # token logprobs whose text is held back
+        self.reasoning_text: list[str] = []
+        self.sequence = 0
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def start(self) -> list[Event]:
+        return [self._event("response.created", response=self.base),
+                self._event("response.in_progress", response=self.base)]
+
+    def push(self, thought: str, text: str, logprobs: list[ChatTokenLogprob]) -> list[Event]:
+        """A piece of the answer: reasoning, then text (either may be empty), and the logprobs of
+        the tokens it came from (the reasoning's are not kept: they belong to no output text)."""
+        events: list[Event] = []
+        self.pending.extend(logprobs)
+        if thought:
+            events += self._write("reasoning", thought)
+            if not text:
+                self.pending.clear()
+        if text:
+            events += self._write("message", text)
+        return events
+
+    def _write(self, kind: str, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self.open is not None and self.open.kind != kind:
+            events += self._close("completed")
+        if self.open is None:
+            events += self._open(kind)
+        item = self.open
+        item.text.append(text)
+        where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        if kind == "reasoning":
+            self.reasoning_text.append(text)
+            return events + [self._event("response.reasoning_text.delta", **where, delta=text)]
+        taken, self.pending = self.pending, []
+        item.logprobs.extend(taken)
+        return events + [self._event("response.output_text.delta", **where, delta=text,
+                                     logprobs=taken if self.with_logprobs else [])]
+
+    def _open(self, kind: str) -> list[Event]:
+        index = len(self.items)
+        if kind == "reasoning":
+            self.open = _Open(kind, new_id("rs"), index)
+            item: OutputItem = ReasoningItem(id=self.open.id, status="in_progress")
+            part: Any = ReasoningText("")
+        else:
+            self.open = _Open(kind, new_id("msg"), index)
+            item = MessageItem(id=self.open.id, status="in_progress")
+            part = OutputText("")
+        return [self._event("response.output_item.added", output_index=index, item=item),
+                self._event("response.content_part.added", item_id=self.open.id, output_index=index,
+                            content_index=0, part=part)]
+
+    def _close(self, status: str) -> list[Event]:
+        item, self.open = self.open, None
+        text = "".join(item.text)
+        where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        if item.kind == "reasoning":
+            part: Any = ReasoningText(text)
+            done: OutputItem = ReasoningItem(id=item.id, content=[part])
+            events = [self._event("response.reasoning_text.done", **where, text=text)]
+        else:
+            item.logprobs.extend(self.pending)
+            self.pending = []
+            logprobs = item.logprobs if self.with_logprobs else []
+            part = OutputText(text, logprobs=logprobs)
+            done = MessageItem(id=item.id, status=status, content=[part])
+            events = [self._event("response.output_text.done", **where, text=text, logprobs=logprobs)]
+        self.items.append(done)
+        return events + [self._event("response.content_part.done", **where, part=part),
+                         self._event("response.output_item.done", output_index=item.index, item=done)]
+
+    def finish(self, thought: str | None, text: str | None, calls: list[ToolCall] | None,
+               incomplete: bool) -> list[Event]:
+        """The rest of the answer (what was held back) and its tool calls; closes every item. An
+        answer with no text and no calls still has its (empty) message."""
+        events = self.push(thought or "", text or "", [])
+        status = "incomplete" if incomplete else "completed"
+        if self.open is None and not calls and not any(isinstance(i, MessageItem) for i in self.items):
+            events += self._open("message")
+        if self.open is not None:
+            events += self._close(status)
+        for call in calls or []:
+            events += self._call(call)
+        return events
+
+    def _call(self, call: ToolCall) -> list[Event]:
+        index = len(self.items)
+        item_id = new_id("fc")
+        added = FunctionCallItem(id=item_id, call_id=call.id or new_id("call"), name=call.function.name,
+                                 arguments="", status="in_progress")
+        done = replace(added, arguments=call.function.arguments, status="completed")
+        self.items.append(done)
+        return [self._event("response.output_item.added", output_index=index, item=added),
+                self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                            delta=done.arguments),
+                self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                            name=done.name, arguments=done.arguments),
+                self._event("response.output_item.done", output_index=index, item=done)]
+
+    def response(self, completed_at: int, incomplete: bool, prompt_tokens: int, cached_tokens: int,
+                 completion_tokens: int, reasoning_tokens: int) -> Response:
+        usage = ResponseUsage(prompt_tokens, InputTokensDetails(cached_tokens), completion_tokens,
+                              OutputTokensDetails(min(reasoning_tokens, completion_tokens)),
+                              prompt_tokens + completion_tokens)
+        return replace(self.base, status="incomplete" if incomplete else "completed", completed_at=completed_at,
+                       output=list(self.items), usage=usage,
+                       incomplete_details=IncompleteDetails("max_output_tokens") if incomplete else None)
+
+    def end(self, response: Response) -> Event:
+        return self._event(f"response.{response.status}", response=response)
+
+    def failed(self, code: str, message: str) -> Event:
+        response = replace(self.base, status="failed", output=list(self.items), error=ResponseError(code, message))
+        return self._event("response.failed", response=response)
+
+
+def chat_token_logprobs(entries: tuple[TokenLogprob, ...]) -> list[ChatTokenLogprob]:
+    return chat_logprobs(entries).content if entries else []

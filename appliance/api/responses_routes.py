@@ -1,0 +1,238 @@
+"""OpenAI's Responses API: POST /v1/responses (whole or streamed), and the stored responses:
+GET and DELETE /v1/responses/{response_id}, GET /v1/responses/{response_id}/input_items.
+
+A request is asked as a chat request would ask it (api/responses_input.py): the same prompt,
+sampling, tools, structured output and think blocks; only the answer's form differs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+from urllib.parse import parse_qs
+
+import msgspec
+
+from ..config import Config
+from ..engine import reasoning
+from ..engine.client import Generations, fit_max_tokens
+from ..engine.manager import ModelManager
+from ..engine.native import Vocab
+from ..engine.runner import Failed, Finished, GenerationRequest, TextDelta
+from ..observability import context
+from . import responses_input
+from .chat_answer import AnswerShape
+from .errors import ApiError, bad_request, decoded
+from .generation import (
+    ENGINE_ERRORS,
+    chat_prompt,
+    deadline,
+    engine_error,
+    failure_error,
+    generation_runner,
+    request_sampling,
+    serve,
+    stop_list,
+)
+from .http import EventStream, Request
+from .response_store import MissingResponse, ResponseStore
+from .responses_output import ResponseEvents, chat_token_logprobs
+from .responses_schemas import (
+    DeletedResponse,
+    FunctionCallItem,
+    InputItemList,
+    MessageItem,
+    ReasoningConfig,
+    Response,
+    ResponsesRequest,
+    TextConfig,
+)
+from .schemas import ChatMessage, FunctionCall, ToolCall, encoder
+
+_decoder = msgspec.json.Decoder(ResponsesRequest)
+
+
+def _owner() -> str | None:
+    info = context.current.get()
+    return info.key_id if info is not None else None
+
+
+def _missing(e: MissingResponse, param: str | None = None) -> ApiError:
+    return ApiError(404, f"response {e.response_id!r} is {e.why}", param=param, code="response_not_found")
+
+
+class ResponsesRoutes:
+    def __init__(self, config: Config, manager: ModelManager, store: ResponseStore):
+        self.config = config
+        self.manager = manager
+        self.store = store
+
+    # ---- POST /v1/responses ----------------------------------------------------------------
+
+    async def create(self, request: Request) -> None:
+        try:
+            await self._create(request)
+        except ENGINE_ERRORS as e:
+            raise responses_input.renamed(engine_error(e)) from None
+        except ApiError as e:
+            raise responses_input.renamed(e) from None
+
+    async def _create(self, request: Request) -> None:
+        req: ResponsesRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        owner = _owner()
+        earlier: list[ChatMessage] = []
+        if req.previous_response_id is not None:
+            try:
+                earlier = self.store.conversation(req.previous_response_id, owner)
+            except MissingResponse as e:
+                raise ApiError(400, f"previous response {e.response_id!r} is {e.why}", param="previous_response_id",
+                               code="previous_response_not_found") from None
+        items = responses_input.items(req.input)
+        turns = responses_input.messages(items)
+        chat = responses_input.chat_request(req, earlier + turns)
+        runner = await generation_runner(self.manager, req.model)
+        prompt, plan = await chat_prompt(runner, chat)
+        params = await request_sampling(chat, runner.vocab, plan.grammar if plan else None,
+                                        plan.triggers if plan else ())
+        think, inside = reasoning.for_answer(runner, chat.reasoning_format, prompt, params)
+        shape = AnswerShape(plan, think, inside)
+        limits = self.config.server.limits
+        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), req.max_output_tokens, None, limits.max_tokens,
+                                    "input", limits.max_prompt_tokens)
+        top = (chat.top_logprobs or 0) if chat.logprobs else None
+        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(self.config),
+                                                      top_logprobs=top, speculative=req.speculative)])
+        base = Response(
+            id=responses_input.new_id("resp"), created_at=int(time.time()), status="in_progress",
+            instructions=req.instructions, max_output_tokens=req.max_output_tokens, model=req.model,
+            parallel_tool_calls=req.parallel_tool_calls, previous_response_id=req.previous_response_id,
+            reasoning=req.reasoning or ReasoningConfig(), store=req.store, temperature=req.temperature,
+            text=req.text or TextConfig(), tool_choice=req.tool_choice or "auto", tools=req.tools or [],
+            top_p=req.top_p, top_logprobs=req.top_logprobs or 0, user=req.user, metadata=req.metadata or {},
+        )
+        events = ResponseEvents(base, bool(chat.logprobs))
+
+        def keep(response: Response) -> None:  # before the client hears of it: a GET may follow at once
+            if req.store:
+                self.store.put(response, items, turns + [_assistant_turn(response)], owner)
+
+        answer = _Answer(request, gens, shape, events, req.stream, runner.vocab, keep)
+        await serve(request, gens, answer.run)
+
+    # ---- the stored responses --------------------------------------------------------------
+
+    def _stored(self, request: Request):
+        try:
+            return self.store.get(request.path_params["response_id"], _owner())
+        except MissingResponse as e:
+            raise _missing(e) from None
+
+    async def retrieve(self, request: Request) -> None:
+        await request.json(200, self._stored(request).response)
+
+    async def delete(self, request: Request) -> None:
+        response_id = request.path_params["response_id"]
+        try:
+            self.store.delete(response_id, _owner())
+        except MissingResponse as e:
+            raise _missing(e) from None
+        await request.json(200, DeletedResponse(response_id))
+
+    async def input_items(self, request: Request) -> None:
+        """The input items, newest first unless `order=asc`, `limit` (1-100, default 20) at a
+        time after the item `after`."""
+        record = self._stored(request)
+        query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise bad_request("order must be asc or desc", param="order")
+        try:
+            limit = int(query.get("limit", "20"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            raise bad_request("limit must be an integer from 1 to 100", param="limit")
+        listed = record.input_items if order == "asc" else record.input_items[::-1]
+        after = query.get("after")
+        if after is not None:
+            ids = [item["id"] for item in listed]
+            if after not in ids:
+                raise bad_request(f"no input item {after!r} in this response", param="after")
+            listed = listed[ids.index(after) + 1:]
+        page = listed[:limit]
+        await request.json(200, InputItemList(page, page[0]["id"] if page else None,
+                                              page[-1]["id"] if page else None, len(listed) > limit))
+
+
+def _assistant_turn(response: Response) -> ChatMessage:
+    """The answer as the assistant's chat message, for a later response that continues it."""
+    text = "".join(part.text for item in response.output if isinstance(item, MessageItem) for part in item.content)
+    calls = [ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
+             for item in response.output if isinstance(item, FunctionCallItem)]
+    return ChatMessage("assistant", text or (None if calls else ""), tool_calls=calls or None)
+
+
+class _Answer:
+    """One response's sequence read into its output, streamed as events or answered whole."""
+
+    def __init__(self, request: Request, gens: Generations, shape: AnswerShape, events: ResponseEvents,
+                 stream: bool, vocab: Vocab, keep: Callable[[Response], None]) -> None:
+        self.request = request
+        self.keep = keep
+        self.gens = gens
+        self.shape = shape
+        self.events = events
+        self.sse = EventStream(request) if stream else None
+        self.vocab = vocab
+        self.response: Response | None = None  # once finished
+
+    async def _send(self, events: list[dict]) -> None:
+        if self.sse is None:
+            return
+        for event in events:
+            await self.sse.raw(b"event: " + event["type"].encode() + b"\ndata: " + encoder.encode(event) + b"\n\n")
+
+    async def run(self) -> None:
+        reader = None if self.shape.plain else self.shape.reader()
+        started = False
+        try:
+            async for _, ev in self.gens.events():
+                if not started:
+                    if isinstance(ev, Failed):
+                        raise failure_error(ev)  # before the first byte: the HTTP status says it
+                    started = True
+                    await self._send(self.events.start())
+                if isinstance(ev, TextDelta):
+                    thought, text = reader.push(ev.text) if reader else ("", ev.text)
+                    await self._send(self.events.push(thought, text, chat_token_logprobs(ev.logprobs)))
+                elif isinstance(ev, Finished):
+                    await self._finish(ev, reader)
+                elif isinstance(ev, Failed):
+                    err = failure_error(ev)
+                    if self.sse is None:
+                        raise err
+                    await self._send([self.events.failed(err.code or err.type, err.message)])
+                    self.gens.cancel()
+                    break
+            if self.sse is not None:
+                await self.sse.close()
+            elif self.response is not None:
+                await self.request.json(200, self.response)
+        except OSError:  # the client went away mid-stream
+            self.gens.cancel()
+
+    async def _finish(self, ev: Finished, reader) -> None:
+        if reader is not None:
+            parts = reader.finish(ev.reason)
+            thought, text, calls, reason = parts.reasoning, parts.content, parts.tool_calls, parts.finish_reason
+        else:
+            thought, text, calls, reason = None, None, None, ev.reason
+        incomplete = reason == "length"
+        await self._send(self.events.finish(thought, text, calls, incomplete))
+        thinking = "".join(self.events.reasoning_text)
+        reasoning_tokens = (len(await asyncio.to_thread(self.vocab.tokenize, thinking, add_special=False,
+                                                        parse_special=False)) if thinking else 0)
+        self.response = self.events.response(int(time.time()), incomplete, ev.prompt_tokens, ev.cached_tokens,
+                                             ev.completion_tokens, reasoning_tokens)
+        self.keep(self.response)
+        await self._send([self.events.end(self.response)])

@@ -1,0 +1,86 @@
+"""The Responses API's store: caps by count and bytes (least recently used first), owners, and
+conversations followed back through previous_response_id."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.api.response_store import MissingResponse, ResponseStore
+from appliance.api.responses_schemas import Response
+from appliance.api.schemas import ChatMessage
+
+
+def response(rid: str, previous: str | None = None) -> Response:
+    return Response(id=rid, created_at=0, status="completed", model="m", previous_response_id=previous)
+
+
+def turns(text: str) -> list[ChatMessage]:
+    return [ChatMessage("user", text), ChatMessage("assistant", text.upper())]
+
+
+def test_a_conversation_is_every_turn_back_to_its_first_response():
+    store = ResponseStore(10, 1 << 20)
+    store.put(response("a"), [], turns("one"), None)
+    store.put(response("b", "a"), [], turns("two"), None)
+    store.put(response("c", "b"), [], turns("three"), None)
+    assert [m.content for m in store.conversation("c", None)] == ["one", "ONE", "two", "TWO", "three", "THREE"]
+    assert [m.content for m in store.conversation("b", None)] == ["one", "ONE", "two", "TWO"]
+
+
+def test_a_missing_link_names_it():
+    store = ResponseStore(10, 1 << 20)
+    store.put(response("a"), [], turns("one"), None)
+    store.put(response("b", "a"), [], turns("two"), None)
+    store.delete("a", None)
+    with pytest.raises(MissingResponse) as e:
+        store.conversation("b", None)
+    assert e.value.response_id == "b" and "'a'" in e.value.why
+    with pytest.raises(MissingResponse):
+        store.conversation("zzz", None)
+
+
+def test_the_least_recently_used_go_first_by_count():
+    store = ResponseStore(2, 1 << 20)
+    store.put(response("a"), [], turns("one"), None)
+    store.put(response("b"), [], turns("two"), None)
+    store.get("a", None)  # used: b is now the oldest
+    store.put(response("c"), [], turns("three"), None)
+    with pytest.raises(MissingResponse):
+        store.get("b", None)
+    assert store.get("a", None) and store.get("c", None) and len(store) == 2 and store.dropped == 1
+
+
+def test_the_byte_cap_holds_and_a_reload_resizes():
+    store = ResponseStore(100, 1 << 20)
+    for i in range(20):
+        store.put(response(f"r{i}"), [{"type": "message", "text": "x" * 1000}], turns("t"), None)
+    one = store.bytes // 20
+    store.resize(100, one * 5 + one // 2)
+    assert len(store) == 5 and store.bytes <= one * 5 + one // 2
+    assert store.get("r19", None) and store.get("r15", None)
+    with pytest.raises(MissingResponse):
+        store.get("r14", None)
+    store.resize(0, 1 << 20)
+    assert len(store) == 0 and store.bytes == 0
+    store.put(response("n"), [], turns("t"), None)  # max_entries 0: nothing is kept
+    assert len(store) == 0
+
+
+def test_one_larger_than_the_cap_is_not_kept_and_drops_nothing():
+    store = ResponseStore(10, 2000)
+    store.put(response("small"), [], turns("t"), None)
+    store.put(response("big"), [{"text": "x" * 5000}], turns("t"), None)
+    assert store.get("small", None) and len(store) == 1
+    with pytest.raises(MissingResponse):
+        store.get("big", None)
+
+
+def test_another_key_cannot_read_delete_or_continue():
+    store = ResponseStore(10, 1 << 20)
+    store.put(response("mine"), [], turns("one"), "key-a")
+    store.put(response("open"), [], turns("two"), None)
+    for call in (lambda: store.get("mine", "key-b"), lambda: store.delete("mine", "key-b"),
+                 lambda: store.conversation("mine", "key-b"), lambda: store.get("mine", None)):
+        with pytest.raises(MissingResponse):
+            call()
+    assert store.get("mine", "key-a") and store.get("open", "key-b")
