@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -238,6 +239,17 @@ def test_504_when_the_deadline_passes(server_factory):
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert r.status_code == 200
     assert '"deadline_exceeded"' in lines[-2] and lines[-1] == "data: [DONE]"
+    # The Responses API: a 504 before the first token, a response.failed event after it.
+    body = {"model": "smollm2-135m", "input": "Once upon a time", "logit_bias": no_end, "temperature": 1}
+    r = post(srv, "/v1/responses", body, key=None)
+    assert r.status_code == 504 and envelope(r)["code"] == "deadline_exceeded"
+    with httpx.stream("POST", srv.base + "/v1/responses", timeout=30, json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[0]["type"] == "response.created"
+    last = events[-1]
+    assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
+    assert last["response"]["error"]["code"] == "deadline_exceeded"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
     # The server is still fine afterwards.
     assert httpx.get(srv.base + "/health").status_code == 200
 
