@@ -133,6 +133,9 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
         if value != "message.output_text.logprobs":
             raise bad_request(f"include value {value!r} is not supported (message.output_text.logprobs only)",
                               param="include")
+    if req.max_tool_calls not in (None, 1):
+        raise bad_request("max_tool_calls can only be 1 here (one call, as parallel_tool_calls: false)",
+                          param="max_tool_calls")
     msgs = ([ChatMessage("system", req.instructions)] if req.instructions else []) + conversation
     if not msgs:
         raise bad_request("input must not be empty", param="input")
@@ -143,7 +146,7 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repeat_penalty=req.repeat_penalty, seed=req.seed, stop=req.stop, logit_bias=req.logit_bias, grammar=req.grammar,
         response_format=_response_format(req), tools=_tools(req), tool_choice=_tool_choice(req.tool_choice),
-        parallel_tool_calls=req.parallel_tool_calls, reasoning_format=req.reasoning_format,
+        parallel_tool_calls=req.parallel_tool_calls and req.max_tool_calls is None, reasoning_format=req.reasoning_format,
         chat_template_kwargs=req.chat_template_kwargs, speculative=req.speculative,
         logprobs=logprobs or None, top_logprobs=req.top_logprobs if logprobs else None,
     )

@@ -67,6 +67,10 @@ def test_the_chat_request_carries_the_sampling_tools_and_format():
     assert chat.parallel_tool_calls is False
     assert chat.response_format.type == "json_schema" and chat.response_format.json_schema.schema == {"type": "object"}
     assert chat.logprobs and chat.top_logprobs == 3
+    assert chat_request(request(max_tool_calls=1), messages(items("Hi"))).parallel_tool_calls is False
+    with pytest.raises(ApiError) as e:
+        chat_request(request(max_tool_calls=2), messages(items("Hi")))
+    assert e.value.param == "max_tool_calls"
     plain = chat_request(request(top_logprobs=3), messages(items("Hi")))
     assert plain.logprobs is None and plain.top_logprobs is None and plain.response_format is None
 
