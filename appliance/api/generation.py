@@ -13,13 +13,14 @@ from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..policy import PluginError
-from ..engine import grammar
+from ..engine import grammar, reasoning
 from ..engine.chat_template import RESERVED
 from ..engine.grammar import GrammarError
 from ..engine.native import Vocab
 from ..engine.sampling import SamplingParams
 from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbnf
 from . import native_tools, tools
+from .chat_answer import AnswerShape
 from .errors import ApiError, bad_request
 from .http import Request
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions
@@ -190,6 +191,15 @@ async def chat_prompt(runner: ModelRunner, req: ChatRequest) -> tuple[list[int],
     extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
     prompt = await asyncio.to_thread(render_chat, runner, messages, plan.template_tools if plan else None, extra)
     return prompt, plan
+
+
+async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[int], SamplingParams, AnswerShape]:
+    """A chat request's prompt tokens, sampling parameters (its tools' grammar included) and the
+    shape its answer is read in (think block, tool calls)."""
+    prompt, plan = await chat_prompt(runner, req)
+    params = await request_sampling(req, runner.vocab, plan.grammar if plan else None, plan.triggers if plan else ())
+    think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt, params)
+    return prompt, params, AnswerShape(plan, think, inside)
 
 
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

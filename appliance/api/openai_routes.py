@@ -18,7 +18,7 @@ from ..engine.client import Generations, collect, fit_max_tokens
 from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
-    chat_prompt,
+    chat_answer_plan,
     completion_prompts,
     deadline,
     echo_texts,
@@ -146,11 +146,7 @@ class OpenAIRoutes:
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         runner = await generation_runner(self.manager, req.model)
-        prompt, tool_plan = await chat_prompt(runner, req)
-        params = await request_sampling(req, runner.vocab, tool_plan.grammar if tool_plan else None,
-                                        tool_plan.triggers if tool_plan else ())
-        think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt, params)
-        shape = AnswerShape(tool_plan, think, inside)
+        prompt, params, shape = await chat_answer_plan(runner, req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
         stops = stop_list(req)

@@ -14,7 +14,6 @@ from urllib.parse import parse_qs
 import msgspec
 
 from ..config import Config
-from ..engine import reasoning
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
 from ..engine.native import Vocab
@@ -25,12 +24,11 @@ from .chat_answer import AnswerShape
 from .errors import ApiError, bad_request, decoded
 from .generation import (
     ENGINE_ERRORS,
-    chat_prompt,
+    chat_answer_plan,
     deadline,
     engine_error,
     failure_error,
     generation_runner,
-    request_sampling,
     serve,
     stop_list,
 )
@@ -91,11 +89,7 @@ class ResponsesRoutes:
         turns = responses_input.messages(items)
         chat = responses_input.chat_request(req, earlier + turns)
         runner = await generation_runner(self.manager, req.model)
-        prompt, plan = await chat_prompt(runner, chat)
-        params = await request_sampling(chat, runner.vocab, plan.grammar if plan else None,
-                                        plan.triggers if plan else ())
-        think, inside = reasoning.for_answer(runner, chat.reasoning_format, prompt, params)
-        shape = AnswerShape(plan, think, inside)
+        prompt, params, shape = await chat_answer_plan(runner, chat)
         limits = self.config.server.limits
         max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), req.max_output_tokens, None, limits.max_tokens,
                                     "input", limits.max_prompt_tokens)

@@ -1,9 +1,9 @@
 """OpenAI Responses API schemas (POST /v1/responses and the stored responses' endpoints), msgspec.
 
 Unknown request fields are ignored, as in schemas.py. Input items are decoded as JSON objects and
-read by api/responses_input.py, which names the offending item in its errors; EIE's sampling
-extensions (top_k, min_p, penalties, seed, stop, logit_bias, reasoning_format,
-grammar, chat_template_kwargs, speculative) are taken as in chat requests.
+read by api/responses_input.py, which names the offending item in its errors. The sampling
+fields chat requests have beyond OpenAI's (top_k, min_p, penalties, seed, stop, logit_bias,
+grammar) and EIE's reasoning_format, chat_template_kwargs and speculative are taken too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from .schemas import ChatTokenLogprob, MaxTokens, Penalty, Probability, StopList, Temperature
+from .schemas import ChatTokenLogprob, MaxTokens, SamplingKnobs
 
 
 class ResponsesTool(Struct, frozen=True, omit_defaults=True):
@@ -56,14 +56,12 @@ IncludeValue = Literal["message.output_text.logprobs", "reasoning.encrypted_cont
                        "message.input_image.image_url"]
 
 
-class ResponsesRequest(Struct, frozen=True, kw_only=True):
+class ResponsesRequest(SamplingKnobs, frozen=True, kw_only=True):
     model: Annotated[str, Meta(min_length=1, max_length=256)]
     # a string (one user message) or a list of input items (messages, function calls and outputs)
     input: str | list[Any]
     instructions: str | None = None
     max_output_tokens: MaxTokens | None = None
-    temperature: Temperature = 1.0
-    top_p: Probability = 1.0
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     include: list[IncludeValue] | None = None
     tools: Annotated[list[ResponsesTool], Meta(max_length=128)] | None = None
@@ -71,7 +69,6 @@ class ResponsesRequest(Struct, frozen=True, kw_only=True):
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    stream: bool = False
     store: bool = True
     previous_response_id: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     metadata: Metadata | None = None
@@ -81,16 +78,7 @@ class ResponsesRequest(Struct, frozen=True, kw_only=True):
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
-    # EIE's (and llama-server's) extensions, as on chat requests
-    top_k: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
-    min_p: Probability = 0.0
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] = 1.0
-    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
-    stop: Annotated[str, Meta(min_length=1, max_length=512)] | StopList | None = None
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
-    grammar: Annotated[str, Meta(min_length=1, max_length=65536)] | None = None
+    # EIE's extensions, as on chat requests
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     speculative: bool = True

@@ -81,8 +81,9 @@ class ResponseFormat(Struct, frozen=True):
     schema: Any = None
 
 
-class SamplingOptions(Struct, frozen=True, kw_only=True):
-    max_tokens: MaxTokens | None = None
+class SamplingKnobs(Struct, frozen=True, kw_only=True):
+    """The sampling fields chat, completions, group and Responses requests share."""
+
     temperature: Temperature = 1.0
     top_p: Probability = 1.0
     top_k: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
@@ -92,13 +93,17 @@ class SamplingOptions(Struct, frozen=True, kw_only=True):
     repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] = 1.0
     seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: Annotated[str, Meta(min_length=1, max_length=512)] | StopList | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
-    user: str | None = None
-    response_format: ResponseFormat | None = None
     # llama-server's extension: a GBNF grammar (start symbol `root`) the output must follow.
     grammar: Annotated[str, Meta(min_length=1, max_length=65536)] | None = None
+    stream: bool = False
+
+
+class SamplingOptions(SamplingKnobs, frozen=True, kw_only=True):
+    max_tokens: MaxTokens | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 class SamplingFields(SamplingOptions, frozen=True, kw_only=True):
