@@ -1,17 +1,17 @@
 """A Responses API answer as it is written: its output items (reasoning, message, function
-calls) and the stream events that announce them, in the order OpenAI's streams have them.
-
-The non-streamed answer is built by the same calls with the events left unsent, so a streamed
-and a whole answer to the same request have the same items."""
+calls) and the stream events that announce them, in the order OpenAI's streams have them
+(the writer answer_relay.relay drives)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from msgspec.structs import replace
-from typing import Any
 
-from ..engine.runner import TokenLogprob
+from .answer_relay import Ending, Event
+from .errors import ApiError
 from .responses_input import new_id
 from .responses_schemas import (
     FunctionCallItem,
@@ -27,10 +27,7 @@ from .responses_schemas import (
     ResponseError,
     ResponseUsage,
 )
-from .openai_routes import chat_logprobs
 from .schemas import ChatTokenLogprob, ToolCall
-
-Event = dict[str, Any]
 
 
 @dataclass
@@ -45,13 +42,16 @@ class _Open:
 
 
 class ResponseEvents:
-    def __init__(self, base: Response, logprobs: bool):
+    """The Responses API's writer for answer_relay.relay."""
+
+    def __init__(self, base: Response, logprobs: bool, keep: Callable[[Response], None]):
         self.base = base  # the response as created: status in_progress, no output
         self.with_logprobs = logprobs
+        self.keep = keep
+        self.result: Response | None = None
         self.items: list[OutputItem] = []
         self.open: _Open | None = None
         self.pending: list[ChatTokenLogprob] = []  # token logprobs whose text is held back
-        self.reasoning_text: list[str] = []
         self.sequence = 0
 
     def _event(self, kind: str, **fields: Any) -> Event:
@@ -86,7 +86,6 @@ class ResponseEvents:
         item.text.append(text)
         where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
         if kind == "reasoning":
-            self.reasoning_text.append(text)
             return events + [self._event("response.reasoning_text.delta", **where, delta=text)]
         taken, self.pending = self.pending, []
         item.logprobs.extend(taken)
@@ -126,19 +125,27 @@ class ResponseEvents:
         return events + [self._event("response.content_part.done", **where, part=part),
                          self._event("response.output_item.done", output_index=item.index, item=done)]
 
-    def finish(self, thought: str | None, text: str | None, calls: list[ToolCall] | None,
-               incomplete: bool) -> list[Event]:
-        """The rest of the answer (what was held back) and its tool calls; closes every item. An
+    def finish(self, ending: Ending) -> list[Event]:
+        """The rest of the answer (what was held back) and its tool calls: every item closes, and
+        the response is complete (`result`, stored by `keep` before the client hears of it). An
         answer with no text and no calls still has its (empty) message."""
-        events = self.push(thought or "", text or "", [])
-        status = "incomplete" if incomplete else "completed"
-        if self.open is None and not calls and not any(isinstance(i, MessageItem) for i in self.items):
+        parts = ending.parts
+        events = self.push(parts.reasoning or "", parts.content or "", [])
+        incomplete = parts.finish_reason == "length"
+        if self.open is None and not parts.tool_calls and not any(isinstance(i, MessageItem) for i in self.items):
             events += self._open("message")
         if self.open is not None:
-            events += self._close(status)
-        for call in calls or []:
+            events += self._close("incomplete" if incomplete else "completed")
+        for call in parts.tool_calls or []:
             events += self._call(call)
-        return events
+        usage = ResponseUsage(ending.prompt_tokens, InputTokensDetails(ending.cached_tokens), ending.completion_tokens,
+                              OutputTokensDetails(ending.reasoning_tokens),
+                              ending.prompt_tokens + ending.completion_tokens)
+        self.result = replace(self.base, status="incomplete" if incomplete else "completed",
+                              completed_at=int(time.time()), output=list(self.items), usage=usage,
+                              incomplete_details=IncompleteDetails("max_output_tokens") if incomplete else None)
+        self.keep(self.result)
+        return events + [self._event(f"response.{self.result.status}", response=self.result)]
 
     def _call(self, call: ToolCall) -> list[Event]:
         index = len(self.items)
@@ -154,22 +161,7 @@ class ResponseEvents:
                             name=done.name, arguments=done.arguments),
                 self._event("response.output_item.done", output_index=index, item=done)]
 
-    def response(self, completed_at: int, incomplete: bool, prompt_tokens: int, cached_tokens: int,
-                 completion_tokens: int, reasoning_tokens: int) -> Response:
-        usage = ResponseUsage(prompt_tokens, InputTokensDetails(cached_tokens), completion_tokens,
-                              OutputTokensDetails(min(reasoning_tokens, completion_tokens)),
-                              prompt_tokens + completion_tokens)
-        return replace(self.base, status="incomplete" if incomplete else "completed", completed_at=completed_at,
-                       output=list(self.items), usage=usage,
-                       incomplete_details=IncompleteDetails("max_output_tokens") if incomplete else None)
-
-    def end(self, response: Response) -> Event:
-        return self._event(f"response.{response.status}", response=response)
-
-    def failed(self, code: str, message: str) -> Event:
-        response = replace(self.base, status="failed", output=list(self.items), error=ResponseError(code, message))
-        return self._event("response.failed", response=response)
-
-
-def chat_token_logprobs(entries: tuple[TokenLogprob, ...]) -> list[ChatTokenLogprob]:
-    return chat_logprobs(entries).content if entries else []
+    def failed(self, err: ApiError) -> list[Event]:
+        response = replace(self.base, status="failed", output=list(self.items),
+                           error=ResponseError(err.code or err.type, err.message))
+        return [self._event("response.failed", response=response)]

@@ -6,9 +6,7 @@ sampling, tools, structured output and think blocks; only the answer's form diff
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Callable
 from urllib.parse import parse_qs
 
 import msgspec
@@ -16,25 +14,23 @@ import msgspec
 from ..config import Config
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
-from ..engine.native import Vocab
-from ..engine.runner import Failed, Finished, GenerationRequest, TextDelta
+from ..engine.runner import GenerationRequest
 from ..observability import context
 from . import responses_input
-from .chat_answer import AnswerShape
+from .answer_relay import relay
 from .errors import ApiError, bad_request, decoded
 from .generation import (
     ENGINE_ERRORS,
     chat_answer_plan,
     deadline,
     engine_error,
-    failure_error,
     generation_runner,
     serve,
     stop_list,
 )
-from .http import EventStream, Request
+from .http import Request
 from .response_store import MissingResponse, ResponseStore
-from .responses_output import ResponseEvents, chat_token_logprobs
+from .responses_output import ResponseEvents
 from .responses_schemas import (
     DeletedResponse,
     FunctionCallItem,
@@ -45,7 +41,7 @@ from .responses_schemas import (
     ResponsesRequest,
     TextConfig,
 )
-from .schemas import ChatMessage, FunctionCall, ToolCall, encoder
+from .schemas import ChatMessage, FunctionCall, ToolCall
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
 
@@ -104,14 +100,13 @@ class ResponsesRoutes:
             text=req.text or TextConfig(), tool_choice=req.tool_choice or "auto", tools=req.tools or [],
             top_p=req.top_p, top_logprobs=req.top_logprobs or 0, user=req.user, metadata=req.metadata or {},
         )
-        events = ResponseEvents(base, bool(chat.logprobs))
 
         def keep(response: Response) -> None:  # before the client hears of it: a GET may follow at once
             if req.store:
                 self.store.put(response, items, turns + [_assistant_turn(response)], owner)
 
-        answer = _Answer(request, gens, shape, events, req.stream, runner.vocab, keep)
-        await serve(request, gens, answer.run)
+        writer = ResponseEvents(base, bool(chat.logprobs), keep)
+        await serve(request, gens, lambda: relay(request, gens, shape, writer, req.stream, runner.vocab))
 
     # ---- the stored responses --------------------------------------------------------------
 
@@ -164,69 +159,3 @@ def _assistant_turn(response: Response) -> ChatMessage:
     calls = [ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
              for item in response.output if isinstance(item, FunctionCallItem)]
     return ChatMessage("assistant", text or (None if calls else ""), tool_calls=calls or None)
-
-
-class _Answer:
-    """One response's sequence read into its output, streamed as events or answered whole."""
-
-    def __init__(self, request: Request, gens: Generations, shape: AnswerShape, events: ResponseEvents,
-                 stream: bool, vocab: Vocab, keep: Callable[[Response], None]) -> None:
-        self.request = request
-        self.keep = keep
-        self.gens = gens
-        self.shape = shape
-        self.events = events
-        self.sse = EventStream(request) if stream else None
-        self.vocab = vocab
-        self.response: Response | None = None  # once finished
-
-    async def _send(self, events: list[dict]) -> None:
-        if self.sse is None:
-            return
-        for event in events:
-            await self.sse.raw(b"event: " + event["type"].encode() + b"\ndata: " + encoder.encode(event) + b"\n\n")
-
-    async def run(self) -> None:
-        reader = None if self.shape.plain else self.shape.reader()
-        started = False
-        try:
-            async for _, ev in self.gens.events():
-                if not started:
-                    if isinstance(ev, Failed):
-                        raise failure_error(ev)  # before the first byte: the HTTP status says it
-                    started = True
-                    await self._send(self.events.start())
-                if isinstance(ev, TextDelta):
-                    thought, text = reader.push(ev.text) if reader else ("", ev.text)
-                    await self._send(self.events.push(thought, text, chat_token_logprobs(ev.logprobs)))
-                elif isinstance(ev, Finished):
-                    await self._finish(ev, reader)
-                elif isinstance(ev, Failed):
-                    err = failure_error(ev)
-                    if self.sse is None:
-                        raise err
-                    await self._send([self.events.failed(err.code or err.type, err.message)])
-                    self.gens.cancel()
-                    break
-            if self.sse is not None:
-                await self.sse.close()
-            elif self.response is not None:
-                await self.request.json(200, self.response)
-        except OSError:  # the client went away mid-stream
-            self.gens.cancel()
-
-    async def _finish(self, ev: Finished, reader) -> None:
-        if reader is not None:
-            parts = reader.finish(ev.reason)
-            thought, text, calls, reason = parts.reasoning, parts.content, parts.tool_calls, parts.finish_reason
-        else:
-            thought, text, calls, reason = None, None, None, ev.reason
-        incomplete = reason == "length"
-        await self._send(self.events.finish(thought, text, calls, incomplete))
-        thinking = "".join(self.events.reasoning_text)
-        reasoning_tokens = (len(await asyncio.to_thread(self.vocab.tokenize, thinking, add_special=False,
-                                                        parse_special=False)) if thinking else 0)
-        self.response = self.events.response(int(time.time()), incomplete, ev.prompt_tokens, ev.cached_tokens,
-                                             ev.completion_tokens, reasoning_tokens)
-        self.keep(self.response)
-        await self._send([self.events.end(self.response)])

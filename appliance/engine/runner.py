@@ -91,6 +91,7 @@ class Finished:
     completion_tokens: int
     mean_logprob: float | None = None
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache or a live sequence
+    stop_string: str | None = None  # the request's stop string that ended the answer
 
 
 @dataclass(frozen=True)
@@ -1115,7 +1116,8 @@ class ModelRunner:
         mean = None
         if seq.req.logprobs:
             mean = seq.logprob_sum / max(1, seq.n_generated + (1 if reason == "stop" else 0))
-        return Finished(reason, len(seq.req.prompt), seq.n_generated, mean, seq.restored)
+        return Finished(reason, len(seq.req.prompt), seq.n_generated, mean, seq.restored,
+                        seq.stream.matched_stop if seq.stream is not None else None)
 
     def _entry(self, piece: bytes, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
         """A token's logprobs entry (`piece`: its text), its alternatives named by their pieces."""

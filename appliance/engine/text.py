@@ -25,6 +25,7 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string found (the first one in the text)
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self.stops:
@@ -34,7 +35,7 @@ class StopMatcher:
         for s in self.stops:
             i = buf.find(s)
             if i != -1 and (first == -1 or i < first):
-                first = i
+                first, self.matched = i, s
         if first != -1:
             self._held = ""
             return buf[:first], True
@@ -56,6 +57,10 @@ class TextStream:
 
     def push(self, piece: bytes) -> tuple[str, bool]:
         return self._stops.feed(self._utf8.decode(piece))
+
+    @property
+    def matched_stop(self) -> str | None:
+        return self._stops.matched
 
     def finish(self) -> str:
         """The rest once generation ends without a stop string."""

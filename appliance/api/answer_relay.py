@@ -1,0 +1,93 @@
+"""A chat-shaped answer relayed as it is generated: its pieces read into reasoning, text and tool
+calls (chat_answer.py) and handed to an API's writer (the Responses API's output items, the
+Anthropic Messages API's content blocks), which makes them stream events and, at the end, the
+whole answer. A whole answer is built by the same calls with the events left unsent, so the
+streamed and the whole answer to one request have the same parts."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..engine.client import Generations
+from ..engine.native import Vocab
+from ..engine.runner import Failed, Finished, TextDelta
+from .chat_answer import AnswerShape, Parts
+from .errors import ApiError
+from .generation import failure_error
+from .http import EventStream, Request
+from .openai_routes import chat_logprobs
+from .schemas import ChatTokenLogprob, encoder
+
+Event = dict[str, Any]  # {"type": ..., ...}
+
+
+@dataclass(frozen=True)
+class Ending:
+    parts: Parts  # what was held back until the end, the tool calls, and the finish reason
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int  # the think block's text, tokenized
+    stop_string: str | None  # the request's stop string that ended it
+
+
+class AnswerWriter(Protocol):
+    result: Any  # the whole answer, once finish has run
+
+    def start(self) -> list[Event]: ...
+
+    def push(self, thought: str, text: str, logprobs: list[ChatTokenLogprob]) -> list[Event]: ...
+
+    def finish(self, ending: Ending) -> list[Event]: ...
+
+    def failed(self, err: ApiError) -> list[Event]: ...
+
+
+async def relay(request: Request, gens: Generations, shape: AnswerShape, writer: AnswerWriter, stream: bool,
+                vocab: Vocab) -> None:
+    """Stream `writer`'s events as named server-sent events, or answer its whole result. A failure
+    before the first token keeps its HTTP status; after it, the writer says it in-band."""
+    sse = EventStream(request) if stream else None
+    reader = None if shape.plain else shape.reader()
+    thoughts: list[str] = []
+    started = False
+
+    async def send(events: list[Event]) -> None:
+        if sse is not None:
+            for event in events:
+                await sse.raw(b"event: " + event["type"].encode() + b"\ndata: " + encoder.encode(event) + b"\n\n")
+
+    try:
+        async for _, ev in gens.events():
+            if not started:
+                if isinstance(ev, Failed):
+                    raise failure_error(ev)
+                started = True
+                await send(writer.start())
+            if isinstance(ev, TextDelta):
+                thought, text = reader.push(ev.text) if reader else ("", ev.text)
+                thoughts.append(thought)
+                logprobs = chat_logprobs(ev.logprobs).content if ev.logprobs else []
+                await send(writer.push(thought, text, logprobs))
+            elif isinstance(ev, Finished):
+                parts = reader.finish(ev.reason) if reader else Parts(None, None, None, ev.reason)
+                thinking = "".join(thoughts) + (parts.reasoning or "")
+                counted = (await asyncio.to_thread(vocab.tokenize, thinking, add_special=False, parse_special=False)
+                           if thinking else [])
+                await send(writer.finish(Ending(parts, ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens,
+                                                min(len(counted), ev.completion_tokens), ev.stop_string)))
+            elif isinstance(ev, Failed):
+                err = failure_error(ev)
+                if sse is None:
+                    raise err
+                await send(writer.failed(err))
+                gens.cancel()
+                break
+        if sse is not None:
+            await sse.close()
+        elif writer.result is not None:
+            await request.json(200, writer.result)
+    except OSError:  # the client went away mid-stream
+        gens.cancel()
