@@ -26,8 +26,11 @@ from .errors import ApiError
 from .group_routes import GroupRoutes
 from .http import Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
+from .anthropic_output import error_body as anthropic_error
+from .anthropic_routes import AnthropicRoutes
 from .openai_routes import OpenAIRoutes
 from .response_store import ResponseStore
+from .schemas import encoder
 from .responses_routes import ResponsesRoutes
 from .token_routes import TokenRoutes
 from .embedding_routes import EmbeddingRoutes
@@ -45,6 +48,7 @@ class Route:
     auth: str  # open | key | admin | metrics
     limited: bool = False  # counts against the per-key rate and concurrency limits
     accounted: bool = True  # audited and drained (probes and scrapes are not)
+    error_body: Callable[[ApiError], bytes] = ApiError.body  # the error envelope its clients read
 
 
 _QUIET = {"/health", "/metrics", "/openapi.json"}
@@ -57,6 +61,7 @@ class App:
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager)
         stored = config.server.responses
+        self.anthropic = AnthropicRoutes(config, manager)
         self.responses = ResponsesRoutes(config, manager, ResponseStore(stored.max_entries, stored.max_mb << 20))
         self.tokens = TokenRoutes(config, manager)
         self.embeddings = EmbeddingRoutes(config, manager)
@@ -77,6 +82,9 @@ class App:
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
             "/v1/responses": {"POST": Route(self.responses.create, "key", True)},
+            "/v1/messages": {"POST": Route(self.anthropic.messages, "key", True, error_body=_anthropic_error)},
+            "/v1/messages/count_tokens": {"POST": Route(self.anthropic.count_tokens, "key",
+                                                        error_body=_anthropic_error)},
             "/v1/responses/{response_id}": {"GET": Route(self.responses.retrieve, "key"),
                                             "DELETE": Route(self.responses.delete, "key")},
             "/v1/responses/{response_id}/input_items": {"GET": Route(self.responses.input_items, "key")},
@@ -135,6 +143,7 @@ class App:
         self.config = config
         self.openai.config = config
         self.responses.config = config
+        self.anthropic.config = config
         self.responses.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
         self.tokens.config = config
         self.embeddings.config = config
@@ -168,6 +177,7 @@ class App:
         who: str | None = None  # the limits' holder, once admitted
         try:
             route = self._route(request)
+            request.error_body = route.error_body
             if route.accounted:
                 if self.draining:
                     raise ApiError(503, "the server is shutting down", type="service_unavailable",
@@ -263,8 +273,11 @@ class App:
             return None
         auth = request.header("authorization") or ""
         scheme, _, token = auth.partition(" ")
+        if not auth and request.header("x-api-key"):  # Anthropic's SDKs send the key so
+            scheme, token = "bearer", request.header("x-api-key") or ""
         if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                           code="invalid_api_key")
         key = self.keys.match(token.strip())
         if key is None:
             raise ApiError(401, "invalid API key", code="invalid_api_key")
@@ -422,6 +435,10 @@ class App:
                 client.remove_tap(self._tap)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _anthropic_error(err: ApiError) -> bytes:
+    return encoder.encode(anthropic_error(err))
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

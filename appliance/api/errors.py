@@ -32,6 +32,20 @@ class ApiError(Exception):
         return encoder.encode(ErrorEnvelope(ErrorBody(self.message, self.type, self.param, self.code)))
 
 
+Renames = tuple[tuple["re.Pattern[str]", str], ...]
+
+
+def with_param_renamed(err: ApiError, renames: Renames) -> ApiError:
+    """`err` with its field named as another API's request names it: the first pattern that
+    matches the chat route's field name rewrites it."""
+    if err.param is not None:
+        for pattern, name in renames:
+            if pattern.search(err.param):
+                err.param = pattern.sub(name, err.param)
+                break
+    return err
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any, Awaitable, Callable
+from contextlib import contextmanager
+from typing import Any, Awaitable, Callable, Iterator
 
 from ..config import Config
 from ..engine.client import GenerationFailed, Generations, PromptError, render_chat
@@ -274,6 +275,18 @@ async def serve(request: Request, gens: Generations, answer: Callable[[], Awaita
 
 
 ENGINE_ERRORS = (PromptError, QueueFull, NotReady, GenerationFailed)
+
+
+@contextmanager
+def errors_renamed(rename: Callable[[ApiError], ApiError]) -> Iterator[None]:
+    """Engine and API errors inside as HTTP errors whose field `rename` names as another API's
+    request (the Responses and Messages APIs ask through the chat route's code)."""
+    try:
+        yield
+    except ENGINE_ERRORS as e:
+        raise rename(engine_error(e)) from None
+    except ApiError as e:
+        raise rename(e) from None
 
 
 def engine_error(exc: Exception) -> ApiError:

@@ -27,6 +27,7 @@ class Request:
         self.raw_body = b""  # the body once read (for the audit trail)
         self.path_params: dict[str, str] = {}  # the route's {name} segments
         self.template: str | None = None  # the route's path with {name} segments, where it has them
+        self.error_body: Callable[[ApiError], bytes] = ApiError.body  # the route's error envelope
 
     def header(self, name: str) -> str | None:
         v = self.headers.get(name.lower().encode())
@@ -78,7 +79,7 @@ class Request:
         await self.respond(status, encoder.encode(obj), JSON, headers)
 
     async def error(self, err: ApiError) -> None:
-        await self.respond(err.status, err.body(), JSON, err.headers)
+        await self.respond(err.status, self.error_body(err), JSON, err.headers)
 
 
 class EventStream:

@@ -10,6 +10,7 @@ import msgspec
 
 from .. import __version__
 from . import admin_routes as admin
+from . import anthropic_schemas as an
 from . import responses_schemas as rs
 from . import schemas as s
 
@@ -35,6 +36,10 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events)", rs.ResponsesRequest,
        rs.Response),
     Op("get", "/v1/responses/{response_id}", "A stored response", None, rs.Response),
+    Op("post", "/v1/messages", "Anthropic Messages API: a message (stream: server-sent events)", an.MessagesRequest,
+       an.AnthropicMessage),
+    Op("post", "/v1/messages/count_tokens", "Anthropic Messages API: a request's prompt tokens", an.MessagesRequest,
+       an.TokenCount),
     Op("delete", "/v1/responses/{response_id}", "Delete a stored response", None, rs.DeletedResponse),
     Op("get", "/v1/responses/{response_id}/input_items", "A stored response's input items", None, rs.InputItemList,
        query=(("order", "asc or desc (default desc)"), ("limit", "1 to 100 (default 20)"),
@@ -80,6 +85,8 @@ def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dic
         s.ChatRequest: {"model": model, "messages": msgs, "max_tokens": 4},
         s.CompletionRequest: {"model": model, "prompt": "Hello", "max_tokens": 4},
         rs.ResponsesRequest: {"model": model, "input": "Hello", "max_output_tokens": 4},
+        "/v1/messages": {"model": model, "max_tokens": 4, "messages": msgs},
+        "/v1/messages/count_tokens": {"model": model, "messages": msgs},
         "/v1/batch/execute": {"group": batch, "messages": msgs, "max_tokens": 4},
         "/v1/chain/execute": {"group": chain, "messages": msgs, "max_tokens": 4},
         admin.ModelAction: {"model": model},
@@ -95,9 +102,9 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
     (and in example bodies)."""
     examples = _examples(models or [], groups or [])
     types = [op.request for op in OPERATIONS if op.request] + [op.response for op in OPERATIONS if op.response]
-    refs, components = msgspec.json.schema_components(types + [s.ErrorEnvelope], ref_template=REF)
-    by_type = dict(zip(types + [s.ErrorEnvelope], refs))
-    error_ref = by_type[s.ErrorEnvelope]
+    envelopes = [s.ErrorEnvelope, an.AnthropicErrorEnvelope]
+    refs, components = msgspec.json.schema_components(types + envelopes, ref_template=REF)
+    by_type = dict(zip(types + envelopes, refs))
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         auth = metrics_auth if op.auth == "metrics" else op.auth
@@ -121,17 +128,19 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
         else:
             schema = by_type[op.response] if op.response is not None else {"type": "object"}
             ok["content"] = {"application/json": {"schema": schema}}
-            if op.request in (s.ChatRequest, s.CompletionRequest, s.GroupRequest, rs.ResponsesRequest):
+            if op.path in ("/v1/chat/completions", "/v1/completions", "/v1/batch/execute", "/v1/chain/execute",
+                           "/v1/responses", "/v1/messages"):
                 ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
         responses = {"200": ok}
         for code, desc in _ERRORS.items():
             if code in ("401", "403") and auth == "open":
                 continue
-            responses[code] = {"description": desc, "content": {"application/json": {"schema": error_ref}}}
+            envelope = an.AnthropicErrorEnvelope if op.path.startswith("/v1/messages") else s.ErrorEnvelope
+            responses[code] = {"description": desc, "content": {"application/json": {"schema": by_type[envelope]}}}
         entry["responses"] = responses
         paths.setdefault(op.path, {})[op.method] = entry
     for name, key, values in (("ChatRequest", "model", models), ("CompletionRequest", "model", models),
-                              ("ResponsesRequest", "model", models),
+                              ("ResponsesRequest", "model", models), ("MessagesRequest", "model", models),
                               ("GroupRequest", "group", [n for n, _ in groups or []]),
                               ("ModelAction", "model", models),
                               ("KvConvert", "model", models), ("KvWarm", "model", models),

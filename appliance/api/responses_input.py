@@ -7,7 +7,7 @@ import re
 import uuid
 from typing import Any
 
-from .errors import ApiError, bad_request
+from .errors import ApiError, bad_request, with_param_renamed
 from .responses_schemas import ResponsesRequest
 from .schemas import (
     ChatMessage,
@@ -202,10 +202,4 @@ _RENAMES = (
 
 def renamed(err: ApiError) -> ApiError:
     """The chat route's error with its field named as the Responses request names it."""
-    if err.param is None:
-        return err
-    for pattern, name in _RENAMES:
-        if pattern.search(err.param):
-            err.param = pattern.sub(name, err.param)
-            break
-    return err
+    return with_param_renamed(err, _RENAMES)

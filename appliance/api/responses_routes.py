@@ -20,10 +20,9 @@ from . import responses_input
 from .answer_relay import relay
 from .errors import ApiError, bad_request, decoded
 from .generation import (
-    ENGINE_ERRORS,
     chat_answer_plan,
     deadline,
-    engine_error,
+    errors_renamed,
     generation_runner,
     serve,
     stop_list,
@@ -64,12 +63,8 @@ class ResponsesRoutes:
     # ---- POST /v1/responses ----------------------------------------------------------------
 
     async def create(self, request: Request) -> None:
-        try:
+        with errors_renamed(responses_input.renamed):
             await self._create(request)
-        except ENGINE_ERRORS as e:
-            raise responses_input.renamed(engine_error(e)) from None
-        except ApiError as e:
-            raise responses_input.renamed(e) from None
 
     async def _create(self, request: Request) -> None:
         req: ResponsesRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))

@@ -250,6 +250,15 @@ def test_504_when_the_deadline_passes(server_factory):
     assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
     assert last["response"]["error"]["code"] == "deadline_exceeded"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # The Messages API: Anthropic's envelope before the first token, an error event after it.
+    body = {"model": "smollm2-135m", "max_tokens": 1000, "messages": [{"role": "user", "content": "Once upon a time"}],
+            "logit_bias": no_end}
+    r = post(srv, "/v1/messages", body, key=None)
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+    with httpx.stream("POST", srv.base + "/v1/messages", timeout=30, json={**body, "stream": True}) as r:
+        lines = list(r.iter_lines())
+    assert r.status_code == 200 and lines[0] == "event: message_start"
+    assert lines[-3] == "event: error" and json.loads(lines[-2][6:])["error"]["type"] == "timeout_error"
     # The server is still fine afterwards.
     assert httpx.get(srv.base + "/health").status_code == 200
 

@@ -1,0 +1,140 @@
+"""An Anthropic Messages API request in chat terms: its system prompt and content blocks read into
+chat messages, the request into a ChatRequest, and the chat route's error fields renamed."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import ApiError, bad_request, with_param_renamed
+from .anthropic_schemas import MessagesRequest
+from .schemas import ChatMessage, ChatRequest, FunctionCall, FunctionDef, Tool, ToolCall, ToolChoice, ToolChoiceFunction
+
+_SKIPPED = ("thinking", "redacted_thinking")  # an earlier answer's thinking: chat templates leave it out
+
+
+def system_text(system: str | list[Any] | None) -> str | None:
+    """The system prompt: a string, or text blocks (joined by blank lines)."""
+    if system is None or isinstance(system, str):
+        return system or None
+    texts = []
+    for j, block in enumerate(system):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise bad_request("system blocks must be text blocks", param=f"system[{j}]")
+        texts.append(block["text"])
+    return "\n\n".join(texts) or None
+
+
+def messages(req: MessagesRequest) -> list[ChatMessage]:
+    """Chat messages for the request's system prompt and messages: an assistant's tool_use blocks
+    are its tool calls, a user's tool_result blocks are tool messages (before the user's text)."""
+    out = [ChatMessage("system", system)] if (system := system_text(req.system)) else []
+    for i, message in enumerate(req.messages):
+        where = f"messages[{i}].content"
+        if isinstance(message.content, str):
+            out.append(ChatMessage(message.role, message.content))
+            continue
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for j, block in enumerate(message.content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            at = f"{where}[{j}]"
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use" and message.role == "assistant":
+                calls.append(ToolCall(id=_string(block, "id", at), function=FunctionCall(
+                    _string(block, "name", at), json.dumps(block.get("input") or {}, ensure_ascii=False))))
+            elif kind == "tool_result" and message.role == "user":
+                out.append(ChatMessage("tool", _result_text(block, at), tool_call_id=_string(block, "tool_use_id", at)))
+            elif kind in _SKIPPED and message.role == "assistant":
+                continue
+            else:
+                raise bad_request(f"content block type {kind!r} is not supported in a {message.role} message here "
+                                  "(text, tool_use from the assistant, tool_result from the user)", param=f"{at}.type")
+        if message.role == "assistant":
+            out.append(ChatMessage("assistant", "".join(texts) or (None if calls else ""), tool_calls=calls or None))
+        elif texts or not message.content:
+            out.append(ChatMessage("user", "".join(texts)))
+    return out
+
+
+def _string(block: dict[str, Any], key: str, where: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{where}.{key} must be a non-empty string", param=f"{where}.{key}")
+    return value
+
+
+def _result_text(block: dict[str, Any], where: str) -> str:
+    content = block.get("content", "")
+    if isinstance(content, list):
+        texts = []
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request("tool_result content must be text blocks", param=f"{where}.content[{k}]")
+            texts.append(part["text"])
+        content = "".join(texts)
+    elif not isinstance(content, str):
+        raise bad_request("tool_result content must be a string or text blocks", param=f"{where}.content")
+    return f"Error: {content}" if block.get("is_error") else content
+
+
+def chat_request(req: MessagesRequest) -> ChatRequest:
+    """The chat request that asks the model what `req` asks. `thinking` sets the template's
+    `enable_thinking` (Qwen3's variable), under the request's own chat_template_kwargs."""
+    kwargs = req.chat_template_kwargs
+    if req.thinking is not None:
+        if req.thinking.type not in ("enabled", "disabled", "adaptive"):
+            raise bad_request("thinking.type must be enabled, disabled or adaptive", param="thinking.type")
+        kwargs = {"enable_thinking": req.thinking.type != "disabled", **(kwargs or {})}
+    stops = [*(req.stop_sequences or []), *([req.stop] if isinstance(req.stop, str) else req.stop or [])]
+    choice = req.tool_choice
+    return ChatRequest(
+        model=req.model, messages=messages(req), max_completion_tokens=req.max_tokens,
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repeat_penalty=req.repeat_penalty, seed=req.seed, stop=stops or None, logit_bias=req.logit_bias,
+        grammar=req.grammar, tools=_tools(req), tool_choice=_tool_choice(req),
+        parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
+        reasoning_format=req.reasoning_format, chat_template_kwargs=kwargs, speculative=req.speculative,
+    )
+
+
+def _tools(req: MessagesRequest) -> list[Tool] | None:
+    if not req.tools:
+        return None
+    out = []
+    for i, tool in enumerate(req.tools):
+        if tool.type not in (None, "custom"):
+            raise bad_request(f"tool type {tool.type!r} is not available on this server (client tools only)",
+                              param=f"tools[{i}].type")
+        out.append(Tool("function", FunctionDef(tool.name, tool.description, tool.input_schema)))
+    return out
+
+
+def _tool_choice(req: MessagesRequest) -> str | ToolChoice | None:
+    choice = req.tool_choice
+    if choice is None:
+        return None
+    if choice.type in ("auto", "none"):
+        return choice.type
+    if choice.type == "any":
+        return "required"
+    if choice.type == "tool" and choice.name:
+        return ToolChoice("function", ToolChoiceFunction(choice.name))
+    raise bad_request("tool_choice must be {type: auto}, {type: any}, {type: none} or {type: tool, name}",
+                      param="tool_choice")
+
+
+_RENAMES = (
+    (re.compile(r"^(tools\[\d+\])\.function\.parameters"), r"\1.input_schema"),
+    (re.compile(r"^(tools\[\d+\])\.function"), r"\1"),
+    (re.compile(r"^tool_choice\.function\.name$"), "tool_choice.name"),
+    (re.compile(r"^max_(completion_)?tokens$"), "max_tokens"),
+)
+
+
+def renamed(err: ApiError) -> ApiError:
+    """The chat route's error with its field named as the Messages request names it."""
+    return with_param_renamed(err, _RENAMES)

@@ -1,0 +1,113 @@
+"""An Anthropic Messages API answer as it is written: its content blocks (thinking, text,
+tool_use) and the stream events that announce them, in the order Anthropic's streams have them
+(the writer answer_relay.relay drives)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from .answer_relay import Ending, Event
+from .anthropic_schemas import (
+    AnthropicErrorBody,
+    AnthropicErrorEnvelope,
+    AnthropicMessage,
+    AnthropicUsage,
+    ContentBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolUseBlock,
+)
+from .errors import ApiError
+from .schemas import ChatTokenLogprob
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+               504: "timeout_error"}
+
+
+def error_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status."""
+    return ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
+
+
+def error_body(err: ApiError) -> AnthropicErrorEnvelope:
+    """Anthropic's error envelope, with the offending field named as in every EIE error."""
+    return AnthropicErrorEnvelope(AnthropicErrorBody(error_type(err.status), err.message, err.param))
+
+
+def stop_reason(ending: Ending) -> str:
+    reason = ending.parts.finish_reason
+    if reason == "tool_calls":
+        return "tool_use"
+    if reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if ending.stop_string is not None else "end_turn"
+
+
+class MessageEvents:
+    """The Messages API's writer for answer_relay.relay."""
+
+    def __init__(self, model: str, prompt_tokens: int):
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.blocks: list[ContentBlock] = []
+        self.open: str | None = None  # thinking | text: the block being written
+        self.text: list[str] = []
+        self.result: AnthropicMessage | None = None
+
+    def start(self) -> list[Event]:
+        message = AnthropicMessage(id=self.id, model=self.model, content=[], stop_reason=None,
+                                   usage=AnthropicUsage(self.prompt_tokens, 0))
+        return [{"type": "message_start", "message": message}]
+
+    def push(self, thought: str, text: str, logprobs: list[ChatTokenLogprob]) -> list[Event]:
+        return (self._write("thinking", thought) if thought else []) + (self._write("text", text) if text else [])
+
+    def _write(self, kind: str, piece: str) -> list[Event]:
+        events: list[Event] = []
+        if self.open is not None and self.open != kind:
+            events += self._close()
+        index = len(self.blocks)
+        if self.open is None:
+            self.open = kind
+            block = ThinkingBlock("") if kind == "thinking" else TextBlock("")
+            events.append({"type": "content_block_start", "index": index, "content_block": block})
+        self.text.append(piece)
+        delta = {"type": "thinking_delta", "thinking": piece} if kind == "thinking" else {"type": "text_delta",
+                                                                                          "text": piece}
+        return events + [{"type": "content_block_delta", "index": index, "delta": delta}]
+
+    def _close(self) -> list[Event]:
+        text = "".join(self.text)
+        self.blocks.append(ThinkingBlock(text) if self.open == "thinking" else TextBlock(text))
+        self.open, self.text = None, []
+        return [{"type": "content_block_stop", "index": len(self.blocks) - 1}]
+
+    def finish(self, ending: Ending) -> list[Event]:
+        parts = ending.parts
+        events = self.push(parts.reasoning or "", parts.content or "", [])
+        if self.open is not None:
+            events += self._close()
+        for call in parts.tool_calls or []:
+            index = len(self.blocks)
+            block = ToolUseBlock(f"toolu_{uuid.uuid4().hex[:24]}", call.function.name, json.loads(call.function.arguments))
+            self.blocks.append(block)
+            events += [{"type": "content_block_start", "index": index,
+                        "content_block": ToolUseBlock(block.id, block.name, {})},
+                       {"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": call.function.arguments}},
+                       {"type": "content_block_stop", "index": index}]
+        usage = AnthropicUsage(ending.prompt_tokens - ending.cached_tokens, ending.completion_tokens,
+                               cache_read_input_tokens=ending.cached_tokens)
+        reason = stop_reason(ending)
+        self.result = AnthropicMessage(id=self.id, model=self.model, content=list(self.blocks), stop_reason=reason,
+                                       stop_sequence=ending.stop_string if reason == "stop_sequence" else None,
+                                       usage=usage)
+        return events + [{"type": "message_delta", "delta": {"stop_reason": reason,
+                                                             "stop_sequence": self.result.stop_sequence},
+                          "usage": usage},
+                         {"type": "message_stop"}]
+
+    def failed(self, err: ApiError) -> list[Event]:
+        return [{"type": "error", "error": error_body(err).error}]

@@ -1,0 +1,67 @@
+"""Anthropic's Messages API: POST /v1/messages (whole or streamed) and POST
+/v1/messages/count_tokens, for clients written against Anthropic's SDKs.
+
+A request is asked as a chat request would ask it (api/anthropic_input.py): the same prompt,
+sampling, tools and think blocks; only the answer's form (api/anthropic_output.py) and the error
+envelope differ."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..config import Config
+from ..engine.client import Generations, fit_max_tokens
+from ..engine.manager import ModelManager
+from ..engine.runner import GenerationRequest
+from . import anthropic_input
+from .answer_relay import relay
+from .anthropic_output import MessageEvents
+from .anthropic_schemas import MessagesRequest, TokenCount
+from .errors import bad_request, decoded
+from .generation import (
+    chat_answer_plan,
+    chat_prompt,
+    deadline,
+    errors_renamed,
+    generation_runner,
+    serve,
+    stop_list,
+)
+from .http import Request
+
+_decoder = msgspec.json.Decoder(MessagesRequest)
+
+
+class AnthropicRoutes:
+    def __init__(self, config: Config, manager: ModelManager):
+        self.config = config
+        self.manager = manager
+
+    async def messages(self, request: Request) -> None:
+        with errors_renamed(anthropic_input.renamed):
+            await self._messages(request)
+
+    async def count_tokens(self, request: Request) -> None:
+        with errors_renamed(anthropic_input.renamed):
+            req = await self._request(request)
+            runner = await generation_runner(self.manager, req.model)
+            prompt, _ = await chat_prompt(runner, anthropic_input.chat_request(req))
+        await request.json(200, TokenCount(len(prompt)))
+
+    async def _request(self, request: Request) -> MessagesRequest:
+        return decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
+
+    async def _messages(self, request: Request) -> None:
+        req = await self._request(request)
+        if req.max_tokens is None:
+            raise bad_request("max_tokens is required", param="max_tokens")
+        chat = anthropic_input.chat_request(req)
+        runner = await generation_runner(self.manager, req.model)
+        prompt, params, shape = await chat_answer_plan(runner, chat)
+        limits = self.config.server.limits
+        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), req.max_tokens, None, limits.max_tokens, "messages",
+                                    limits.max_prompt_tokens)
+        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(self.config),
+                                                      speculative=req.speculative)])
+        writer = MessageEvents(req.model, len(prompt))
+        await serve(request, gens, lambda: relay(request, gens, shape, writer, req.stream, runner.vocab))
