@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..engine.client import Generations
 from ..engine.native import Vocab
@@ -45,11 +45,25 @@ class AnswerWriter(Protocol):
     def failed(self, err: ApiError) -> list[Event]: ...
 
 
+def named_event(event: Event) -> bytes:
+    """A server-sent event named by its type (the Responses and Messages APIs' streams)."""
+    return b"event: " + event["type"].encode() + b"\ndata: " + encoder.encode(event) + b"\n\n"
+
+
+def json_line(event: Event) -> bytes:
+    """One line of newline-delimited JSON (Ollama's streams)."""
+    return encoder.encode(event) + b"\n"
+
+
+NDJSON = b"application/x-ndjson"
+
+
 async def relay(request: Request, gens: Generations, shape: AnswerShape, writer: AnswerWriter, stream: bool,
-                vocab: Vocab) -> None:
-    """Stream `writer`'s events as named server-sent events, or answer its whole result. A failure
-    before the first token keeps its HTTP status; after it, the writer says it in-band."""
-    sse = EventStream(request) if stream else None
+                vocab: Vocab, framing: Callable[[Event], bytes] = named_event,
+                content_type: bytes = b"text/event-stream") -> None:
+    """Stream `writer`'s events (`framing` makes each one bytes), or answer its whole result. A
+    failure before the first token keeps its HTTP status; after it, the writer says it in-band."""
+    sse = EventStream(request, content_type=content_type) if stream else None
     reader = None if shape.plain else shape.reader()
     thoughts: list[str] = []
     started = False
@@ -57,7 +71,7 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
     async def send(events: list[Event]) -> None:
         if sse is not None:
             for event in events:
-                await sse.raw(b"event: " + event["type"].encode() + b"\ndata: " + encoder.encode(event) + b"\n\n")
+                await sse.raw(framing(event))
 
     try:
         async for _, ev in gens.events():

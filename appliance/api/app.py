@@ -28,6 +28,8 @@ from .http import Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
 from .anthropic_output import error_body as anthropic_error
 from .anthropic_routes import AnthropicRoutes
+from .ollama_output import error_body as ollama_error
+from .ollama_routes import OllamaRoutes
 from .openai_routes import OpenAIRoutes
 from .response_store import ResponseStore
 from .schemas import encoder
@@ -61,10 +63,11 @@ class App:
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager)
         stored = config.server.responses
-        self.anthropic = AnthropicRoutes(config, manager)
         self.responses = ResponsesRoutes(config, manager, ResponseStore(stored.max_entries, stored.max_mb << 20))
+        self.anthropic = AnthropicRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)
         self.embeddings = EmbeddingRoutes(config, manager)
+        self.ollama = OllamaRoutes(config, manager, self.embeddings)
         self.groups = GroupRoutes(config, manager)
         self.admin = AdminRoutes(config, manager)
         self.keys = self._keyring(config)
@@ -91,6 +94,7 @@ class App:
             "/v1/embeddings": {"POST": Route(self.embeddings.embeddings, "key", True)},
             "/v1/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},
             "/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},  # llama-server's and Jina's path
+            **self._ollama_routes(),
             "/tokenize": {"POST": Route(self.tokens.tokenize, "key")},
             "/detokenize": {"POST": Route(self.tokens.detokenize, "key")},
             "/v1/batch/execute": {"POST": Route(self.groups.batch, "key", True)},
@@ -112,6 +116,19 @@ class App:
         client.add_tap(self._tap)
 
     # ---- set-up ----------------------------------------------------------------------------
+
+    def _ollama_routes(self) -> dict[str, dict[str, Route]]:
+        o = self.ollama
+        generation = {"/api/chat": o.chat, "/api/generate": o.generate, "/api/embed": o.embed,
+                      "/api/embeddings": o.embeddings_legacy}
+        routes = {path: {"POST": Route(handler, "key", True, error_body=ollama_error)}
+                  for path, handler in generation.items()}
+        routes.update({path: {"GET": Route(handler, "key", error_body=ollama_error)}
+                       for path, handler in (("/api/tags", o.tags), ("/api/ps", o.ps), ("/api/version", o.version))})
+        routes["/api/show"] = {"POST": Route(o.show, "key", error_body=ollama_error)}
+        for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete"):
+            routes[path] = {method: Route(o.refused, "key", error_body=ollama_error) for method in ("POST", "DELETE")}
+        return routes
 
     @staticmethod
     def _keyring(config: Config) -> KeyRing:
@@ -144,6 +161,7 @@ class App:
         self.openai.config = config
         self.responses.config = config
         self.anthropic.config = config
+        self.ollama.config = config
         self.responses.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
         self.tokens.config = config
         self.embeddings.config = config

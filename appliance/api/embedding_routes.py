@@ -43,7 +43,7 @@ def normalised(vectors: list[np.ndarray]) -> list[np.ndarray]:
 
 def encoded(vectors: list[np.ndarray], encoding_format: str) -> list[Embedding]:
     data = []
-    for i, v in enumerate(normalised(vectors)):
+    for i, v in enumerate(vectors):
         value = base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding_format == "base64" else v.tolist()
         data.append(Embedding(i, value))
     return data
@@ -81,16 +81,23 @@ class EmbeddingRoutes:
 
     async def embeddings(self, request: Request) -> None:
         req: EmbeddingRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = await self._runner(req.model, rerank=False)
-        if req.dimensions is not None and req.dimensions != runner.embedding_size:
+        vectors, prompts = await self.vectors(req.model, req.input, req.dimensions)
+        data = await asyncio.to_thread(encoded, vectors, req.encoding_format)  # 2048 vectors take a while
+        await request.json(200, EmbeddingList(data, req.model, self._usage(prompts)))
+
+    async def vectors(self, model: str, inputs: str | list, dimensions: int | None
+                      ) -> tuple[list[np.ndarray], list[list[int]]]:
+        """The L2-normalised embeddings of OpenAI's input forms (see token_lists), and the inputs'
+        tokens; errors name `input` or `input[i]`."""
+        runner = await self._runner(model, rerank=False)
+        if dimensions is not None and dimensions != runner.embedding_size:
             raise bad_request(f"this model's embeddings have {runner.embedding_size} dimensions; dimensions cannot "
                               "change them", param="dimensions")
-        prompts = await asyncio.to_thread(token_lists, runner.vocab, req.input, "input", MAX_INPUTS)
-        one = isinstance(req.input, str) or not isinstance(req.input[0], (str, list))  # a single input
+        prompts = await asyncio.to_thread(token_lists, runner.vocab, inputs, "input", MAX_INPUTS)
+        one = isinstance(inputs, str) or not isinstance(inputs[0], (str, list))  # a single input
         self._check_lengths(runner, prompts, lambda i: "input" if one else f"input[{i}]")
-        vectors = await self._pooled(runner, req.model, prompts)
-        data = await asyncio.to_thread(encoded, vectors, req.encoding_format)  # 2048 vectors take a while
-        await self._answer(request, EmbeddingList(data, req.model, self._usage(prompts)))
+        vectors = await self._pooled(runner, model, prompts)
+        return normalised(vectors), prompts
 
     async def rerank(self, request: Request) -> None:
         req: RerankRequest = decoded(_rerank_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -118,7 +125,7 @@ class EmbeddingRoutes:
         scores = [float(v[0]) for v in await self._pooled(runner, req.model, prompts)]
         order = sorted(range(len(scores)), key=lambda i: -scores[i])[: req.top_n]
         results = [RerankResult(i, scores[i], RerankDocument(texts[i]) if req.return_documents else None) for i in order]
-        await self._answer(request, RerankResponse(req.model, results, self._usage(prompts)))
+        await request.json(200, RerankResponse(req.model, results, self._usage(prompts)))
 
     async def _runner(self, model: str, rerank: bool) -> ModelRunner:
         runner = await resolve_runner(self.manager, model)
@@ -149,6 +156,9 @@ class EmbeddingRoutes:
             raise ApiError(429, f"model '{model}' has too many requests queued; retry later",
                            type="rate_limit_error", code="queue_full", headers=RETRY_AFTER)
         self._in_flight[model] = self._in_flight.get(model, 0) + 1
+        info = context.info()
+        if info is not None:
+            info.prompt_tokens += sum(len(p) for p in prompts)
         try:
             fut = runner.embed(prompts)
             try:
@@ -167,9 +177,3 @@ class EmbeddingRoutes:
         n = sum(len(p) for p in prompts)
         return EmbeddingUsage(n, n)
 
-    @staticmethod
-    async def _answer(request: Request, body: EmbeddingList | RerankResponse) -> None:
-        info = context.info()
-        if info is not None:
-            info.prompt_tokens += body.usage.prompt_tokens
-        await request.json(200, body)

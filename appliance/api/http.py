@@ -83,16 +83,19 @@ class Request:
 
 
 class EventStream:
-    """Server-sent events; the response starts with the first event, so errors before it keep their status."""
+    """Server-sent events (or another streamed body: `content_type`); the response starts with the
+    first event, so errors before it keep their status."""
 
-    def __init__(self, request: Request, headers: list[tuple[bytes, bytes]] | None = None):
+    def __init__(self, request: Request, headers: list[tuple[bytes, bytes]] | None = None,
+                 content_type: bytes = b"text/event-stream"):
         self.request = request
         self.started = False
         self.extra_headers = headers or []
+        self.content_type = content_type
 
     async def _start(self) -> None:
         headers = [
-            (b"content-type", b"text/event-stream"),
+            (b"content-type", self.content_type),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]

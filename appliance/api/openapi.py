@@ -11,6 +11,7 @@ import msgspec
 from .. import __version__
 from . import admin_routes as admin
 from . import anthropic_schemas as an
+from . import ollama_schemas as ol
 from . import responses_schemas as rs
 from . import schemas as s
 
@@ -36,6 +37,21 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events)", rs.ResponsesRequest,
        rs.Response),
     Op("get", "/v1/responses/{response_id}", "A stored response", None, rs.Response),
+    Op("post", "/api/chat", "Ollama API: a chat answer (stream, the default: newline-delimited JSON)",
+       ol.OllamaChatRequest, ol.OllamaAnswer, tag="ollama"),
+    Op("post", "/api/generate", "Ollama API: a completion (stream, the default: newline-delimited JSON)",
+       ol.OllamaGenerateRequest, ol.OllamaAnswer, tag="ollama"),
+    Op("post", "/api/embed", "Ollama API: embeddings", ol.OllamaEmbedRequest, ol.OllamaEmbeddings, tag="ollama"),
+    Op("post", "/api/embeddings", "Ollama API: one embedding (the older endpoint)", ol.OllamaEmbedRequest,
+       ol.OllamaLegacyEmbedding, tag="ollama"),
+    Op("get", "/api/tags", "Ollama API: the configured models", None, ol.OllamaModelList, tag="ollama"),
+    Op("get", "/api/ps", "Ollama API: the loaded models", None, ol.OllamaRunningList, tag="ollama"),
+    Op("post", "/api/show", "Ollama API: a model's details, template and metadata", ol.OllamaModelRequest,
+       ol.OllamaShownModel, tag="ollama"),
+    Op("get", "/api/version", "Ollama API: this server's version", None, ol.OllamaVersion, tag="ollama"),
+    *(Op(method, path, "Ollama API: refused (the model set is the config's)", tag="ollama")
+      for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
+      for method in ("post", "delete")),
     Op("post", "/v1/messages", "Anthropic Messages API: a message (stream: server-sent events)", an.MessagesRequest,
        an.AnthropicMessage),
     Op("post", "/v1/messages/count_tokens", "Anthropic Messages API: a request's prompt tokens", an.MessagesRequest,
@@ -87,6 +103,9 @@ def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dic
         rs.ResponsesRequest: {"model": model, "input": "Hello", "max_output_tokens": 4},
         "/v1/messages": {"model": model, "max_tokens": 4, "messages": msgs},
         "/v1/messages/count_tokens": {"model": model, "messages": msgs},
+        ol.OllamaChatRequest: {"model": model, "messages": msgs, "stream": False, "options": {"num_predict": 4}},
+        ol.OllamaGenerateRequest: {"model": model, "prompt": "Hello", "stream": False, "options": {"num_predict": 4}},
+        ol.OllamaModelRequest: {"model": model},
         "/v1/batch/execute": {"group": batch, "messages": msgs, "max_tokens": 4},
         "/v1/chain/execute": {"group": chain, "messages": msgs, "max_tokens": 4},
         admin.ModelAction: {"model": model},
@@ -102,7 +121,7 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
     (and in example bodies)."""
     examples = _examples(models or [], groups or [])
     types = [op.request for op in OPERATIONS if op.request] + [op.response for op in OPERATIONS if op.response]
-    envelopes = [s.ErrorEnvelope, an.AnthropicErrorEnvelope]
+    envelopes = [s.ErrorEnvelope, an.AnthropicErrorEnvelope, ol.OllamaError]
     refs, components = msgspec.json.schema_components(types + envelopes, ref_template=REF)
     by_type = dict(zip(types + envelopes, refs))
     paths: dict[str, dict[str, Any]] = {}
@@ -131,16 +150,20 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
             if op.path in ("/v1/chat/completions", "/v1/completions", "/v1/batch/execute", "/v1/chain/execute",
                            "/v1/responses", "/v1/messages"):
                 ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+            if op.path in ("/api/chat", "/api/generate"):
+                ok["content"]["application/x-ndjson"] = {"schema": {"type": "string"}}
         responses = {"200": ok}
         for code, desc in _ERRORS.items():
             if code in ("401", "403") and auth == "open":
                 continue
-            envelope = an.AnthropicErrorEnvelope if op.path.startswith("/v1/messages") else s.ErrorEnvelope
+            envelope = (an.AnthropicErrorEnvelope if op.path.startswith("/v1/messages") else
+                        ol.OllamaError if op.path.startswith("/api/") else s.ErrorEnvelope)
             responses[code] = {"description": desc, "content": {"application/json": {"schema": by_type[envelope]}}}
         entry["responses"] = responses
         paths.setdefault(op.path, {})[op.method] = entry
     for name, key, values in (("ChatRequest", "model", models), ("CompletionRequest", "model", models),
                               ("ResponsesRequest", "model", models), ("MessagesRequest", "model", models),
+                              ("OllamaChatRequest", "model", models), ("OllamaGenerateRequest", "model", models),
                               ("GroupRequest", "group", [n for n, _ in groups or []]),
                               ("ModelAction", "model", models),
                               ("KvConvert", "model", models), ("KvWarm", "model", models),

@@ -259,6 +259,14 @@ def test_504_when_the_deadline_passes(server_factory):
         lines = list(r.iter_lines())
     assert r.status_code == 200 and lines[0] == "event: message_start"
     assert lines[-3] == "event: error" and json.loads(lines[-2][6:])["error"]["type"] == "timeout_error"
+    # Ollama's API: {"error"} with the status before the first token, an {"error"} line after it.
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Once upon a time"}],
+            "options": {"num_predict": 1000, "temperature": 1}, "logit_bias": no_end}
+    r = post(srv, "/api/chat", {**body, "stream": False}, key=None)
+    assert r.status_code == 504 and "error" in r.json()
+    with httpx.stream("POST", srv.base + "/api/chat", timeout=30, json=body) as r:
+        objects = [json.loads(line) for line in r.iter_lines() if line]
+    assert r.status_code == 200 and objects[0]["done"] is False and set(objects[-1]) == {"error"}
     # The server is still fine afterwards.
     assert httpx.get(srv.base + "/health").status_code == 200
 

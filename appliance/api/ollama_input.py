@@ -1,0 +1,113 @@
+"""An Ollama API request in chat terms: /api/chat's messages and options, and /api/generate's
+prompt and system, into a ChatRequest (or, with `raw`, prompt tokens of its own)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import ApiError, bad_request, with_param_renamed
+from .ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
+from .schemas import (
+    ChatMessage,
+    ChatRequest,
+    FunctionCall,
+    FunctionDef,
+    JsonSchemaFormat,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+)
+
+ROLES = ("system", "user", "assistant", "tool")
+# Ollama's sampling defaults where a request's options do not say (its documented ones)
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+
+
+def chat_request(req: OllamaChatRequest) -> ChatRequest:
+    messages = []
+    for i, m in enumerate(req.messages):
+        if m.role not in ROLES:
+            raise bad_request(f"role {m.role!r} is not one of {', '.join(ROLES)}", param=f"messages[{i}].role")
+        if m.images:
+            raise bad_request("images are not supported: the models here read text", param=f"messages[{i}].images")
+        calls = [ToolCall(id=f"call_{i}_{k}", function=FunctionCall(c.function.name,
+                                                                     json.dumps(c.function.arguments, ensure_ascii=False)))
+                 for k, c in enumerate(m.tool_calls or [])]
+        messages.append(ChatMessage(m.role, m.content if m.content or not calls else None, tool_calls=calls or None,
+                                    name=m.tool_name if m.role == "tool" else None))
+    tools = [Tool("function", FunctionDef(t.function.name, t.function.description, t.function.parameters))
+             for t in req.tools or []]
+    for i, t in enumerate(req.tools or []):
+        if t.type != "function":
+            raise bad_request(f"tool type {t.type!r} is not supported (function only)", param=f"tools[{i}].type")
+    return _chat(req, messages, tools or None)
+
+
+def generate_request(req: OllamaGenerateRequest) -> ChatRequest:
+    """A templated /api/generate request as a chat: the system message, then the prompt."""
+    _refuse_generate_fields(req)
+    messages = ([ChatMessage("system", req.system)] if req.system else []) + [ChatMessage("user", req.prompt)]
+    return _chat(req, messages, None)
+
+
+def _refuse_generate_fields(req: OllamaGenerateRequest) -> None:
+    for field, why in (("template", "a model's template is set in the config (models[].chat_template)"),
+                       ("suffix", "fill-in-the-middle is not supported"),
+                       ("images", "the models here read text"),
+                       ("context", "send the conversation to /api/chat instead")):
+        if getattr(req, field):
+            raise bad_request(f"{field} is not supported: {why}", param=field)
+
+
+def raw_request(req: OllamaGenerateRequest) -> ChatRequest:
+    """A raw /api/generate request's sampling, format and limits as a chat request would carry
+    them (its prompt is tokenized as it is, not through the template)."""
+    _refuse_generate_fields(req)
+    if req.system:
+        raise bad_request("system does not apply to a raw prompt: write it into the prompt", param="system")
+    return _chat(req, [ChatMessage("user", req.prompt)], None)
+
+
+def _chat(req: OllamaChatRequest | OllamaGenerateRequest, messages: list[ChatMessage],
+          tools: list[Tool] | None) -> ChatRequest:
+    opts = req.options or OllamaOptions()
+    sampling: dict[str, Any] = {k: v for k, v in DEFAULTS.items() if getattr(opts, k) is None}
+    for key in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty", "presence_penalty",
+                "frequency_penalty"):
+        if getattr(opts, key) is not None:
+            sampling[key] = getattr(opts, key)
+    if opts.num_predict == 0:
+        raise bad_request("num_predict 0 asks for no answer", param="options.num_predict")
+    kwargs = None
+    if req.think is not None:
+        kwargs = {"enable_thinking": req.think not in (False, "false", "none")}
+    return ChatRequest(
+        model=req.model, messages=messages,
+        max_completion_tokens=opts.num_predict if opts.num_predict and opts.num_predict > 0 else None,
+        response_format=_format(req.format), grammar=req.grammar, logit_bias=req.logit_bias, tools=tools, chat_template_kwargs=kwargs,
+        logprobs=req.logprobs or None, top_logprobs=req.top_logprobs if req.logprobs else None, **sampling,
+    )
+
+
+def _format(fmt: str | dict[str, Any] | None) -> ResponseFormat | None:
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return ResponseFormat("json_object")
+    if isinstance(fmt, dict):
+        return ResponseFormat("json_schema", JsonSchemaFormat("format", fmt))
+    raise bad_request('format must be "json" or a JSON Schema object', param="format")
+
+
+_RENAMES = (
+    (re.compile(r"^response_format\.json_schema\.schema"), "format"),
+    (re.compile(r"^response_format"), "format"),
+    (re.compile(r"^max_(completion_)?tokens$"), "options.num_predict"),
+)
+
+
+def renamed(err: ApiError) -> ApiError:
+    """The chat route's error with its field named as the Ollama request names it."""
+    return with_param_renamed(err, _RENAMES)

@@ -1,0 +1,252 @@
+"""Ollama's API, so that clients written for Ollama (Home Assistant, Open WebUI, the ollama
+libraries) run against the appliance unchanged: /api/chat, /api/generate, /api/embed,
+/api/embeddings, /api/tags, /api/ps, /api/show, /api/version.
+
+Generation is asked as a chat request would ask it (api/ollama_input.py) and streamed as
+newline-delimited JSON. The model set is the config's: pulling, pushing, creating, copying and
+deleting models are refused, and keep_alive and load-time options are left to the strategy and
+the config."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import gguf
+import msgspec
+
+from .. import __version__
+from ..config import Config
+from ..engine import gguf_header, reasoning
+from ..engine.client import Generations, fit_max_tokens
+from ..engine.manager import ModelManager
+from ..engine.prefix import file_sha256
+from ..engine.runner import GenerationRequest, ModelRunner
+from ..resources import file_facts
+from . import ollama_input
+from .answer_relay import NDJSON, json_line, relay
+from .chat_answer import AnswerShape
+from .embedding_routes import EmbeddingRoutes
+from .errors import ApiError, bad_request, decoded
+from .generation import (
+    chat_answer_plan,
+    deadline,
+    errors_renamed,
+    generation_runner,
+    request_sampling,
+    serve,
+    stop_list,
+)
+from .http import Request
+from .ollama_output import OllamaEvents, now
+from .ollama_schemas import (
+    OllamaEmbeddings,
+    OllamaLegacyEmbedding,
+    OllamaListedModel,
+    OllamaModelDetails,
+    OllamaModelList,
+    OllamaAnswer,
+    OllamaChatRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaReply,
+    OllamaModelRequest,
+    OllamaRunningList,
+    OllamaRunningModel,
+    OllamaShownModel,
+    OllamaVersion,
+)
+
+_chat = msgspec.json.Decoder(OllamaChatRequest)
+_generate = msgspec.json.Decoder(OllamaGenerateRequest)
+_embed = msgspec.json.Decoder(OllamaEmbedRequest)
+_model = msgspec.json.Decoder(OllamaModelRequest)
+_metadata: dict[tuple, dict[str, str]] = {}  # per file version: an unloaded model's GGUF metadata
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def quantization(metadata: dict[str, str]) -> str:
+    """The weights' type as Ollama names it (Q4_K_M, F16, ...), from general.file_type."""
+    try:
+        name = gguf.LlamaFileType(int(metadata["general.file_type"])).name
+    except (KeyError, ValueError):
+        return ""
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+class OllamaRoutes:
+    def __init__(self, config: Config, manager: ModelManager, embeddings: EmbeddingRoutes):
+        self.config = config
+        self.manager = manager
+        self.embeddings = embeddings
+
+    def _name(self, name: str) -> str:
+        """A configured model's name; Ollama's clients add the tag `:latest` to untagged names."""
+        if name not in self.manager.runners and name.endswith(":latest"):
+            return name.removesuffix(":latest")
+        return name
+
+    async def _body(self, request: Request, decoder: msgspec.json.Decoder):
+        return decoded(decoder, await request.body(self.config.server.limits.max_body_bytes))
+
+    # ---- generation ------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> None:
+        with errors_renamed(ollama_input.renamed):
+            req: OllamaChatRequest = await self._body(request, _chat)
+            req = msgspec.structs.replace(req, model=self._name(req.model))
+            runner = await generation_runner(self.manager, req.model)
+            if not req.messages:  # Ollama's way to load a model
+                await request.json(200, OllamaAnswer(model=req.model, created_at=now(), done=True, done_reason="load",
+                                                     message=OllamaReply("assistant", "")))
+                return
+            chat = ollama_input.chat_request(req)
+            prompt, params, shape = await chat_answer_plan(runner, chat)
+            await self._generate(request, runner, chat, prompt, params, shape, req.stream, chat_answer=True)
+
+    async def generate(self, request: Request) -> None:
+        with errors_renamed(ollama_input.renamed):
+            req: OllamaGenerateRequest = await self._body(request, _generate)
+            req = msgspec.structs.replace(req, model=self._name(req.model))
+            runner = await generation_runner(self.manager, req.model)
+            if not req.prompt:
+                await request.json(200, OllamaAnswer(model=req.model, created_at=now(), response="", done=True,
+                                                     done_reason="load"))
+                return
+            if req.raw:
+                chat = ollama_input.raw_request(req)
+                prompt = await asyncio.to_thread(runner.vocab.tokenize, req.prompt, add_special=True,
+                                                 parse_special=True)
+                params = await request_sampling(chat, runner.vocab)
+                shape = AnswerShape()
+            else:
+                chat = ollama_input.generate_request(req)
+                prompt, params, shape = await chat_answer_plan(runner, chat)
+            await self._generate(request, runner, chat, prompt, params, shape, req.stream, chat_answer=False)
+
+    async def _generate(self, request: Request, runner: ModelRunner, chat, prompt: list[int], params,
+                        shape: AnswerShape, stream: bool, chat_answer: bool) -> None:
+        limits = self.config.server.limits
+        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), chat.max_completion_tokens, None, limits.max_tokens,
+                                    "messages" if chat_answer else "prompt", limits.max_prompt_tokens)
+        top = (chat.top_logprobs or 0) if chat.logprobs else None
+        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat),
+                                                      deadline(self.config), top_logprobs=top)])
+        writer = OllamaEvents(chat.model, chat_answer, bool(chat.logprobs))
+        await serve(request, gens, lambda: relay(request, gens, shape, writer, stream, runner.vocab,
+                                                 framing=json_line, content_type=NDJSON))
+
+    # ---- embeddings ------------------------------------------------------------------------
+
+    async def embed(self, request: Request) -> None:
+        req: OllamaEmbedRequest = await self._body(request, _embed)
+        t0 = time.monotonic_ns()
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        if not texts or not all(texts):
+            raise bad_request("input must be a non-empty string or list of non-empty strings", param="input")
+        vectors, prompts = await self.embeddings.vectors(self._name(req.model), texts, req.dimensions)
+        await request.json(200, OllamaEmbeddings(model=req.model, embeddings=[v.tolist() for v in vectors],
+                                           total_duration=time.monotonic_ns() - t0, load_duration=0,
+                                           prompt_eval_count=sum(len(p) for p in prompts)))
+
+    async def embeddings_legacy(self, request: Request) -> None:
+        """/api/embeddings: one prompt, one vector."""
+        req: OllamaEmbedRequest = await self._body(request, _embed)
+        if not req.prompt:
+            raise bad_request("prompt must be a non-empty string", param="prompt")
+        vectors, _ = await self.embeddings.vectors(self._name(req.model), [req.prompt], None)
+        await request.json(200, OllamaLegacyEmbedding(vectors[0].tolist()))
+
+    # ---- models ----------------------------------------------------------------------------
+
+    def _metadata(self, runner: ModelRunner) -> dict[str, str]:
+        if runner.loaded is not None:
+            return runner.loaded.metadata
+        key = file_facts.stat_key(runner.path)
+        if key not in _metadata:
+            try:
+                _metadata[key] = gguf_header.read(runner.path)
+            except ValueError:
+                _metadata[key] = {}
+        return _metadata[key]
+
+    def _facts(self, name: str, runner: ModelRunner) -> tuple[OllamaModelDetails, int, str, str]:
+        """(details, file size, digest, modification time) of a configured model (blocking)."""
+        path = Path(runner.path)
+        meta = self._metadata(runner)
+        arch = meta.get("general.architecture", "")
+        details = OllamaModelDetails(family=arch, families=[arch] if arch else None,
+                               parameter_size=meta.get("general.size_label", ""),
+                               quantization_level=quantization(meta))
+        st = path.stat()
+        return details, st.st_size, file_sha256(path, self.config.cache_dir()), _iso(st.st_mtime)
+
+    async def tags(self, request: Request) -> None:
+        def listed() -> list[OllamaListedModel]:
+            out = []
+            for name, runner in self.manager.runners.items():
+                details, size, digest, modified = self._facts(name, runner)
+                out.append(OllamaListedModel(name=name, model=name, modified_at=modified, size=size, digest=digest,
+                                       details=details))
+            return out
+
+        await request.json(200, OllamaModelList(await asyncio.to_thread(listed)))
+
+    async def ps(self, request: Request) -> None:
+        def running() -> list[OllamaRunningModel]:
+            out = []
+            for name, runner in self.manager.runners.items():
+                if runner.state != "ready" or runner.loaded is None:
+                    continue
+                details, _, digest, modified = self._facts(name, runner)
+                b = runner.loaded.buffers
+                keep = self.manager.policy.keep_alive_s(name)
+                expires = _iso(time.time() + keep) if keep else "9999-12-31T23:59:59Z"  # pinned: never
+                out.append(OllamaRunningModel(name=name, model=name, modified_at=modified,
+                                              size=self.manager.measured(runner), digest=digest, details=details,
+                                              expires_at=expires, size_vram=b.device, context_length=runner.n_ctx))
+            return out
+
+        await request.json(200, OllamaRunningList(await asyncio.to_thread(running)))
+
+    async def show(self, request: Request) -> None:
+        req: OllamaModelRequest = await self._body(request, _model)
+        name = self._name(req.model or req.name or "")
+        runner = self.manager.runners.get(name)
+        if runner is None:
+            raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
+        details, _, _, modified = await asyncio.to_thread(self._facts, name, runner)
+        meta = await asyncio.to_thread(self._metadata, runner)
+        info = {k: _number(v) for k, v in meta.items() if not k.startswith("tokenizer.")}
+        if runner.cfg.embedding:
+            capabilities = ["embedding"]
+        else:
+            capabilities = ["completion", "tools"]
+            if runner.template is not None and reasoning.applies(runner.template.source, "auto"):
+                capabilities.append("thinking")
+        template = runner.template.source if runner.template is not None else meta.get("tokenizer.chat_template", "")
+        await request.json(200, OllamaShownModel(license=meta.get("general.license", ""), modelfile="", parameters="",
+                                           template=template, details=details, model_info=info,
+                                           capabilities=capabilities, modified_at=modified))
+
+    async def version(self, request: Request) -> None:
+        await request.json(200, OllamaVersion(__version__))
+
+    async def refused(self, request: Request) -> None:
+        raise ApiError(400, f"{request.path} is not available: this appliance serves the models its config names "
+                            "(models[]); add or remove them there", code="fixed_model_set")
+
+
+def _number(value: str):
+    """A metadata value as Ollama's model_info has it: numbers as numbers."""
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
