@@ -215,12 +215,14 @@ class LimitsConfig(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ResponsesConfig(Struct, frozen=True, forbid_unknown_fields=True):
-    """What the Responses API keeps for GET /v1/responses/{id} and previous_response_id (in memory)."""
+    """What the Responses API keeps for GET /v1/responses/{id} and previous_response_id."""
 
     # Stored responses at most (0: none is stored); the least recently used go first.
     max_entries: Annotated[int, Meta(ge=0, le=1_000_000)] = 1000
     # Their size at most: the JSON of each response, its input and its turns.
     max_mb: Annotated[int, Meta(ge=1, le=65536)] = 64
+    # Also write them under <state_dir>/responses, so that a restart reads them back.
+    persist: bool = True
 
 
 MetricsAuth = Literal["open", "key", "admin"]
@@ -327,6 +329,10 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
             return default
         path = Path(raw)
         return (path if path.is_absolute() else Path(self.source_dir) / path).resolve()
+
+    def responses_dir(self) -> Path | None:
+        """Where stored Responses API responses are written, or None when they stay in memory."""
+        return self.state_dir() / "responses" if self.server.responses.persist else None
 
     def audit_path(self) -> Path | None:
         """The audit trail file (relative to the state directory), or None when auditing is off."""

@@ -63,7 +63,8 @@ class App:
         self.manager = manager
         self.openai = OpenAIRoutes(config, manager)
         stored = config.server.responses
-        self.responses = ResponsesRoutes(config, manager, ResponseStore(stored.max_entries, stored.max_mb << 20))
+        self.responses = ResponsesRoutes(config, manager, ResponseStore(stored.max_entries, stored.max_mb << 20,
+                                                                        config.responses_dir()))
         self.anthropic = AnthropicRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)
         self.embeddings = EmbeddingRoutes(config, manager)
@@ -446,6 +447,7 @@ class App:
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 # Runners stop (their prefix stores finish queued disk writes), then the trail closes.
+                await asyncio.to_thread(self.responses.store.close)
                 await asyncio.to_thread(self.manager.stop)
                 if self.audit is not None:
                     self.audit.record("lifecycle", event="stop")

@@ -27,6 +27,10 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     for key in ("host", "port"):
         if getattr(old.server, key) != getattr(new.server, key):
             plan.restart_required.append(f"server.{key}")
+    if old.server.responses.persist != new.server.responses.persist:
+        plan.restart_required.append("server.responses.persist")
+        server = structs.replace(server, responses=structs.replace(server.responses,
+                                                                   persist=old.server.responses.persist))
     policy = old.policy
     for key in ("keep_alive_s", "load_timeout_s"):
         if getattr(old.policy, key) != getattr(new.policy, key):

@@ -1,27 +1,49 @@
 """Stored Responses API responses: what GET /v1/responses/{id} returns and what
-`previous_response_id` continues, in memory, bounded by count and bytes (oldest use dropped first).
+`previous_response_id` continues, bounded by count and bytes (least recently used dropped first).
 
+They are held in memory and, with a directory, written there too (one JSON file each, written
+off the event loop in order), so a restart reads them back: a conversation continues across it.
 Each record keeps its own turns only (its input messages and its answer) and the id of the
 response before it, so a long conversation costs its length once, not once per turn."""
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from .responses_schemas import Response
 from .schemas import ChatMessage, encoder
+
+log = logging.getLogger("eie.responses")
+
+
+class Record(msgspec.Struct, frozen=True):
+    """A stored response as its file holds it."""
+
+    response: Response
+    input_items: list[dict[str, Any]]
+    turns: list[ChatMessage]  # this response's input and answer as chat messages
+    owner: str | None  # the API key id that made it (None: the server has no keys)
+
+
+_record = msgspec.json.Decoder(Record)
 
 
 @dataclass(frozen=True)
 class Stored:
     response: Response
     input_items: list[dict[str, Any]]
-    turns: list[ChatMessage]  # this response's input and answer as chat messages
-    owner: str | None  # the API key id that made it (None: the server has no keys)
-    size: int  # bytes counted against the store's cap
+    turns: list[ChatMessage]
+    owner: str | None
+    size: int  # bytes counted against the store's cap: the record's JSON
 
 
 class MissingResponse(KeyError):
@@ -34,13 +56,67 @@ class MissingResponse(KeyError):
 
 
 class ResponseStore:
-    def __init__(self, max_entries: int, max_bytes: int):
+    def __init__(self, max_entries: int, max_bytes: int, directory: Path | None = None):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._records: OrderedDict[str, Stored] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.dropped = 0  # records dropped to stay under the caps
+        self.directory = directory
+        self._disk = ThreadPoolExecutor(1, "eie-responses") if directory is not None else None
+        if directory is not None:
+            self._read(directory)
+
+    def _read(self, directory: Path) -> None:
+        """The records a previous run wrote, least recently used first; unreadable ones go."""
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            files = sorted(directory.glob("*.json"), key=lambda f: f.stat().st_mtime_ns)
+        except OSError as e:
+            log.warning("stored responses are kept in memory only: %s: %s", directory, e)
+            self.directory = None
+            return
+        for f in files:
+            try:
+                data = f.read_bytes()
+                rec = _record.decode(data)
+            except (OSError, msgspec.MsgspecError) as e:
+                log.warning("dropping an unreadable stored response %s: %s", f.name, e)
+                f.unlink(missing_ok=True)
+                continue
+            self._records[rec.response.id] = Stored(rec.response, rec.input_items, rec.turns, rec.owner, len(data))
+            self._bytes += len(data)
+        with self._lock:
+            self._trim()
+
+    def close(self) -> None:
+        """Finish the queued writes (at shutdown)."""
+        if self._disk is not None:
+            self._disk.shutdown(wait=True)
+
+    def _file(self, response_id: str) -> Path:
+        return self.directory / f"{response_id}.json"
+
+    def _on_disk(self, job, *args) -> None:
+        if self._disk is not None and self.directory is not None:
+            self._disk.submit(self._guarded, job, *args)
+
+    @staticmethod
+    def _guarded(job, *args) -> None:
+        try:
+            job(*args)
+        except OSError as e:
+            log.warning("a stored response's file: %s", e)
+
+    def _write(self, path: Path, data: bytes) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def _touch(self, path: Path) -> None:
+        if path.exists():
+            os.utime(path)  # the file's time keeps the least-recently-used order across a restart
 
     def __len__(self) -> int:
         return len(self._records)
@@ -51,12 +127,14 @@ class ResponseStore:
 
     def put(self, response: Response, input_items: list[dict[str, Any]], turns: list[ChatMessage],
             owner: str | None) -> None:
-        size = len(encoder.encode(response)) + len(encoder.encode(input_items)) + len(encoder.encode(turns))
-        if self.max_entries == 0 or size > self.max_bytes:
+        data = encoder.encode(Record(response, input_items, turns, owner))
+        if self.max_entries == 0 or len(data) > self.max_bytes:
             return
         with self._lock:
-            self._records[response.id] = Stored(response, input_items, turns, owner, size)
-            self._bytes += size
+            self._records[response.id] = Stored(response, input_items, turns, owner, len(data))
+            self._bytes += len(data)
+            if self.directory is not None:
+                self._on_disk(self._write, self._file(response.id), data)
             self._trim()
 
     def resize(self, max_entries: int, max_bytes: int) -> None:
@@ -67,9 +145,14 @@ class ResponseStore:
 
     def _trim(self) -> None:
         while self._records and (len(self._records) > self.max_entries or self._bytes > self.max_bytes):
-            _, old = self._records.popitem(last=False)
+            old_id, old = self._records.popitem(last=False)
             self._bytes -= old.size
             self.dropped += 1
+            self._forget(old_id)
+
+    def _forget(self, response_id: str) -> None:
+        if self.directory is not None:
+            self._on_disk(Path.unlink, self._file(response_id), True)
 
     def get(self, response_id: str, owner: str | None) -> Stored:
         """The record, marked as just used; MissingResponse if it is not there for this owner."""
@@ -78,6 +161,8 @@ class ResponseStore:
             if record is None or not _may_read(record, owner):
                 raise MissingResponse(response_id)
             self._records.move_to_end(response_id)
+            if self.directory is not None:
+                self._on_disk(self._touch, self._file(response_id))
             return record
 
     def delete(self, response_id: str, owner: str | None) -> None:
@@ -87,6 +172,7 @@ class ResponseStore:
                 raise MissingResponse(response_id)
             del self._records[response_id]
             self._bytes -= record.size
+            self._forget(response_id)
 
     def conversation(self, response_id: str, owner: str | None) -> list[ChatMessage]:
         """Every turn up to and including `response_id`'s answer, oldest first (each response's

@@ -261,3 +261,19 @@ def test_unknown_model_and_response(server):
         assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found", (path, r.text)
     assert httpx.get(server.base + "/v1/responses/resp_x").status_code == 401
     assert httpx.put(server.base + "/v1/responses/resp_x", headers=AUTH).status_code == 405
+
+
+def test_a_conversation_continues_across_a_restart(server_factory, tmp_path):
+    """Stored responses are written under the state directory and read back at start."""
+    config = {"server": {"state_dir": str(tmp_path)}, "models": [model_entry("smol", SMOLLM2, n_parallel=1)]}
+    first = server_factory(config, "responses-before")
+    made = httpx.post(first.base + "/v1/responses", timeout=300, json={
+        "model": "smol", "input": "Name a fruit.", "max_output_tokens": 8, "temperature": 0}).json()
+    first.stop()
+    assert (tmp_path / "responses" / f"{made['id']}.json").is_file()
+    second = server_factory(config, "responses-after")
+    assert httpx.get(f"{second.base}/v1/responses/{made['id']}").json() == made
+    went_on = httpx.post(second.base + "/v1/responses", timeout=300, json={
+        "model": "smol", "previous_response_id": made["id"], "input": "Another?", "max_output_tokens": 8,
+        "temperature": 0})
+    assert went_on.status_code == 200 and went_on.json()["usage"]["input_tokens"] > made["usage"]["input_tokens"]

@@ -3,6 +3,9 @@ conversations followed back through previous_response_id."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from appliance.api.response_store import MissingResponse, ResponseStore
@@ -84,3 +87,47 @@ def test_another_key_cannot_read_delete_or_continue():
         with pytest.raises(MissingResponse):
             call()
     assert store.get("mine", "key-a") and store.get("open", "key-b")
+
+
+def test_a_restart_reads_the_stored_responses_back(tmp_path):
+    store = ResponseStore(10, 1 << 20, tmp_path)
+    store.put(response("a"), [{"type": "message", "id": "msg_1"}], turns("one"), "key-a")
+    store.put(response("b", "a"), [], turns("two"), "key-a")
+    store.put(response("gone"), [], turns("x"), None)
+    store.delete("gone", None)
+    store.close()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.json", "b.json"]
+    again = ResponseStore(10, 1 << 20, tmp_path)
+    assert [m.content for m in again.conversation("b", "key-a")] == ["one", "ONE", "two", "TWO"]
+    assert again.get("a", "key-a").input_items == [{"type": "message", "id": "msg_1"}]
+    assert again.get("a", "key-a").response == response("a") and again.bytes == store.bytes
+    with pytest.raises(MissingResponse):
+        again.get("a", "key-b")
+
+
+def test_the_use_order_and_the_caps_hold_across_a_restart(tmp_path):
+    store = ResponseStore(3, 1 << 20, tmp_path)
+    for name in "abc":
+        store.put(response(name), [], turns(name), None)
+    store.close()
+    for i, name in enumerate("bca"):  # a used last
+        os.utime(tmp_path / f"{name}.json", ns=(time.time_ns() + i * 10**9,) * 2)
+    smaller = ResponseStore(2, 1 << 20, tmp_path)
+    assert len(smaller) == 2 and smaller.dropped == 1
+    with pytest.raises(MissingResponse):
+        smaller.get("b", None)  # the least recently used
+    smaller.put(response("d"), [], turns("d"), None)  # c is now the oldest
+    smaller.close()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.json", "d.json"]
+
+
+def test_an_unreadable_file_is_dropped_and_an_unusable_directory_keeps_memory_only(tmp_path):
+    (tmp_path / "junk.json").write_text("{not json")
+    store = ResponseStore(10, 1 << 20, tmp_path)
+    assert len(store) == 0 and not (tmp_path / "junk.json").exists()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    memory_only = ResponseStore(10, 1 << 20, blocked / "responses")
+    memory_only.put(response("a"), [], turns("t"), None)
+    memory_only.close()
+    assert memory_only.directory is None and memory_only.get("a", None)
