@@ -109,3 +109,19 @@ class AnthropicErrorBody(Struct, frozen=True):
 class AnthropicErrorEnvelope(Struct, frozen=True):
     error: AnthropicErrorBody
     type: str = "error"
+
+
+class AnthropicModel(Struct, frozen=True):
+    id: str
+    display_name: str
+    created_at: str  # RFC 3339
+    type: str = "model"
+    lifecycle: str = "active"
+    max_input_tokens: int | None = None  # the model's n_ctx here
+
+
+class AnthropicModelList(Struct, frozen=True):
+    data: list[AnthropicModel]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool = False

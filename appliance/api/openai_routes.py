@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Callable
 
 import msgspec
@@ -31,6 +32,7 @@ from .generation import (
 )
 from ..engine import reasoning
 from . import native_tools
+from .anthropic_schemas import AnthropicModel, AnthropicModelList
 from .chat_answer import AnswerReader, AnswerShape
 from .http import EventStream, Request
 from .schemas import (
@@ -113,7 +115,14 @@ class OpenAIRoutes:
         self.created = int(time.time())
 
     async def models(self, request: Request) -> None:
-        await request.json(200, ModelList([self._card(name, r) for name, r in self.manager.runners.items()]))
+        cards = [self._card(name, r) for name, r in self.manager.runners.items()]
+        if request.header("anthropic-version") is not None:  # Anthropic's SDKs list models in their form
+            created = datetime.fromtimestamp(self.created, timezone.utc).isoformat().replace("+00:00", "Z")
+            listed = [AnthropicModel(c.id, c.id, created, max_input_tokens=c.context_length) for c in cards]
+            await request.json(200, AnthropicModelList(listed, cards[0].id if cards else None,
+                                                       cards[-1].id if cards else None))
+            return
+        await request.json(200, ModelList(cards))
 
     def _card(self, name: str, runner: ModelRunner) -> ModelCard:
         reranks = runner.reranker or runner.cfg.pooling == "rank"

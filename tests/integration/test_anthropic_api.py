@@ -190,4 +190,7 @@ def test_keys_and_unknown_models(server, client):
         client.messages.create(model="nope", max_tokens=4, messages=ASK)
     assert e.value.body["error"]["type"] == "not_found_error"
     # x-api-key works on the other routes too
-    assert httpx.get(server.base + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    assert httpx.get(server.base + "/v1/models", headers={"x-api-key": KEY}).json()["object"] == "list"
+    listed = client.models.list()  # the SDK sends anthropic-version: the list comes in Anthropic's form
+    assert [m.id for m in listed.data] == ["smol", "qwen3-style"] and listed.data[0].type == "model"
+    assert listed.data[0].max_input_tokens == 2048 and not listed.has_more
