@@ -670,6 +670,9 @@ def _group_checks(raw: dict[str, Any], model_names: set[Any], embedders: set[Any
         if isinstance(name, str):
             if name in seen:
                 problems.append(f"{at}.name: duplicate group name {_got(name)} (also groups[{seen[name]}])")
+            if name in model_names:
+                problems.append(f"{at}.name: {_got(name)} is also a model's name; a group is asked by its name "
+                                "where a model's goes (/v1/chat/completions), so the names must differ")
             seen.setdefault(name, i)
         members = g.get("models") if isinstance(g.get("models"), list) else []
         for j, m in enumerate(members):

@@ -23,6 +23,7 @@ from .admin_routes import AdminRoutes
 from .probes import run_probe
 from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
+from .group_chat import GroupChat
 from .group_routes import GroupRoutes
 from .http import Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
@@ -75,6 +76,7 @@ class App:
         self.limits = KeyLimits(config.server.limits.rate_per_minute, config.server.limits.concurrent_requests)
         self.metrics = Metrics(manager, memory.devices, self._extra_metrics)
         self.groups.on_result = self.metrics.observe_group
+        self.openai.group_chat = GroupChat(self.groups).chat
         self.audit = self._audit(config)
         self.draining = False
         self.in_flight = 0

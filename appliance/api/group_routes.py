@@ -90,7 +90,7 @@ class GroupRoutes:
         if req.stream:
             await self._stream(request, group, call, exec_id, created)
             return
-        result = await self._run_watched(request, group, call)
+        result = await self.run_watched(request, group, call)
         if result is None:
             return  # the client went away; its sequences were cancelled
         self.on_result(group.name, result)
@@ -100,7 +100,7 @@ class GroupRoutes:
         else:
             await request.json(200, out)
 
-    async def _run_watched(self, request: Request, group, call: GroupCall) -> GroupResult | None:
+    async def run_watched(self, request: Request, group, call: GroupCall) -> GroupResult | None:
         task = asyncio.ensure_future(self.executor.run(group, call))
         watcher = asyncio.ensure_future(request.watch_disconnect())
         await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)

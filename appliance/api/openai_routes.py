@@ -7,11 +7,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Awaitable, Callable
 
 import msgspec
 
-from ..config import Config
+from ..config import Config, GroupConfig
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, PromptScored, TextDelta, TokenLogprob
 from .errors import bad_request, decoded
@@ -113,16 +113,27 @@ class OpenAIRoutes:
         self.config = config
         self.manager = manager
         self.created = int(time.time())
+        # a chat request whose model names a group (api/group_chat.py; set by the app)
+        self.group_chat: Callable[[Request, ChatRequest, GroupConfig], Awaitable[None]] | None = None
 
     async def models(self, request: Request) -> None:
         cards = [self._card(name, r) for name, r in self.manager.runners.items()]
-        if request.header("anthropic-version") is not None:  # Anthropic's SDKs list models in their form
-            created = datetime.fromtimestamp(self.created, timezone.utc).isoformat().replace("+00:00", "Z")
-            listed = [AnthropicModel(c.id, c.id, created, max_input_tokens=c.context_length) for c in cards]
-            await request.json(200, AnthropicModelList(listed, cards[0].id if cards else None,
-                                                       cards[-1].id if cards else None))
+        if request.header("anthropic-version") is None:
+            await request.json(200, ModelList(cards + [self._group_card(g) for g in self.config.groups]))
             return
-        await request.json(200, ModelList(cards))
+        # Anthropic's SDKs (they send anthropic-version) read the list in their form
+        created = datetime.fromtimestamp(self.created, timezone.utc).isoformat().replace("+00:00", "Z")
+        listed = [AnthropicModel(c.id, c.id, created, max_input_tokens=c.context_length) for c in cards]
+        await request.json(200, AnthropicModelList(listed, cards[0].id if cards else None,
+                                                   cards[-1].id if cards else None))
+
+    def _group_card(self, group: GroupConfig) -> ModelCard:
+        """A group, which /v1/chat/completions takes as a model (api/group_chat.py)."""
+        runners = [self.manager.runners[m] for m in group.models]
+        state = next((r.state for r in runners if r.state != "ready"), "ready")  # the first member not ready
+        return ModelCard(group.name, self.created, "eie", state, kind="group",
+                         context_length=min(r.n_ctx for r in runners), group_type=group.type,
+                         members=list(group.models))
 
     def _card(self, name: str, runner: ModelRunner) -> ModelCard:
         reranks = runner.reranker or runner.cfg.pooling == "rank"
@@ -154,6 +165,10 @@ class OpenAIRoutes:
 
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        group = self.config.group(req.model) if req.model not in self.manager.runners else None
+        if group is not None and self.group_chat is not None:
+            await self.group_chat(request, req, group)
+            return
         runner = await generation_runner(self.manager, req.model)
         prompt, params, shape = await chat_answer_plan(runner, req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -359,10 +359,12 @@ class ModelCard(Struct, frozen=True):
     object: str = "model"
     # EIE's: what the model serves (chat, embedding, rerank), its context, and once it is loaded,
     # its tool-call format (hermes: its own; eie: EIE's JSON) and whether it thinks in <think> blocks
-    kind: str = "chat"
+    kind: str = "chat"  # chat | embedding | rerank | group (a model group asked as a chat model)
     context_length: int = 0
     tool_format: str | None = None
     reasoning: bool | None = None
+    group_type: str | None = None  # a group's: parallel | sequential | fanout
+    members: list[str] | None = None  # a group's models
 
 
 class ModelList(Struct, frozen=True):

@@ -225,3 +225,79 @@ def test_group_streaming_tags_events_with_the_member_model(groups_server):
 def test_unknown_group_is_404(groups_server):
     r = run(groups_server, "nope")
     assert r.status_code == 404 and r.json()["error"]["param"] == "group"
+
+
+# ---- a group asked as a model (/v1/chat/completions; api/group_chat.py) -----------------------
+
+
+def group_chat(srv, group: str, stream: bool = False, **kw) -> dict | list[dict]:
+    body = {"model": group, "messages": Q, "max_tokens": 24, "temperature": 0, "stream": stream, **kw}
+    if not stream:
+        return ok(httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120))
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def streamed_choices(chunks: list[dict]) -> dict[int, tuple[str, str]]:
+    """Each choice's text and finish reason, from a stream's chunks."""
+    texts: dict[int, list[str]] = {}
+    reasons: dict[int, str] = {}
+    for chunk in chunks:
+        for c in chunk["choices"]:
+            texts.setdefault(c["index"], []).append(c["delta"].get("content") or "")
+            if c["finish_reason"]:
+                reasons[c["index"]] = c["finish_reason"]
+    return {i: ("".join(t), reasons.get(i)) for i, t in texts.items()}
+
+
+def test_a_parallel_group_asked_as_a_model_answers_each_member_as_a_choice(groups_server):
+    members = ok(run(groups_server, "core"))["members"]
+    body = group_chat(groups_server, "core")
+    assert body["model"] == "core" and body["object"] == "chat.completion"
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (m["index"], m["text"], m["finish_reason"]) for m in members]
+    assert body["usage"]["completion_tokens"] == sum(m["usage"]["completion_tokens"] for m in members)
+    chunks = group_chat(groups_server, "core", stream=True, stream_options={"include_usage": True})
+    assert streamed_choices(chunks[:-1]) == {c["index"]: (c["message"]["content"], c["finish_reason"])
+                                             for c in body["choices"]}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == body["usage"]
+    # a member that failed (partial fallback) has no choice
+    partial = group_chat(groups_server, "partial")
+    assert [c["index"] for c in partial["choices"]] == [0]
+
+
+def test_a_chain_and_a_fanout_asked_as_models_answer_their_output(groups_server):
+    chain = ok(run(groups_server, "chain", "/v1/chain/execute"))
+    body = group_chat(groups_server, "chain")
+    assert [c["message"]["content"] for c in body["choices"]] == [chain["output"]]
+    assert streamed_choices(group_chat(groups_server, "chain", stream=True)) == {
+        0: (chain["output"], chain["members"][-1]["finish_reason"])}
+    vote = ok(run(groups_server, "vote"))
+    body = group_chat(groups_server, "vote")
+    assert [c["message"]["content"] for c in body["choices"]] == [vote["output"]]
+    assert streamed_choices(group_chat(groups_server, "vote", stream=True))[0][0] == vote["output"]
+
+
+def test_a_strict_group_that_fails_asked_as_a_model(groups_server):
+    r = httpx.post(groups_server.base + "/v1/chat/completions", timeout=120, json={
+        "model": "strict", "messages": Q, "max_tokens": 24, "temperature": 0})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "group_failed"
+    with httpx.stream("POST", groups_server.base + "/v1/chat/completions", timeout=120, json={
+            "model": "strict", "messages": Q, "max_tokens": 24, "temperature": 0, "stream": True}) as s:
+        lines = [line for line in s.iter_lines() if line]
+    # members stream as they write under strict: the failure comes before any text (502) or in-band
+    assert s.status_code == 502 or ('"group_failed"' in lines[-2] and lines[-1] == "data: [DONE]")
+
+
+def test_groups_are_listed_as_models_and_per_model_fields_are_refused(groups_server):
+    cards = {c["id"]: c for c in httpx.get(groups_server.base + "/v1/models").json()["data"]}
+    assert cards["chain"]["kind"] == "group" and cards["chain"]["group_type"] == "sequential"
+    assert cards["chain"]["members"] == ["smollm2-135m", "smollm2-135m-b"] and cards["chain"]["state"] == "ready"
+    assert cards["strict"]["state"] == "failed"  # a member did not load
+    assert cards["smollm2-135m"]["kind"] == "chat" and cards["smollm2-135m"]["group_type"] is None
+    for extra, param in (({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"logit_bias": {"1": 1}}, "logit_bias"),
+                         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")):
+        r = httpx.post(groups_server.base + "/v1/chat/completions", json={
+            "model": "core", "messages": Q, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

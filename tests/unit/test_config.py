@@ -31,6 +31,7 @@ def problems(raw) -> list[str]:
         ({}, "models: required key is missing"),
         ({"models": [{"path": "x.gguf"}]}, "models[0].name: required key is missing"),
         ({"models": [GOOD_MODEL, GOOD_MODEL]}, 'models[1].name: duplicate model name "m" (also models[0])'),
+        ({"models": [GOOD_MODEL], "groups": [{"name": "m", "models": ["m"]}]}, 'groups[0].name: "m" is also a model\'s name'),
         ({"models": [GOOD_MODEL], "server": {"port": 70000}}, "server.port: expected int >= 1 and <= 65535, got 70000"),
         ({"models": [GOOD_MODEL], "server": {"port": True}}, "server.port: expected int >= 1 and <= 65535, got true"),
         ({"models": [GOOD_MODEL], "server": {"api_keys": ["short"]}}, 'server.api_keys[0]: expected string (at least 8 characters), got "short"'),

@@ -1,0 +1,166 @@
+"""A model group asked as a model: POST /v1/chat/completions whose `model` names a group, so that
+any OpenAI client runs a group and reads its answer as a chat completion.
+
+- sequential: the chain's output is the one choice (its last member's think block is its
+  reasoning_content);
+- fanout: the selected answer is the one choice;
+- parallel: each member that answered is a choice, its index the member's place in the group.
+
+Streamed, under the `strict` fallback (where any failure fails the whole answer) a parallel
+group's members and a chain's last member stream as they write. Under the other fallbacks a
+member may fail half-way or run again, so a member's text goes out when it is done and nothing
+sent is taken back; a fanout's selected answer goes out once chosen, and a chain cut short gives
+its output at the end."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from ..config import GroupConfig
+from ..groups.executor import GroupCall, GroupResult, MemberResult
+from .errors import ApiError, bad_request
+from .generation import deadline, plain_messages, request_sampling, stop_list
+from .group_routes import GroupRoutes, failure_body
+from .http import EventStream, Request
+from .openai_routes import FINGERPRINT
+from .schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    Delta,
+    ErrorEnvelope,
+    Usage,
+    encoder,
+)
+
+_PER_MODEL = ("tools", "logprobs", "top_logprobs", "logit_bias", "chat_template_kwargs")
+
+
+def _usage(result: GroupResult) -> Usage:
+    prompt = sum(m.prompt_tokens for m in result.members)
+    completion = sum(m.completion_tokens for m in result.members)
+    return Usage(prompt, completion, prompt + completion)
+
+
+def _answers(group: GroupConfig, result: GroupResult) -> list[tuple[int, str, str | None, str]]:
+    """(choice index, text, reasoning, finish reason) of each choice the group's answer has."""
+    if group.type == "parallel":
+        return [(m.index, m.text, m.reasoning, m.finish_reason or "stop") for m in result.members if m.ok]
+    if group.type == "fanout":
+        chosen = next((m for m in result.members if result.selected and m.index == result.selected.index), None)
+        return [(0, result.output or "", chosen.reasoning if chosen else None, chosen.finish_reason if chosen
+                 and chosen.finish_reason else "stop")]
+    last = next((m for m in reversed(result.members) if m.ok), None)
+    return [(0, result.output or "", last.reasoning if last else None,
+             last.finish_reason if last and last.finish_reason else "stop")]
+
+
+class GroupChat:
+    def __init__(self, groups: GroupRoutes):
+        self.groups = groups
+
+    async def chat(self, request: Request, req: ChatRequest, group: GroupConfig) -> None:
+        for field in _PER_MODEL:
+            if getattr(req, field):
+                raise bad_request(f"{field} is per model: it cannot be sent to the group {group.name!r}", param=field)
+        if req.n != 1:
+            raise bad_request("a group's answer has its own choices: n must be 1", param="n")
+        if req.tool_choice not in (None, "none", "auto"):
+            raise bad_request(f"tool_choice is per model: it cannot be sent to the group {group.name!r}",
+                              param="tool_choice")
+        call = GroupCall(
+            messages=plain_messages(req.messages),
+            sampling=await request_sampling(req, None),  # members' vocabularies differ
+            max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+            stop=stop_list(req),
+            deadline=deadline(self.groups.config),
+            reasoning_format=req.reasoning_format,
+        )
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            await _GroupStream(self.groups, request, group, call, cid, created, include_usage).run()
+            return
+        result = await self.groups.run_watched(request, group, call)
+        if result is None:
+            return  # the client went away; the group's sequences were cancelled
+        self.groups.on_result(group.name, result)
+        if result.failed:
+            raise ApiError(502, failure_body(result).message, type="upstream_error", code="group_failed")
+        choices = [ChatChoice(i, AssistantMessage("assistant", text, None, thought), reason)
+                   for i, text, thought, reason in _answers(group, result)]
+        await request.json(200, ChatCompletion(cid, created, group.name, choices, _usage(result),
+                                               system_fingerprint=FINGERPRINT))
+
+
+class _GroupStream:
+    def __init__(self, groups: GroupRoutes, request: Request, group: GroupConfig, call: GroupCall, cid: str,
+                 created: int, include_usage: bool) -> None:
+        self.groups = groups
+        self.group = group
+        self.call = call
+        self.sse = EventStream(request)
+        self.cid, self.created = cid, created
+        self.include_usage = include_usage
+        self.opened: set[int] = set()
+        self.finished: set[int] = set()
+        self.live = group.fallback == "strict"  # else a member's text goes out when it is done
+        self.last = len(group.models) - 1
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(self.cid, self.created, self.group.name, choices, system_fingerprint=FINGERPRINT,
+                                   usage=usage)
+
+    def _streams(self, m: MemberResult) -> bool:
+        """Whether this member's text is part of the answer: every member's in a parallel group,
+        the last one's in a chain."""
+        return self.group.type == "parallel" or (self.group.type == "sequential" and m.index == self.last)
+
+    async def _text(self, index: int, text: str, thought: str | None) -> None:
+        if index not in self.opened:
+            self.opened.add(index)
+            await self.sse.event(self._chunk([ChatChunkChoice(index, Delta(role="assistant", content=""))]))
+        if text or thought:
+            await self.sse.event(self._chunk([ChatChunkChoice(index, Delta(content=text or None,
+                                                                           reasoning_content=thought or None))]))
+
+    async def _delta(self, m: MemberResult, text: str, thought: str) -> None:
+        if self._streams(m) and self.live:
+            await self._text(0 if self.group.type == "sequential" else m.index, text, thought)
+
+    async def _done(self, m: MemberResult) -> None:
+        if not self._streams(m) or not m.ok:
+            return
+        index = 0 if self.group.type == "sequential" else m.index
+        if not self.live:
+            await self._text(index, m.text, m.reasoning)
+        await self._finish(index, m.finish_reason or "stop")
+
+    async def _finish(self, index: int, reason: str) -> None:
+        self.finished.add(index)
+        await self.sse.event(self._chunk([ChatChunkChoice(index, Delta(), reason)]))
+
+    async def run(self) -> None:
+        try:
+            result = await self.groups.executor.run(self.group, self.call, self._delta, self._done)
+            self.groups.on_result(self.group.name, result)
+            if result.failed:
+                err = failure_body(result)
+                if not self.sse.started:
+                    raise ApiError(502, err.message, type="upstream_error", code="group_failed")
+                await self.sse.raw(b"data: " + encoder.encode(ErrorEnvelope(err)) + b"\n\n")
+            else:  # a fanout's choice, a chain cut short: what no member's end has given
+                for index, text, thought, reason in _answers(self.group, result):
+                    if index not in self.finished:
+                        await self._text(index, text, thought)
+                        await self._finish(index, reason)
+            if self.include_usage and not result.failed:
+                await self.sse.event(self._chunk([], _usage(result)))
+            await self.sse.raw(b"data: [DONE]\n\n")
+            await self.sse.close()
+        except OSError:
+            return  # the client went away; the executor's sequences were cancelled with its tasks
