@@ -76,7 +76,9 @@ class App:
         self.limits = KeyLimits(config.server.limits.rate_per_minute, config.server.limits.concurrent_requests)
         self.metrics = Metrics(manager, memory.devices, self._extra_metrics)
         self.groups.on_result = self.metrics.observe_group
-        self.openai.group_chat = GroupChat(self.groups).chat
+        group_chat = GroupChat(self.groups)
+        self.openai.group_chat = group_chat.chat
+        self.ollama.groups = group_chat
         self.audit = self._audit(config)
         self.draining = False
         self.in_flight = 0

@@ -63,7 +63,8 @@ class GroupChat:
     def __init__(self, groups: GroupRoutes):
         self.groups = groups
 
-    async def chat(self, request: Request, req: ChatRequest, group: GroupConfig) -> None:
+    async def _call(self, req: ChatRequest, group: GroupConfig) -> GroupCall:
+        """The group call a chat request makes; a field that is per model is a 400 naming it."""
         for field in _PER_MODEL:
             if getattr(req, field):
                 raise bad_request(f"{field} is per model: it cannot be sent to the group {group.name!r}", param=field)
@@ -72,7 +73,7 @@ class GroupChat:
         if req.tool_choice not in (None, "none", "auto"):
             raise bad_request(f"tool_choice is per model: it cannot be sent to the group {group.name!r}",
                               param="tool_choice")
-        call = GroupCall(
+        return GroupCall(
             messages=plain_messages(req.messages),
             sampling=await request_sampling(req, None),  # members' vocabularies differ
             max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
@@ -80,6 +81,26 @@ class GroupChat:
             deadline=deadline(self.groups.config),
             reasoning_format=req.reasoning_format,
         )
+
+    async def one_answer(self, request: Request, req: ChatRequest, group: GroupConfig
+                         ) -> tuple[str, str | None, str, Usage] | None:
+        """A chain's output or a fanout's choice, for APIs with one answer (Ollama's): its text,
+        reasoning, finish reason and usage; None when the client went away."""
+        if group.type == "parallel":
+            raise bad_request(f"the group {group.name!r} is parallel: it has one answer per member; ask it through "
+                              "/v1/chat/completions (one choice each) or /v1/batch/execute", param="model")
+        call = await self._call(req, group)
+        result = await self.groups.run_watched(request, group, call)
+        if result is None:
+            return None
+        self.groups.on_result(group.name, result)
+        if result.failed:
+            raise ApiError(502, failure_body(result).message, type="upstream_error", code="group_failed")
+        _, text, thought, reason = _answers(group, result)[0]
+        return text, thought, reason, _usage(result)
+
+    async def chat(self, request: Request, req: ChatRequest, group: GroupConfig) -> None:
+        call = await self._call(req, group)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

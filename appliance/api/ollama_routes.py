@@ -18,7 +18,7 @@ import gguf
 import msgspec
 
 from .. import __version__
-from ..config import Config
+from ..config import Config, GroupConfig
 from ..engine import gguf_header, reasoning
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
@@ -29,6 +29,7 @@ from . import ollama_input
 from .answer_relay import NDJSON, json_line, relay
 from .chat_answer import AnswerShape
 from .embedding_routes import EmbeddingRoutes
+from .group_chat import GroupChat
 from .errors import ApiError, bad_request, decoded
 from .generation import (
     chat_answer_plan,
@@ -80,10 +81,12 @@ def quantization(metadata: dict[str, str]) -> str:
 
 
 class OllamaRoutes:
-    def __init__(self, config: Config, manager: ModelManager, embeddings: EmbeddingRoutes):
+    def __init__(self, config: Config, manager: ModelManager, embeddings: EmbeddingRoutes,
+                 groups: GroupChat | None = None):
         self.config = config
         self.manager = manager
         self.embeddings = embeddings
+        self.groups = groups  # a chain or fanout group asked as a model (api/group_chat.py)
 
     def _name(self, name: str) -> str:
         """A configured model's name; Ollama's clients add the tag `:latest` to untagged names."""
@@ -100,14 +103,37 @@ class OllamaRoutes:
         with errors_renamed(ollama_input.renamed):
             req: OllamaChatRequest = await self._body(request, _chat)
             req = msgspec.structs.replace(req, model=self._name(req.model))
-            runner = await generation_runner(self.manager, req.model)
-            if not req.messages:  # Ollama's way to load a model
+            group = self.config.group(req.model) if req.model not in self.manager.runners else None
+            if group is not None and self.groups is not None and req.messages:
+                await self._group(request, req, group)
+                return
+            runner = await generation_runner(self.manager, req.model) if group is None else None
+            if runner is None or not req.messages:  # Ollama's way to load a model (a group's load at once)
                 await request.json(200, OllamaAnswer(model=req.model, created_at=now(), done=True, done_reason="load",
                                                      message=OllamaReply("assistant", "")))
                 return
             chat = ollama_input.chat_request(req)
             prompt, params, shape = await chat_answer_plan(runner, chat)
             await self._generate(request, runner, chat, prompt, params, shape, req.stream, chat_answer=True)
+
+    async def _group(self, request: Request, req: OllamaChatRequest, group: GroupConfig) -> None:
+        """A group's one answer, as one piece and the end (streamed) or whole."""
+        t0 = time.monotonic_ns()
+        answer = await self.groups.one_answer(request, ollama_input.chat_request(req), group)
+        if answer is None:
+            return  # the client went away
+        text, thought, reason, usage = answer
+        took = time.monotonic_ns() - t0
+        done = {"done": True, "done_reason": reason if reason == "length" else "stop", "total_duration": took,
+                "load_duration": 0, "prompt_eval_count": usage.prompt_tokens, "prompt_eval_duration": 0,
+                "eval_count": usage.completion_tokens, "eval_duration": took}
+        message = OllamaReply("assistant", text, thought)
+        if not req.stream:
+            await request.json(200, OllamaAnswer(model=req.model, created_at=now(), message=message, **done))
+            return
+        piece = OllamaAnswer(model=req.model, created_at=now(), message=message, done=False)
+        end = OllamaAnswer(model=req.model, created_at=now(), message=OllamaReply("assistant", ""), **done)
+        await request.respond(200, json_line(piece) + json_line(end), NDJSON)
 
     async def generate(self, request: Request) -> None:
         with errors_renamed(ollama_input.renamed):
@@ -193,6 +219,11 @@ class OllamaRoutes:
                 details, size, digest, modified = self._facts(name, runner)
                 out.append(OllamaListedModel(name=name, model=name, modified_at=modified, size=size, digest=digest,
                                        details=details))
+            for group in self.config.groups if self.groups is not None else ():
+                if group.type != "parallel":  # one answer: /api/chat takes it as a model
+                    out.append(OllamaListedModel(name=group.name, model=group.name, modified_at=_iso(0), size=0,
+                                                 digest="", details=OllamaModelDetails(family="group",
+                                                                                       families=list(group.models))))
             return out
 
         await request.json(200, OllamaModelList(await asyncio.to_thread(listed)))

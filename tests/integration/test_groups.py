@@ -301,3 +301,17 @@ def test_groups_are_listed_as_models_and_per_model_fields_are_refused(groups_ser
         r = httpx.post(groups_server.base + "/v1/chat/completions", json={
             "model": "core", "messages": Q, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_ollama_clients_ask_a_chain_or_a_fanout_as_a_model(groups_server):
+    chain = ok(run(groups_server, "chain", "/v1/chain/execute", top_k=40, top_p=0.9))
+    body = {"model": "chain", "messages": Q, "options": {"temperature": 0, "num_predict": 24}}
+    whole = ok(httpx.post(groups_server.base + "/api/chat", json={**body, "stream": False}, timeout=120))
+    assert whole["message"]["content"] == chain["output"] and whole["done"] and whole["done_reason"] == "stop"
+    assert whole["eval_count"] == sum(m["usage"]["completion_tokens"] for m in chain["members"])
+    lines = httpx.post(groups_server.base + "/api/chat", json=body, timeout=120).text.splitlines()
+    assert [json.loads(line)["message"]["content"] for line in lines] == [chain["output"], ""]
+    listed = {m["name"]: m for m in httpx.get(groups_server.base + "/api/tags").json()["models"]}
+    assert listed["chain"]["details"]["family"] == "group" and "vote" in listed and "core" not in listed
+    r = httpx.post(groups_server.base + "/api/chat", json={**body, "model": "core", "stream": False})
+    assert r.status_code == 400 and r.json()["param"] == "model"
