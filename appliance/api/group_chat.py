@@ -50,13 +50,11 @@ def _answers(group: GroupConfig, result: GroupResult) -> list[tuple[int, str, st
     """(choice index, text, reasoning, finish reason) of each choice the group's answer has."""
     if group.type == "parallel":
         return [(m.index, m.text, m.reasoning, m.finish_reason or "stop") for m in result.members if m.ok]
-    if group.type == "fanout":
-        chosen = next((m for m in result.members if result.selected and m.index == result.selected.index), None)
-        return [(0, result.output or "", chosen.reasoning if chosen else None, chosen.finish_reason if chosen
-                 and chosen.finish_reason else "stop")]
-    last = next((m for m in reversed(result.members) if m.ok), None)
-    return [(0, result.output or "", last.reasoning if last else None,
-             last.finish_reason if last and last.finish_reason else "stop")]
+    if group.type == "fanout":  # the selected member's
+        by = next((m for m in result.members if result.selected and m.index == result.selected.index), None)
+    else:  # the chain's last member that answered
+        by = next((m for m in reversed(result.members) if m.ok), None)
+    return [(0, result.output or "", by.reasoning if by else None, (by.finish_reason if by else None) or "stop")]
 
 
 class GroupChat:
