@@ -193,7 +193,10 @@ class OllamaRoutes:
     def _metadata(self, runner: ModelRunner) -> dict[str, str]:
         if runner.loaded is not None:
             return runner.loaded.metadata
-        key = file_facts.stat_key(runner.path)
+        try:
+            key = file_facts.stat_key(runner.path)
+        except OSError:
+            return {}
         if key not in _metadata:
             try:
                 _metadata[key] = gguf_header.read(runner.path)
@@ -202,15 +205,19 @@ class OllamaRoutes:
         return _metadata[key]
 
     def _facts(self, name: str, runner: ModelRunner) -> tuple[OllamaModelDetails, int, str, str]:
-        """(details, file size, digest, modification time) of a configured model (blocking)."""
+        """(details, file size, digest, modification time) of a configured model (blocking); a
+        file that cannot be read (the model failed to load) has size 0 and no digest."""
         path = Path(runner.path)
         meta = self._metadata(runner)
         arch = meta.get("general.architecture", "")
         details = OllamaModelDetails(family=arch, families=[arch] if arch else None,
-                               parameter_size=meta.get("general.size_label", ""),
-                               quantization_level=quantization(meta))
-        st = path.stat()
-        return details, st.st_size, file_sha256(path, self.config.cache_dir()), _iso(st.st_mtime)
+                                     parameter_size=meta.get("general.size_label", ""),
+                                     quantization_level=quantization(meta))
+        try:
+            st = path.stat()
+            return details, st.st_size, file_sha256(path, self.config.cache_dir()), _iso(st.st_mtime)
+        except OSError:
+            return details, 0, "", _iso(0)
 
     async def tags(self, request: Request) -> None:
         def listed() -> list[OllamaListedModel]:

@@ -68,6 +68,11 @@ def test_health_reports_failed_models_with_reasons(strict_server):
 def test_healthy_models_still_serve_beside_failed_ones(strict_server):
     r = post(strict_server, "/v1/chat/completions", chat())
     assert r.status_code == 200, r.text
+    # Ollama's model list names them all, the missing file with no size or digest
+    listed = {m["name"]: m for m in httpx.get(strict_server.base + "/api/tags", headers={
+        "Authorization": f"Bearer {KEY}"}).json()["models"]}
+    assert listed["missing"]["size"] == 0 and listed["missing"]["digest"] == ""
+    assert listed["smollm2-135m"]["size"] == SMOLLM2.stat().st_size
 
 
 def test_503_for_a_failed_model(strict_server):
