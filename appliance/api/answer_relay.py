@@ -105,3 +105,21 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
             await request.json(200, writer.result)
     except OSError:  # the client went away mid-stream
         gens.cancel()
+
+
+async def relay_whole(request: Request, writer: AnswerWriter, thought: str | None, text: str, ending: Ending,
+                      stream: bool, framing: Callable[[Event], bytes] = named_event,
+                      content_type: bytes = b"text/event-stream") -> None:
+    """An answer that is whole already (a group's: api/group_chat.py) through `writer`, streamed
+    as relay streams one (in one go) or answered whole."""
+    events = writer.start() + writer.push(thought or "", text, []) + writer.finish(ending)
+    if not stream:
+        await request.json(200, writer.result)
+        return
+    sse = EventStream(request, content_type=content_type)
+    try:
+        for event in events:
+            await sse.raw(framing(event))
+        await sse.close()
+    except OSError:  # the client went away
+        pass

@@ -14,10 +14,11 @@ from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
 from ..engine.runner import GenerationRequest
 from . import anthropic_input
-from .answer_relay import relay
+from .answer_relay import relay, relay_whole
 from .anthropic_output import MessageEvents
 from .anthropic_schemas import MessagesRequest, TokenCount
 from .errors import bad_request, decoded
+from .group_chat import GroupChat
 from .generation import (
     chat_answer_plan,
     chat_prompt,
@@ -36,6 +37,7 @@ class AnthropicRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
         self.manager = manager
+        self.groups: GroupChat | None = None  # a chain or fanout group asked as a model (set by the app)
 
     async def messages(self, request: Request) -> None:
         with errors_renamed(anthropic_input.renamed):
@@ -56,6 +58,13 @@ class AnthropicRoutes:
         if req.max_tokens is None:
             raise bad_request("max_tokens is required", param="max_tokens")
         chat = anthropic_input.chat_request(req)
+        group = self.config.group(req.model) if req.model not in self.manager.runners else None
+        if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
+            answer = await self.groups.one_answer(request, chat, group)
+            if answer is not None:
+                writer = MessageEvents(req.model, answer[2].prompt_tokens)
+                await relay_whole(request, writer, *answer, req.stream)
+            return
         runner = await generation_runner(self.manager, req.model)
         prompt, params, shape = await chat_answer_plan(runner, chat)
         limits = self.config.server.limits

@@ -78,7 +78,7 @@ class App:
         self.groups.on_result = self.metrics.observe_group
         group_chat = GroupChat(self.groups)
         self.openai.group_chat = group_chat.chat
-        self.ollama.groups = group_chat
+        self.ollama.groups = self.responses.groups = self.anthropic.groups = group_chat
         self.audit = self._audit(config)
         self.draining = False
         self.in_flight = 0

@@ -19,6 +19,8 @@ import uuid
 
 from ..config import GroupConfig
 from ..groups.executor import GroupCall, GroupResult, MemberResult
+from .answer_relay import Ending
+from .chat_answer import Parts
 from .errors import ApiError, bad_request
 from .generation import deadline, plain_messages, request_sampling, stop_list
 from .group_routes import GroupRoutes, failure_body
@@ -81,9 +83,10 @@ class GroupChat:
         )
 
     async def one_answer(self, request: Request, req: ChatRequest, group: GroupConfig
-                         ) -> tuple[str, str | None, str, Usage] | None:
-        """A chain's output or a fanout's choice, for APIs with one answer (Ollama's): its text,
-        reasoning, finish reason and usage; None when the client went away."""
+                         ) -> tuple[str | None, str, Ending] | None:
+        """A chain's output or a fanout's choice, for APIs with one answer (the Responses,
+        Messages and Ollama APIs): its reasoning, its text, and its end as answer_relay's writers
+        take it (the members' tokens summed); None when the client went away."""
         if group.type == "parallel":
             raise bad_request(f"the group {group.name!r} is parallel: it has one answer per member; ask it through "
                               "/v1/chat/completions (one choice each) or /v1/batch/execute", param="model")
@@ -95,7 +98,9 @@ class GroupChat:
         if result.failed:
             raise ApiError(502, failure_body(result).message, type="upstream_error", code="group_failed")
         _, text, thought, reason = _answers(group, result)[0]
-        return text, thought, reason, _usage(result)
+        usage = _usage(result)
+        return thought, text, Ending(Parts(None, None, None, reason), usage.prompt_tokens, 0, usage.completion_tokens,
+                                     0, None)
 
     async def chat(self, request: Request, req: ChatRequest, group: GroupConfig) -> None:
         call = await self._call(req, group)

@@ -26,7 +26,7 @@ from ..engine.prefix import file_sha256
 from ..engine.runner import GenerationRequest, ModelRunner
 from ..resources import file_facts
 from . import ollama_input
-from .answer_relay import NDJSON, json_line, relay
+from .answer_relay import NDJSON, json_line, relay, relay_whole
 from .chat_answer import AnswerShape
 from .embedding_routes import EmbeddingRoutes
 from .group_chat import GroupChat
@@ -117,23 +117,11 @@ class OllamaRoutes:
             await self._generate(request, runner, chat, prompt, params, shape, req.stream, chat_answer=True)
 
     async def _group(self, request: Request, req: OllamaChatRequest, group: GroupConfig) -> None:
-        """A group's one answer, as one piece and the end (streamed) or whole."""
-        t0 = time.monotonic_ns()
+        """A group's one answer (api/group_chat.py), as one piece and the end when streamed."""
+        writer = OllamaEvents(req.model, True, False)
         answer = await self.groups.one_answer(request, ollama_input.chat_request(req), group)
-        if answer is None:
-            return  # the client went away
-        text, thought, reason, usage = answer
-        took = time.monotonic_ns() - t0
-        done = {"done": True, "done_reason": reason if reason == "length" else "stop", "total_duration": took,
-                "load_duration": 0, "prompt_eval_count": usage.prompt_tokens, "prompt_eval_duration": 0,
-                "eval_count": usage.completion_tokens, "eval_duration": took}
-        message = OllamaReply("assistant", text, thought)
-        if not req.stream:
-            await request.json(200, OllamaAnswer(model=req.model, created_at=now(), message=message, **done))
-            return
-        piece = OllamaAnswer(model=req.model, created_at=now(), message=message, done=False)
-        end = OllamaAnswer(model=req.model, created_at=now(), message=OllamaReply("assistant", ""), **done)
-        await request.respond(200, json_line(piece) + json_line(end), NDJSON)
+        if answer is not None:
+            await relay_whole(request, writer, *answer, req.stream, framing=json_line, content_type=NDJSON)
 
     async def generate(self, request: Request) -> None:
         with errors_renamed(ollama_input.renamed):

@@ -17,7 +17,8 @@ from ..engine.manager import ModelManager
 from ..engine.runner import GenerationRequest
 from ..observability import context
 from . import responses_input
-from .answer_relay import relay
+from .answer_relay import relay, relay_whole
+from .group_chat import GroupChat
 from .errors import ApiError, bad_request, decoded
 from .generation import (
     chat_answer_plan,
@@ -59,6 +60,7 @@ class ResponsesRoutes:
         self.config = config
         self.manager = manager
         self.store = store
+        self.groups: GroupChat | None = None  # a chain or fanout group asked as a model (set by the app)
 
     # ---- POST /v1/responses ----------------------------------------------------------------
 
@@ -79,14 +81,6 @@ class ResponsesRoutes:
         items = responses_input.items(req.input)
         turns = responses_input.messages(items)
         chat = responses_input.chat_request(req, earlier + turns)
-        runner = await generation_runner(self.manager, req.model)
-        prompt, params, shape = await chat_answer_plan(runner, chat)
-        limits = self.config.server.limits
-        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), req.max_output_tokens, None, limits.max_tokens,
-                                    "input", limits.max_prompt_tokens)
-        top = (chat.top_logprobs or 0) if chat.logprobs else None
-        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(self.config),
-                                                      top_logprobs=top, speculative=req.speculative)])
         base = Response(
             id=responses_input.new_id("resp"), created_at=int(time.time()), status="in_progress",
             instructions=req.instructions, max_output_tokens=req.max_output_tokens, model=req.model,
@@ -101,6 +95,20 @@ class ResponsesRoutes:
                 self.store.put(response, items, turns + [_assistant_turn(response)], owner)
 
         writer = ResponseEvents(base, bool(chat.logprobs), keep)
+        group = self.config.group(req.model) if req.model not in self.manager.runners else None
+        if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
+            answer = await self.groups.one_answer(request, chat, group)
+            if answer is not None:
+                await relay_whole(request, writer, *answer, req.stream)
+            return
+        runner = await generation_runner(self.manager, req.model)
+        prompt, params, shape = await chat_answer_plan(runner, chat)
+        limits = self.config.server.limits
+        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), req.max_output_tokens, None, limits.max_tokens,
+                                    "input", limits.max_prompt_tokens)
+        top = (chat.top_logprobs or 0) if chat.logprobs else None
+        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(self.config),
+                                                      top_logprobs=top, speculative=req.speculative)])
         await serve(request, gens, lambda: relay(request, gens, shape, writer, req.stream, runner.vocab))
 
     # ---- the stored responses --------------------------------------------------------------

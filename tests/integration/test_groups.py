@@ -315,3 +315,25 @@ def test_ollama_clients_ask_a_chain_or_a_fanout_as_a_model(groups_server):
     assert listed["chain"]["details"]["family"] == "group" and "vote" in listed and "core" not in listed
     r = httpx.post(groups_server.base + "/api/chat", json={**body, "model": "core", "stream": False})
     assert r.status_code == 400 and r.json()["param"] == "model"
+
+
+def test_the_responses_and_messages_apis_ask_a_chain_as_a_model(groups_server):
+    chain = ok(run(groups_server, "chain", "/v1/chain/execute"))
+    made = ok(httpx.post(groups_server.base + "/v1/responses", timeout=120, json={
+        "model": "chain", "input": Q, "max_output_tokens": 24, "temperature": 0}))
+    assert made["output"][-1]["content"][0]["text"] == chain["output"] and made["status"] == "completed"
+    assert made["usage"]["output_tokens"] == sum(m["usage"]["completion_tokens"] for m in chain["members"])
+    went_on = httpx.post(groups_server.base + "/v1/responses", timeout=120, json={
+        "model": "chain", "previous_response_id": made["id"], "input": "Thanks", "max_output_tokens": 8,
+        "temperature": 0, "stream": True})
+    events = [json.loads(line[6:]) for line in went_on.text.splitlines() if line.startswith("data: ")]
+    assert events[0]["type"] == "response.created"
+    last = events[-1]["response"]
+    assert events[-1]["type"] == f"response.{last['status']}" and last["previous_response_id"] == made["id"]
+    # the chain's first member was asked the whole conversation: more prompt than the first time
+    assert last["usage"]["input_tokens"] > made["usage"]["input_tokens"]
+    message = ok(httpx.post(groups_server.base + "/v1/messages", timeout=120, json={
+        "model": "chain", "messages": Q, "max_tokens": 24, "temperature": 0}))
+    assert message["content"] == [{"type": "text", "text": chain["output"]}] and message["stop_reason"] == "end_turn"
+    r = httpx.post(groups_server.base + "/v1/messages", json={"model": "core", "messages": Q, "max_tokens": 8})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"  # parallel: one answer per member
