@@ -14,7 +14,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import gguf
 import msgspec
 
 from .. import __version__
@@ -73,6 +72,8 @@ def _iso(seconds: float) -> str:
 
 def quantization(metadata: dict[str, str]) -> str:
     """The weights' type as Ollama names it (Q4_K_M, F16, ...), from general.file_type."""
+    import gguf  # 0.2 s to import: not at start-up
+
     try:
         name = gguf.LlamaFileType(int(metadata["general.file_type"])).name
     except (KeyError, ValueError):

@@ -121,6 +121,9 @@ def test_frozen_binary_serves_the_default_preset_from_an_empty_environment(froze
         body = r.json()
         assert body["choices"][0]["message"]["content"].strip()
         assert body["usage"]["completion_tokens"] > 0
+        # the other APIs' modules are in the bundle too (Ollama's model list reads weight types with gguf)
+        tags = httpx.get(base + "/api/tags", timeout=60).json()["models"]
+        assert {m["details"]["quantization_level"] for m in tags} == {"Q4_1", "Q4_K_M"}
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
