@@ -100,7 +100,10 @@ class ResponseStore:
 
     def _on_disk(self, job, *args) -> None:
         if self._disk is not None and self.directory is not None:
-            self._disk.submit(self._guarded, job, *args)
+            try:
+                self._disk.submit(self._guarded, job, *args)
+            except RuntimeError:  # closed at shutdown: a request that ended after it is kept in memory only
+                log.warning("a stored response came after shutdown began; it is not written")
 
     @staticmethod
     def _guarded(job, *args) -> None:

@@ -131,3 +131,10 @@ def test_an_unreadable_file_is_dropped_and_an_unusable_directory_keeps_memory_on
     memory_only.put(response("a"), [], turns("t"), None)
     memory_only.close()
     assert memory_only.directory is None and memory_only.get("a", None)
+
+
+def test_a_response_after_close_is_kept_in_memory_only(tmp_path):
+    store = ResponseStore(10, 1 << 20, tmp_path)
+    store.close()
+    store.put(response("late"), [], turns("t"), None)
+    assert store.get("late", None) and not list(tmp_path.iterdir())
