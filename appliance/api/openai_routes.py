@@ -245,24 +245,34 @@ class OpenAIRoutes:
         def chunk(choices, usage=None) -> ChatCompletionChunk:
             return ChatCompletionChunk(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
 
+        held: dict[int, list[TokenLogprob]] = {}  # logprobs of tokens whose text is held back
+
+        def taken(i: int, entries: tuple[TokenLogprob, ...] = ()) -> ChatLogprobs | None:
+            """The logprobs a chunk with text carries: those held back, then its own."""
+            if not logprobs:
+                return None
+            return chat_logprobs([*held.pop(i, []), *entries])
+
         def delta(i: int, ev: TextDelta) -> ChatCompletionChunk | None:
-            lp = chat_logprobs(ev.logprobs) if logprobs else None
             if shape.plain:
-                return chunk([ChatChunkChoice(i, Delta(content=ev.text), None, lp)])
+                return chunk([ChatChunkChoice(i, Delta(content=ev.text), None, taken(i, ev.logprobs))])
             if i not in readers:
                 readers[i] = shape.reader()
             thought, text = readers[i].push(ev.text)
-            if not (thought or text or lp):
+            if not (thought or text):
+                held.setdefault(i, []).extend(ev.logprobs)  # they go with the text when it comes
                 return None  # held back: a tag's start, blanks, or a tool call read whole
-            return chunk([ChatChunkChoice(i, Delta(content=text or None, reasoning_content=thought or None), None, lp)])
+            return chunk([ChatChunkChoice(i, Delta(content=text or None, reasoning_content=thought or None), None,
+                                          taken(i, ev.logprobs))])
 
         def final(i: int, reason: str) -> list[ChatCompletionChunk]:
             if shape.plain:
                 return [chunk([ChatChunkChoice(i, Delta(), reason)])]
             parts = (readers.pop(i, None) or shape.reader()).finish(reason)
             out = []
-            if parts.reasoning or parts.content:
-                out.append(chunk([ChatChunkChoice(i, Delta(content=parts.content, reasoning_content=parts.reasoning))]))
+            if parts.reasoning or parts.content or held.get(i):
+                out.append(chunk([ChatChunkChoice(i, Delta(content=parts.content, reasoning_content=parts.reasoning),
+                                                  None, taken(i))]))
             if parts.tool_calls:
                 out.append(chunk([ChatChunkChoice(i, Delta(tool_calls=[
                     ToolCallDelta(k, c.id, c.type, c.function) for k, c in enumerate(parts.tool_calls)]))]))

@@ -150,3 +150,22 @@ def test_a_models_configured_reasoning_format_applies_unless_the_request_says(se
     split = chat(server, "left-in", grammar=THINK, reasoning_format="auto")["message"]
     assert split["reasoning_content"] and not split["content"].startswith("<think>")
     assert raw["content"].split("</think>")[0][len("<think>"):].strip() == split["reasoning_content"]
+
+
+def test_streamed_logprobs_ride_with_text(server):
+    """Logprobs of tokens whose text is held back (a tag's start) come with the text that follows,
+    never on an empty delta; every token's entry comes once."""
+    whole = chat(server, "qwen3-style", grammar=THINK, logprobs=True)
+    chunks = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
+            "model": "qwen3-style", "messages": ASK, "temperature": 0, "max_tokens": 60, "stream": True,
+            "grammar": THINK, "logprobs": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    entries = []
+    for c in chunks:
+        if c.get("logprobs") and c["logprobs"]["content"]:
+            assert c["delta"].get("content") or c["delta"].get("reasoning_content"), c
+            entries += c["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [e["token"] for e in whole["logprobs"]["content"]]
