@@ -58,7 +58,7 @@ class AnthropicRoutes:
         if req.max_tokens is None:
             raise bad_request("max_tokens is required", param="max_tokens")
         chat = anthropic_input.chat_request(req)
-        group = self.config.group(req.model) if req.model not in self.manager.runners else None
+        group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
             answer = await self.groups.one_answer(request, chat, group)
             if answer is not None:

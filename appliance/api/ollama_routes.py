@@ -104,7 +104,7 @@ class OllamaRoutes:
         with errors_renamed(ollama_input.renamed):
             req: OllamaChatRequest = await self._body(request, _chat)
             req = msgspec.structs.replace(req, model=self._name(req.model))
-            group = self.config.group(req.model) if req.model not in self.manager.runners else None
+            group = self.config.group(req.model)  # a group may not share a model's name (config.py)
             if group is not None and self.groups is not None and req.messages:
                 await self._group(request, req, group)
                 return

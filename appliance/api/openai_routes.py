@@ -165,7 +165,7 @@ class OpenAIRoutes:
 
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        group = self.config.group(req.model) if req.model not in self.manager.runners else None
+        group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         if group is not None and self.group_chat is not None:
             await self.group_chat(request, req, group)
             return

@@ -95,7 +95,7 @@ class ResponsesRoutes:
                 self.store.put(response, items, turns + [_assistant_turn(response)], owner)
 
         writer = ResponseEvents(base, bool(chat.logprobs), keep)
-        group = self.config.group(req.model) if req.model not in self.manager.runners else None
+        group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
             answer = await self.groups.one_answer(request, chat, group)
             if answer is not None:
