@@ -214,6 +214,13 @@ def test_a_think_block_is_a_reasoning_item(server, client):
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert thought == message["reasoning_content"] and final.output_text == message["content"]
     assert [item.type for item in final.output] == ["reasoning", "message"]
+    # reasoning.effort none: the template's enable_thinking is false (Qwen3's closed empty block)
+    off = client.responses.create(model="qwen3-style", input="What is two plus two?", max_output_tokens=4,
+                                  reasoning={"effort": "none"})
+    closed = httpx.post(server.base + "/tokenize", headers=AUTH, json={
+        "model": "qwen3-style", "messages": [{"role": "user", "content": "What is two plus two?"}],
+        "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert off.usage.input_tokens == closed["count"] > got.usage.input_tokens
 
 
 def test_an_answer_cut_short_is_incomplete(client):

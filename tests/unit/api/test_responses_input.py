@@ -91,3 +91,15 @@ def test_the_chat_request_carries_the_sampling_tools_and_format():
 ])
 def test_chat_fields_are_named_as_the_responses_request_names_them(chat_param, param):
     assert renamed(ApiError(400, "x", param=chat_param)).param == param
+
+
+def test_reasoning_effort_turns_the_templates_thinking_on_or_off():
+    def kwargs(**kw):
+        return chat_request(request(**kw), messages(items("Hi"))).chat_template_kwargs
+
+    assert kwargs() is None
+    assert kwargs(reasoning={"effort": "none"}) == {"enable_thinking": False}
+    assert kwargs(reasoning={"effort": "minimal"}) == {"enable_thinking": False}
+    assert kwargs(reasoning={"effort": "high"}) == {"enable_thinking": True}
+    assert kwargs(reasoning={"effort": "none"}, chat_template_kwargs={"enable_thinking": True, "x": 1}) == {
+        "enable_thinking": True, "x": 1}
