@@ -10,15 +10,17 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ..engine.client import Generations
+from ..config import Config
+from ..engine.client import Generations, fit_max_tokens
 from ..engine.native import Vocab
-from ..engine.runner import Failed, Finished, TextDelta
+from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
+from ..engine.sampling import SamplingParams
 from .chat_answer import AnswerShape, Parts
 from .errors import ApiError
-from .generation import failure_error
+from .generation import deadline, failure_error, serve, stop_list
 from .http import EventStream, Request
 from .openai_routes import chat_logprobs
-from .schemas import ChatTokenLogprob, encoder
+from .schemas import ChatRequest, ChatTokenLogprob, encoder
 
 Event = dict[str, Any]  # {"type": ..., ...}
 
@@ -105,6 +107,23 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
             await request.json(200, writer.result)
     except OSError:  # the client went away mid-stream
         gens.cancel()
+
+
+async def relay_chat(request: Request, config: Config, runner: ModelRunner, chat: ChatRequest, prompt: list[int],
+                     params: SamplingParams, shape: AnswerShape, writer: AnswerWriter, stream: bool,
+                     prompt_param: str, framing: Callable[[Event], bytes] = named_event,
+                     content_type: bytes = b"text/event-stream") -> None:
+    """Generate the answer to `chat` (its prompt, sampling and shape from chat_answer_plan) and
+    relay it through `writer`: the sequence the chat route would run, within the server's limits
+    (`prompt_param`: the field a prompt that does not fit is named by)."""
+    limits = config.server.limits
+    max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), chat.max_completion_tokens, None, limits.max_tokens,
+                                prompt_param, limits.max_prompt_tokens)
+    top = (chat.top_logprobs or 0) if chat.logprobs else None
+    gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(config),
+                                                  top_logprobs=top, speculative=chat.speculative)])
+    await serve(request, gens, lambda: relay(request, gens, shape, writer, stream, runner.vocab, framing,
+                                             content_type))
 
 
 async def relay_whole(request: Request, writer: AnswerWriter, thought: str | None, text: str, ending: Ending,

@@ -18,7 +18,7 @@ from .anthropic_schemas import (
     ToolUseBlock,
 )
 from .errors import ApiError
-from .schemas import ChatTokenLogprob
+from .schemas import ChatTokenLogprob, encoder
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
@@ -30,9 +30,13 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
 
 
-def error_body(err: ApiError) -> AnthropicErrorEnvelope:
+def _error(err: ApiError) -> AnthropicErrorBody:
+    return AnthropicErrorBody(error_type(err.status), err.message, err.param)
+
+
+def error_body(err: ApiError) -> bytes:
     """Anthropic's error envelope, with the offending field named as in every EIE error."""
-    return AnthropicErrorEnvelope(AnthropicErrorBody(error_type(err.status), err.message, err.param))
+    return encoder.encode(AnthropicErrorEnvelope(_error(err)))
 
 
 def stop_reason(ending: Ending) -> str:
@@ -110,4 +114,4 @@ class MessageEvents:
                          {"type": "message_stop"}]
 
     def failed(self, err: ApiError) -> list[Event]:
-        return [{"type": "error", "error": error_body(err).error}]
+        return [{"type": "error", "error": _error(err)}]

@@ -10,11 +10,9 @@ from __future__ import annotations
 import msgspec
 
 from ..config import Config
-from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
-from ..engine.runner import GenerationRequest
 from . import anthropic_input
-from .answer_relay import relay, relay_whole
+from .answer_relay import relay_chat, relay_whole
 from .anthropic_output import MessageEvents
 from .anthropic_schemas import MessagesRequest, TokenCount
 from .errors import bad_request, decoded
@@ -22,11 +20,8 @@ from .group_chat import GroupChat
 from .generation import (
     chat_answer_plan,
     chat_prompt,
-    deadline,
     errors_renamed,
     generation_runner,
-    serve,
-    stop_list,
 )
 from .http import Request
 
@@ -67,10 +62,5 @@ class AnthropicRoutes:
             return
         runner = await generation_runner(self.manager, req.model)
         prompt, params, shape = await chat_answer_plan(runner, chat)
-        limits = self.config.server.limits
-        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), req.max_tokens, None, limits.max_tokens, "messages",
-                                    limits.max_prompt_tokens)
-        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(self.config),
-                                                      speculative=req.speculative)])
         writer = MessageEvents(req.model, len(prompt))
-        await serve(request, gens, lambda: relay(request, gens, shape, writer, req.stream, runner.vocab))
+        await relay_chat(request, self.config, runner, chat, prompt, params, shape, writer, req.stream, "messages")

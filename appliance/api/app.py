@@ -33,7 +33,6 @@ from .ollama_output import error_body as ollama_error
 from .ollama_routes import OllamaRoutes
 from .openai_routes import OpenAIRoutes
 from .response_store import ResponseStore
-from .schemas import encoder
 from .responses_routes import ResponsesRoutes
 from .token_routes import TokenRoutes
 from .embedding_routes import EmbeddingRoutes
@@ -76,9 +75,7 @@ class App:
         self.limits = KeyLimits(config.server.limits.rate_per_minute, config.server.limits.concurrent_requests)
         self.metrics = Metrics(manager, memory.devices, self._extra_metrics)
         self.groups.on_result = self.metrics.observe_group
-        group_chat = GroupChat(self.groups)
-        self.openai.group_chat = group_chat.chat
-        self.ollama.groups = self.responses.groups = self.anthropic.groups = group_chat
+        self.openai.groups = self.ollama.groups = self.responses.groups = self.anthropic.groups = GroupChat(self.groups)
         self.audit = self._audit(config)
         self.draining = False
         self.in_flight = 0
@@ -90,9 +87,9 @@ class App:
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
             "/v1/responses": {"POST": Route(self.responses.create, "key", True)},
-            "/v1/messages": {"POST": Route(self.anthropic.messages, "key", True, error_body=_anthropic_error)},
+            "/v1/messages": {"POST": Route(self.anthropic.messages, "key", True, error_body=anthropic_error)},
             "/v1/messages/count_tokens": {"POST": Route(self.anthropic.count_tokens, "key",
-                                                        error_body=_anthropic_error)},
+                                                        error_body=anthropic_error)},
             "/v1/responses/{response_id}": {"GET": Route(self.responses.retrieve, "key"),
                                             "DELETE": Route(self.responses.delete, "key")},
             "/v1/responses/{response_id}/input_items": {"GET": Route(self.responses.input_items, "key")},
@@ -459,10 +456,6 @@ class App:
                 client.remove_tap(self._tap)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-
-def _anthropic_error(err: ApiError) -> bytes:
-    return encoder.encode(anthropic_error(err))
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

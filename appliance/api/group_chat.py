@@ -22,7 +22,6 @@ from ..groups.executor import GroupCall, GroupResult, MemberResult
 from .answer_relay import Ending
 from .chat_answer import Parts
 from .errors import ApiError, bad_request
-from .generation import deadline, plain_messages, request_sampling, stop_list
 from .group_routes import GroupRoutes, failure_body
 from .http import EventStream, Request
 from .openai_routes import FINGERPRINT
@@ -39,7 +38,7 @@ from .schemas import (
     encoder,
 )
 
-_PER_MODEL = ("tools", "logprobs", "top_logprobs", "logit_bias", "chat_template_kwargs")
+_PER_MODEL = ("tools", "logprobs", "top_logprobs", "chat_template_kwargs")  # and logit_bias (group_call)
 
 
 def _usage(result: GroupResult) -> Usage:
@@ -73,14 +72,8 @@ class GroupChat:
         if req.tool_choice not in (None, "none", "auto"):
             raise bad_request(f"tool_choice is per model: it cannot be sent to the group {group.name!r}",
                               param="tool_choice")
-        return GroupCall(
-            messages=plain_messages(req.messages),
-            sampling=await request_sampling(req, None),  # members' vocabularies differ
-            max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
-            stop=stop_list(req),
-            deadline=deadline(self.groups.config),
-            reasoning_format=req.reasoning_format,
-        )
+        return await self.groups.group_call(
+            req, req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)
 
     async def one_answer(self, request: Request, req: ChatRequest, group: GroupConfig
                          ) -> tuple[str | None, str, Ending] | None:

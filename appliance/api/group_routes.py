@@ -16,6 +16,7 @@ from .errors import ApiError, bad_request, decoded
 from .generation import deadline, plain_messages, request_sampling, stop_list
 from .http import EventStream, Request
 from .schemas import (
+    ChatRequest,
     ErrorBody,
     GroupDone,
     GroupExecution,
@@ -76,16 +77,7 @@ class GroupRoutes:
             raise ApiError(404, f"group '{req.group}' does not exist", param="group", code="group_not_found")
         if group.type not in types:
             raise bad_request(f"group '{group.name}' is {group.type}; run it with {other}", param="group")
-        if req.logit_bias:
-            raise bad_request("logit_bias is per vocabulary and not supported for groups", param="logit_bias")
-        call = GroupCall(
-            messages=plain_messages(req.messages),
-            sampling=await request_sampling(req, None),  # members' vocabularies differ
-            max_tokens=req.max_tokens,
-            stop=stop_list(req),
-            deadline=deadline(self.config),
-            reasoning_format=req.reasoning_format,
-        )
+        call = await self.group_call(req, req.max_tokens)
         exec_id, created = f"grp-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             await self._stream(request, group, call, exec_id, created)
@@ -99,6 +91,20 @@ class GroupRoutes:
             await request.respond(502, encoder.encode(GroupFailure(failure_body(result), out)))
         else:
             await request.json(200, out)
+
+    async def group_call(self, req: GroupRequest | ChatRequest, max_tokens: int | None) -> GroupCall:
+        """What a group request (or a chat request naming a group: api/group_chat.py) asks of the
+        group's members; logit_bias, which is per vocabulary, is a 400."""
+        if req.logit_bias:
+            raise bad_request("logit_bias is per vocabulary and not supported for groups", param="logit_bias")
+        return GroupCall(
+            messages=plain_messages(req.messages),
+            sampling=await request_sampling(req, None),  # members' vocabularies differ
+            max_tokens=max_tokens,
+            stop=stop_list(req),
+            deadline=deadline(self.config),
+            reasoning_format=req.reasoning_format,
+        )
 
     async def run_watched(self, request: Request, group, call: GroupCall) -> GroupResult | None:
         task = asyncio.ensure_future(self.executor.run(group, call))

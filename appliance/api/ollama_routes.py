@@ -19,25 +19,21 @@ import msgspec
 from .. import __version__
 from ..config import Config, GroupConfig
 from ..engine import gguf_header, reasoning
-from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
 from ..engine.prefix import file_sha256
-from ..engine.runner import GenerationRequest, ModelRunner
+from ..engine.runner import ModelRunner
 from ..resources import file_facts
 from . import ollama_input
-from .answer_relay import NDJSON, json_line, relay, relay_whole
+from .answer_relay import NDJSON, json_line, relay_chat, relay_whole
 from .chat_answer import AnswerShape
 from .embedding_routes import EmbeddingRoutes
 from .group_chat import GroupChat
 from .errors import ApiError, bad_request, decoded
 from .generation import (
     chat_answer_plan,
-    deadline,
     errors_renamed,
     generation_runner,
     request_sampling,
-    serve,
-    stop_list,
 )
 from .http import Request
 from .ollama_output import OllamaEvents, now
@@ -146,15 +142,9 @@ class OllamaRoutes:
 
     async def _generate(self, request: Request, runner: ModelRunner, chat, prompt: list[int], params,
                         shape: AnswerShape, stream: bool, chat_answer: bool) -> None:
-        limits = self.config.server.limits
-        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), chat.max_completion_tokens, None, limits.max_tokens,
-                                    "messages" if chat_answer else "prompt", limits.max_prompt_tokens)
-        top = (chat.top_logprobs or 0) if chat.logprobs else None
-        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat),
-                                                      deadline(self.config), top_logprobs=top)])
         writer = OllamaEvents(chat.model, chat_answer, bool(chat.logprobs))
-        await serve(request, gens, lambda: relay(request, gens, shape, writer, stream, runner.vocab,
-                                                 framing=json_line, content_type=NDJSON))
+        await relay_chat(request, self.config, runner, chat, prompt, params, shape, writer, stream,
+                         "messages" if chat_answer else "prompt", framing=json_line, content_type=NDJSON)
 
     # ---- embeddings ------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 
@@ -56,6 +56,9 @@ from .schemas import (
     TopLogprob,
     Usage,
 )
+
+if TYPE_CHECKING:  # group_chat imports this module
+    from .group_chat import GroupChat
 
 FINGERPRINT = "eie"
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
@@ -113,8 +116,7 @@ class OpenAIRoutes:
         self.config = config
         self.manager = manager
         self.created = int(time.time())
-        # a chat request whose model names a group (api/group_chat.py; set by the app)
-        self.group_chat: Callable[[Request, ChatRequest, GroupConfig], Awaitable[None]] | None = None
+        self.groups: GroupChat | None = None  # a group asked as a model (api/group_chat.py; set by the app)
 
     async def models(self, request: Request) -> None:
         cards = [self._card(name, r) for name, r in self.manager.runners.items()]
@@ -166,8 +168,8 @@ class OpenAIRoutes:
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
-        if group is not None and self.group_chat is not None:
-            await self.group_chat(request, req, group)
+        if group is not None and self.groups is not None:
+            await self.groups.chat(request, req, group)
             return
         runner = await generation_runner(self.manager, req.model)
         prompt, params, shape = await chat_answer_plan(runner, req)

@@ -12,21 +12,16 @@ from urllib.parse import parse_qs
 import msgspec
 
 from ..config import Config
-from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
-from ..engine.runner import GenerationRequest
 from ..observability import context
 from . import responses_input
-from .answer_relay import relay, relay_whole
+from .answer_relay import relay_chat, relay_whole
 from .group_chat import GroupChat
 from .errors import ApiError, bad_request, decoded
 from .generation import (
     chat_answer_plan,
-    deadline,
     errors_renamed,
     generation_runner,
-    serve,
-    stop_list,
 )
 from .http import Request
 from .response_store import MissingResponse, ResponseStore
@@ -103,13 +98,7 @@ class ResponsesRoutes:
             return
         runner = await generation_runner(self.manager, req.model)
         prompt, params, shape = await chat_answer_plan(runner, chat)
-        limits = self.config.server.limits
-        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), req.max_output_tokens, None, limits.max_tokens,
-                                    "input", limits.max_prompt_tokens)
-        top = (chat.top_logprobs or 0) if chat.logprobs else None
-        gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(self.config),
-                                                      top_logprobs=top, speculative=req.speculative)])
-        await serve(request, gens, lambda: relay(request, gens, shape, writer, req.stream, runner.vocab))
+        await relay_chat(request, self.config, runner, chat, prompt, params, shape, writer, req.stream, "input")
 
     # ---- the stored responses --------------------------------------------------------------
 
