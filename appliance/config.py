@@ -131,6 +131,13 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # A think block as reasoning_content (auto, deepseek) or left in the content (none), where a
     # request does not say (engine/reasoning.py).
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
+    # Tokens an answer may spend inside its think block before the server closes it (the
+    # message, then </think>) and the answer follows; -1: no bound, 0: closed at once. A
+    # request's thinking_budget_tokens (Anthropic's thinking.budget_tokens) overrides it, and a
+    # reasoning_effort's entry in reasoning_effort_budgets does where the request names no budget.
+    reasoning_budget: Annotated[int, Meta(ge=-1, le=1_048_576)] = -1
+    reasoning_budget_message: Annotated[str, Meta(max_length=1024)] = ""
+    reasoning_effort_budgets: dict[Literal["low", "medium", "high"], Annotated[int, Meta(ge=-1, le=1_048_576)]] = {}
     # Requests waiting for a sequence slot beyond this are refused with 429.
     max_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

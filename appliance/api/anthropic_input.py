@@ -82,12 +82,18 @@ def _result_text(block: dict[str, Any], where: str) -> str:
 
 def chat_request(req: MessagesRequest) -> ChatRequest:
     """The chat request that asks the model what `req` asks. `thinking` sets the template's
-    `enable_thinking` (Qwen3's variable), under the request's own chat_template_kwargs."""
+    `enable_thinking` (Qwen3's variable), under the request's own chat_template_kwargs, and its
+    `budget_tokens` the think block's budget."""
     kwargs = req.chat_template_kwargs
+    budget = None
     if req.thinking is not None:
         if req.thinking.type not in ("enabled", "disabled", "adaptive"):
             raise bad_request("thinking.type must be enabled, disabled or adaptive", param="thinking.type")
         kwargs = {"enable_thinking": req.thinking.type != "disabled", **(kwargs or {})}
+        budget = req.thinking.budget_tokens if req.thinking.type == "enabled" else None
+        if budget is not None and (budget < 0 or req.max_tokens is not None and budget >= req.max_tokens):
+            raise bad_request(f"thinking.budget_tokens must be at least 0 and less than max_tokens ({req.max_tokens})",
+                              param="thinking.budget_tokens")
     stops = [*(req.stop_sequences or []), *([req.stop] if isinstance(req.stop, str) else req.stop or [])]
     choice = req.tool_choice
     return ChatRequest(
@@ -97,7 +103,8 @@ def chat_request(req: MessagesRequest) -> ChatRequest:
         repeat_penalty=req.repeat_penalty, seed=req.seed, stop=stops or None, logit_bias=req.logit_bias,
         grammar=req.grammar, tools=_tools(req), tool_choice=_tool_choice(req),
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
-        reasoning_format=req.reasoning_format, chat_template_kwargs=kwargs, speculative=req.speculative,
+        reasoning_format=req.reasoning_format, chat_template_kwargs=kwargs, thinking_budget_tokens=budget,
+        speculative=req.speculative,
     )
 
 

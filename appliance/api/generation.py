@@ -8,7 +8,7 @@ from dataclasses import replace
 from contextlib import contextmanager
 from typing import Any, Awaitable, Callable, Iterator
 
-from ..config import Config
+from ..config import Config, ModelConfig
 from ..engine.client import GenerationFailed, Generations, PromptError, render_chat
 from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
@@ -189,7 +189,7 @@ async def chat_prompt(runner: ModelRunner, req: ChatRequest) -> tuple[list[int],
     # a large schema takes milliseconds: off the loop
     plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)
     messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
-    extra = template_kwargs(runner.cfg.chat_template_kwargs, req.chat_template_kwargs)
+    extra = template_kwargs(runner.cfg.chat_template_kwargs, thinking_kwargs(req))
     prompt = await asyncio.to_thread(render_chat, runner, messages, plan.template_tools if plan else None, extra)
     return prompt, plan
 
@@ -200,7 +200,26 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     prompt, plan = await chat_prompt(runner, req)
     params = await request_sampling(req, runner.vocab, plan.grammar if plan else None, plan.triggers if plan else ())
     think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt, params)
+    params = reasoning.with_budget(runner, prompt, params, reasoning_budget(runner.cfg, req))
     return prompt, params, AnswerShape(plan, think, inside)
+
+
+def thinking_kwargs(req: ChatRequest) -> dict[str, Any] | None:
+    """The request's template variables, with `reasoning_effort` as `enable_thinking` (Qwen3's
+    variable: none and minimal turn thinking off, other efforts on) under its own."""
+    if req.reasoning_effort is None:
+        return req.chat_template_kwargs
+    return {"enable_thinking": req.reasoning_effort not in ("none", "minimal"), **(req.chat_template_kwargs or {})}
+
+
+def reasoning_budget(cfg: ModelConfig, req: ChatRequest) -> int:
+    """Tokens the answer's think block may take (-1: no bound): the request's
+    thinking_budget_tokens, else its effort's entry in models[].reasoning_effort_budgets, else
+    models[].reasoning_budget."""
+    if req.thinking_budget_tokens is not None:
+        return req.thinking_budget_tokens
+    by_effort = cfg.reasoning_effort_budgets.get(req.reasoning_effort) if req.reasoning_effort else None
+    return by_effort if by_effort is not None else cfg.reasoning_budget
 
 
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

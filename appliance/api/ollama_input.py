@@ -80,13 +80,16 @@ def _chat(req: OllamaChatRequest | OllamaGenerateRequest, messages: list[ChatMes
             sampling[key] = getattr(opts, key)
     if opts.num_predict == 0:
         raise bad_request("num_predict 0 asks for no answer", param="options.num_predict")
-    kwargs = None
-    if req.think is not None:
+    kwargs = effort = None
+    if req.think in ("low", "medium", "high"):
+        effort = req.think  # thinking on, bounded by the level's budget (models[].reasoning_effort_budgets)
+    elif req.think is not None:
         kwargs = {"enable_thinking": req.think not in (False, "false", "none")}
     return ChatRequest(
         model=req.model, messages=messages,
         max_completion_tokens=opts.num_predict if opts.num_predict and opts.num_predict > 0 else None,
         response_format=_format(req.format), grammar=req.grammar, logit_bias=req.logit_bias, tools=tools, chat_template_kwargs=kwargs,
+        reasoning_effort=effort,
         logprobs=req.logprobs or None, top_logprobs=req.top_logprobs if req.logprobs else None, **sampling,
     )
 

@@ -60,7 +60,7 @@ class _Common(Struct, frozen=True, kw_only=True):
     stream: bool = True  # Ollama streams unless told not to
     format: str | dict[str, Any] | None = None  # "json" or a JSON Schema
     options: OllamaOptions | None = None
-    think: bool | str | None = None  # true/false, or a level (high, medium, low) read as true
+    think: bool | str | None = None  # true/false, or a level (high, medium, low): on, with the level's budget
     keep_alive: Any = None  # the strategy decides what stays loaded
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None

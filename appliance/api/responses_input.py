@@ -147,18 +147,14 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
         repeat_penalty=req.repeat_penalty, seed=req.seed, stop=req.stop, logit_bias=req.logit_bias, grammar=req.grammar,
         response_format=_response_format(req), tools=_tools(req), tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls and req.max_tool_calls is None, reasoning_format=req.reasoning_format,
-        chat_template_kwargs=_template_kwargs(req), speculative=req.speculative,
+        chat_template_kwargs=req.chat_template_kwargs, reasoning_effort=_effort(req), speculative=req.speculative,
         logprobs=logprobs or None, top_logprobs=req.top_logprobs if logprobs else None,
     )
 
 
-def _template_kwargs(req: ResponsesRequest) -> dict[str, Any] | None:
-    """`reasoning.effort` as the template's `enable_thinking` (Qwen3's variable): none and minimal
-    turn thinking off, other efforts on; the request's own chat_template_kwargs come first."""
-    effort = req.reasoning.effort if req.reasoning is not None else None
-    if effort is None:
-        return req.chat_template_kwargs
-    return {"enable_thinking": effort not in ("none", "minimal"), **(req.chat_template_kwargs or {})}
+def _effort(req: ResponsesRequest) -> str | None:
+    """`reasoning.effort`, read as the chat route reads `reasoning_effort` (generation.py)."""
+    return req.reasoning.effort if req.reasoning is not None else None
 
 
 def _response_format(req: ResponsesRequest) -> ResponseFormat | None:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from .schemas import ChatTokenLogprob, MaxTokens, SamplingKnobs
+from .schemas import ChatTokenLogprob, MaxTokens, ReasoningEffort, SamplingKnobs
 
 
 class ResponsesTool(Struct, frozen=True, omit_defaults=True):
@@ -44,7 +44,7 @@ class TextConfig(Struct, frozen=True):
 
 
 class ReasoningConfig(Struct, frozen=True):
-    effort: str | None = None
+    effort: ReasoningEffort | None = None
     summary: str | None = None
 
 

@@ -81,6 +81,9 @@ class ResponseFormat(Struct, frozen=True):
     schema: Any = None
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+
+
 class SamplingKnobs(Struct, frozen=True, kw_only=True):
     """The sampling fields chat, completions, group and Responses requests share."""
 
@@ -126,6 +129,12 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None
     # Variables for the chat template (e.g. Qwen3's enable_thinking), over models[].chat_template_kwargs.
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's: none and minimal set the template's enable_thinking false, the others true; an
+    # effort listed in models[].reasoning_effort_budgets bounds the think block with its budget.
+    reasoning_effort: ReasoningEffort | None = None
+    # llama-server's: tokens the think block may take before the server closes it (-1: no bound),
+    # over the effort's budget and models[].reasoning_budget.
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):

@@ -6,13 +6,18 @@ QwQ, and fine-tunes of them) write their reasoning there before the answer; some
 the block in the generation prompt, so the answer starts inside it. With `reasoning_format`
 `auto` (the default) the block becomes `reasoning_content` and the rest `content`; `none` leaves
 the text as the model wrote it. An answer cut short inside the block is all reasoning.
+
+A reasoning budget (llama-server's `--reasoning-budget`) bounds the block: once the answer has
+that many tokens inside it, the runner forces the budget message and `</think>` (`BudgetWatch`),
+and the model goes on with its answer.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .sampling import SamplingParams
+from .sampling import SamplingParams, ThinkBudget
 from .text import partial_suffix
 
 if TYPE_CHECKING:
@@ -21,9 +26,14 @@ if TYPE_CHECKING:
 OPEN, CLOSE = "<think>", "</think>"
 
 
+def has_tags(template_source: str) -> bool:
+    """Whether the chat template knows think blocks."""
+    return OPEN in template_source and CLOSE in template_source
+
+
 def applies(template_source: str, reasoning_format: str | None) -> bool:
     """Whether answers are split: the template has think tags and the request did not opt out."""
-    return reasoning_format != "none" and OPEN in template_source and CLOSE in template_source
+    return reasoning_format != "none" and has_tags(template_source)
 
 
 def opened_by_prompt(prompt_tail: str) -> bool:
@@ -38,9 +48,69 @@ def for_answer(runner: ModelRunner, requested: str | None, prompt: list[int],
     A grammar from the first token (structured output, a tool format without a lazy call tag)
     leaves no room for a block the prompt opened: such an answer is read as it is."""
     think = applies(runner.template.source, requested or runner.cfg.reasoning_format)
-    from_start = sampling.grammar is not None and not sampling.grammar_triggers
-    return think, (think and not from_start
-                   and opened_by_prompt(runner.vocab.text(prompt[-8:], special=True)))
+    return think, think and _starts_inside(runner, prompt, sampling)
+
+
+def _grammar_from_start(sampling: SamplingParams) -> bool:
+    return sampling.grammar is not None and not sampling.grammar_triggers
+
+
+def _starts_inside(runner: ModelRunner, prompt: list[int], sampling: SamplingParams) -> bool:
+    return not _grammar_from_start(sampling) and opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+
+
+def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, tokens: int) -> SamplingParams:
+    """`sampling` with a reasoning budget of `tokens` (-1: none) for an answer of `runner` to
+    `prompt`: only where the template knows think blocks and no grammar holds from the first
+    token (the forced tag would break it). `reasoning_format` does not matter: a block left in
+    the content is bounded too."""
+    if tokens < 0 or not has_tags(runner.template.source) or _grammar_from_start(sampling):
+        return sampling
+    close = runner.vocab.tokenize(runner.cfg.reasoning_budget_message + "\n" + CLOSE + "\n\n",
+                                  add_special=False, parse_special=True)
+    return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), _starts_inside(runner, prompt, sampling)))
+
+
+class BudgetWatch:
+    """Counts an answer's tokens inside its think block, token by token as they are generated
+    (`push`), and says when the budget is spent with the block still open. A block counts only
+    where `split` reads one: opened by the prompt, or the first text of the answer."""
+
+    def __init__(self, budget: ThinkBudget) -> None:
+        self.limit = budget.tokens
+        self.state = "inside" if budget.inside else "start"
+        self.count = 0
+        self.text = ""  # "start": the answer so far; "inside": its last characters
+
+    def due_at_start(self) -> bool:
+        """Whether the close is due before any token (the prompt opened the block, budget 0)."""
+        return self._due(close_seen=False) if self.state == "inside" else False
+
+    def push(self, piece: str) -> bool:
+        """One generated token's text; True when the close is due now (once per answer)."""
+        if self.state == "start":
+            self.text += piece
+            lead = self.text.lstrip()
+            if not lead.startswith(OPEN):
+                if not OPEN.startswith(lead):
+                    self.state = "done"  # the answer does not begin with a block
+                return False  # or blanks, or the tag so far
+            self.state, self.text = "inside", lead[len(OPEN):]
+            return self._due(close_seen=CLOSE in self.text)
+        if self.state != "inside":
+            return False
+        self.count += 1
+        self.text = (self.text + piece)[-(2 * len(CLOSE)):]
+        return self._due(close_seen=CLOSE in self.text)
+
+    def _due(self, close_seen: bool) -> bool:
+        if close_seen:
+            self.state = "done"  # the model closed the block itself
+            return False
+        if self.count < self.limit or partial_suffix(self.text, [CLOSE]):
+            return False  # within the budget, or the model may be writing the tag itself
+        self.state = "done"
+        return True
 
 
 def split(text: str, inside: bool) -> tuple[str | None, str]:

@@ -32,6 +32,7 @@ from . import held_gil, native
 from .decode import decode_with_cores
 from .load_cancel import LoadCancelled, raise_if_set
 from .chat_template import ChatTemplate, default_template
+from .reasoning import BudgetWatch
 from .grammar import TOKEN_DATA, Constraint, GrammarError, best_in_shortlist, redraw
 from .sampling import SamplingParams, build_chain, free_chain
 from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
@@ -141,6 +142,8 @@ class _Sequence:
         "grammar",
         "grammar_rng",
         "prompt_scores",
+        "think",
+        "forced",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -189,6 +192,10 @@ class _Sequence:
         self.prompt_scores: list[TokenLogprob] | None = [] if req.prompt_logprobs is not None else None
         if self.prompt_scores is not None:
             self.prefix_keys = []  # every position is computed: nothing restored (a save on finish still is)
+        budget = req.sampling.think_budget
+        self.think = BudgetWatch(budget) if budget is not None else None
+        # Tokens the next picks take whatever the logits say: a spent reasoning budget's close.
+        self.forced: list[int] = list(budget.close) if self.think is not None and self.think.due_at_start() else []
 
 
 class Handle:
@@ -253,7 +260,8 @@ class ModelRunner:
         self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0,
                       "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
                       "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_masks": 0,
-                      "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0}
+                      "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0,
+                      "reasoning_budget_cuts": 0}
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
@@ -961,6 +969,10 @@ class ModelRunner:
 
     def _pick(self, seq: _Sequence, row: int, draft: int | None) -> tuple[int, bool]:
         """The target's token at a logits row, and whether it takes the draft proposed there."""
+        if seq.forced:
+            token = seq.forced.pop(0)
+            self._accept_forced(seq, token)
+            return token, token == draft
         if seq.grammar is not None:
             token = self._constrained_pick(seq, row)
             return token, token == draft
@@ -978,6 +990,14 @@ class ModelRunner:
             agreed, token = accept_or_resample(p, draft, seq.rng)
         held_gil.sampler_accept(seq.chain, token)
         return token, agreed
+
+    @staticmethod
+    def _accept_forced(seq: _Sequence, token: int) -> None:
+        """Tell the chain (its penalties' history) and a lazy grammar of a token no pick chose."""
+        if seq.chain is not None:
+            held_gil.sampler_accept(seq.chain, token)
+        if seq.grammar is not None and seq.grammar.allows(token):
+            seq.grammar.accept(token)
 
     def _constrained_pick(self, seq: _Sequence, row: int) -> int:
         """The token under the request's grammar: the pick without it when the grammar allows
@@ -1076,6 +1096,9 @@ class ModelRunner:
         if seq.spec is not None:
             seq.spec.tokens.append(token)
         piece = vocab.piece(token)
+        if seq.think is not None and seq.think.push(piece.decode("utf-8", "replace")):
+            seq.forced = list(seq.req.sampling.think_budget.close)
+            self.stats["reasoning_budget_cuts"] += 1
         if per_token:
             seq.pending_logprobs.append(self._entry(piece, lp, top))
         text, hit_stop = seq.stream.push(piece)

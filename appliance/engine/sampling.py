@@ -9,6 +9,16 @@ import llama_cpp as lc
 
 
 @dataclass(frozen=True)
+class ThinkBudget:
+    """A reasoning budget: at most `tokens` generated tokens inside the think block, then the
+    `close` tokens (the budget message and the closing tag) are forced (engine/reasoning.py)."""
+
+    tokens: int
+    close: tuple[int, ...]
+    inside: bool  # the prompt opened the block: the answer starts inside it
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
@@ -25,6 +35,7 @@ class SamplingParams:
     # With these tokens the grammar is lazy: the output is free until one of them is picked, and
     # from it on follows the grammar, which begins with that token (a model's tool-call tag).
     grammar_triggers: tuple[int, ...] = ()
+    think_budget: ThinkBudget | None = None
 
     @property
     def greedy(self) -> bool:

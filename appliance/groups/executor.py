@@ -131,8 +131,9 @@ class GroupExecutor:
             max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages",
                                         self.max_prompt_tokens)
             until = min(call.deadline, t0 + group.timeout_s(model))
+            sampling = reasoning.with_budget(runner, prompt, call.sampling, runner.cfg.reasoning_budget)
             reqs = [
-                GenerationRequest(prompt, max_tokens, with_seed_offset(call.sampling, k), call.stop, until, logprobs=True)
+                GenerationRequest(prompt, max_tokens, with_seed_offset(sampling, k), call.stop, until, logprobs=True)
                 for k in range(len(members))
             ]
             gens = Generations(runner, reqs)

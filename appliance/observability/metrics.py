@@ -31,6 +31,7 @@ RUNNER_COUNTERS = {
     "grammar_dead_ends": ("eie_grammar_dead_ends", "Constrained answers ended because the grammar allowed no next token"),
     "prompt_tokens_scored": ("eie_prompt_scored_tokens", "Prompt tokens prefilled with their logits kept to score the prompt (echo with logprobs)"),
     "embedded_inputs": ("eie_embedded_inputs", "Inputs pooled into embeddings (/v1/embeddings)"),
+    "reasoning_budget_cuts": ("eie_reasoning_budget_cuts", "Think blocks closed by the server when their reasoning budget was spent"),
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),

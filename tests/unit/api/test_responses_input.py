@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from appliance.api.errors import ApiError
+from appliance.api.generation import thinking_kwargs
 from appliance.api.responses_input import chat_request, items, messages, renamed
 from appliance.api.responses_schemas import ResponsesRequest
 
@@ -95,9 +96,10 @@ def test_chat_fields_are_named_as_the_responses_request_names_them(chat_param, p
 
 def test_reasoning_effort_turns_the_templates_thinking_on_or_off():
     def kwargs(**kw):
-        return chat_request(request(**kw), messages(items("Hi"))).chat_template_kwargs
+        return thinking_kwargs(chat_request(request(**kw), messages(items("Hi"))))
 
     assert kwargs() is None
+    assert chat_request(request(reasoning={"effort": "low"}), messages(items("Hi"))).reasoning_effort == "low"
     assert kwargs(reasoning={"effort": "none"}) == {"enable_thinking": False}
     assert kwargs(reasoning={"effort": "minimal"}) == {"enable_thinking": False}
     assert kwargs(reasoning={"effort": "high"}) == {"enable_thinking": True}
