@@ -114,3 +114,32 @@ _RENAMES = (
 def renamed(err: ApiError) -> ApiError:
     """The chat route's error with its field named as the Ollama request names it."""
     return with_param_renamed(err, _RENAMES)
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: Any) -> float | None:
+    """Ollama's keep_alive in seconds: a number of seconds or a Go duration ("5m", "1h30m", "-1s");
+    negative: never unloaded for idleness (inf). None when not given; a 400 naming it when not
+    readable."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (text := value.strip()):
+        sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.lstrip("+"))
+        try:
+            seconds = sign * float(body)  # a plain number: seconds
+        except ValueError:
+            parts = _DURATION_PART.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise bad_request(f"keep_alive {value!r} is not a duration (seconds, or Go's form: 30s, 5m, 1h30m)",
+                                  param="keep_alive") from None
+            seconds = sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    else:
+        raise bad_request("keep_alive must be a number of seconds or a duration string", param="keep_alive")
+    if seconds != seconds:  # NaN
+        raise bad_request("keep_alive must be a number", param="keep_alive")
+    return float("inf") if seconds < 0 else seconds

@@ -4,8 +4,8 @@ libraries) run against the appliance unchanged: /api/chat, /api/generate, /api/e
 
 Generation is asked as a chat request would ask it (api/ollama_input.py) and streamed as
 newline-delimited JSON. The model set is the config's: pulling, pushing, creating, copying and
-deleting models are refused, and keep_alive and load-time options are left to the strategy and
-the config."""
+deleting models are refused, and load-time options are left to the config. keep_alive holds
+where the strategy loads on demand and may unload the model (engine/manager.py ask_keep_alive)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import msgspec
 from .. import __version__
 from ..config import Config, GroupConfig
 from ..engine import gguf_header, reasoning
-from ..engine.manager import ModelManager
+from ..engine.manager import ModelBusy, ModelManager, PolicyRefused
 from ..engine.prefix import file_sha256
 from ..engine.runner import ModelRunner
 from ..resources import file_facts
@@ -33,6 +33,7 @@ from .generation import (
     chat_answer_plan,
     errors_renamed,
     generation_runner,
+    manager_error,
     request_sampling,
 )
 from .http import Request
@@ -94,12 +95,36 @@ class OllamaRoutes:
     async def _body(self, request: Request, decoder: msgspec.json.Decoder):
         return decoded(decoder, await request.body(self.config.server.limits.max_body_bytes))
 
+    async def _keep_alive(self, name: str, value: object, only_that: bool) -> bool:
+        """Take a request's keep_alive for model `name` (manager.ask_keep_alive: where the strategy
+        loads on demand and may unload it). `only_that` (no messages or prompt) with keep_alive 0
+        is Ollama's way to unload a model now: True when that was asked, and done or due once the
+        model's requests finish."""
+        seconds = ollama_input.keep_alive_seconds(value)
+        if name not in self.manager.runners:
+            return False  # a group, or unknown (the generation route says so)
+        if not (only_that and seconds == 0):
+            self.manager.ask_keep_alive(name, seconds)
+            return False
+        try:
+            await asyncio.to_thread(self.manager.unload, name)
+        except ModelBusy:
+            pass  # unloaded once idle
+        except PolicyRefused as e:
+            raise manager_error(e) from None
+        self.manager.ask_keep_alive(name, 0.0)
+        return True
+
     # ---- generation ------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> None:
         with errors_renamed(ollama_input.renamed):
             req: OllamaChatRequest = await self._body(request, _chat)
             req = msgspec.structs.replace(req, model=self._name(req.model))
+            if await self._keep_alive(req.model, req.keep_alive, only_that=not req.messages):
+                await request.json(200, OllamaAnswer(model=req.model, created_at=now(), done=True,
+                                                     done_reason="unload", message=OllamaReply("assistant", "")))
+                return
             group = self.config.group(req.model)  # a group may not share a model's name (config.py)
             if group is not None and self.groups is not None and req.messages:
                 await self._group(request, req, group)
@@ -124,6 +149,10 @@ class OllamaRoutes:
         with errors_renamed(ollama_input.renamed):
             req: OllamaGenerateRequest = await self._body(request, _generate)
             req = msgspec.structs.replace(req, model=self._name(req.model))
+            if await self._keep_alive(req.model, req.keep_alive, only_that=not req.prompt):
+                await request.json(200, OllamaAnswer(model=req.model, created_at=now(), response="", done=True,
+                                                     done_reason="unload"))
+                return
             runner = await generation_runner(self.manager, req.model)
             if not req.prompt:
                 await request.json(200, OllamaAnswer(model=req.model, created_at=now(), response="", done=True,
@@ -154,6 +183,7 @@ class OllamaRoutes:
         texts = [req.input] if isinstance(req.input, str) else req.input
         if not texts or not all(texts):
             raise bad_request("input must be a non-empty string or list of non-empty strings", param="input")
+        await self._keep_alive(self._name(req.model), req.keep_alive, only_that=False)
         vectors, prompts = await self.embeddings.vectors(self._name(req.model), texts, req.dimensions)
         await request.json(200, OllamaEmbeddings(model=req.model, embeddings=[v.tolist() for v in vectors],
                                            total_duration=time.monotonic_ns() - t0, load_duration=0,
@@ -222,8 +252,8 @@ class OllamaRoutes:
                     continue
                 details, _, digest, modified = self._facts(name, runner)
                 b = runner.loaded.buffers
-                keep = self.manager.policy.keep_alive_s(name)
-                expires = _iso(time.time() + keep) if keep else "9999-12-31T23:59:59Z"  # pinned: never
+                at = self.manager.idle_unload_at(name)
+                expires = _iso(at) if at is not None else "9999-12-31T23:59:59Z"  # pinned, or kept: never
                 out.append(OllamaRunningModel(name=name, model=name, modified_at=modified,
                                               size=self.manager.measured(runner), digest=digest, details=details,
                                               expires_at=expires, size_vram=b.device, context_length=runner.n_ctx))

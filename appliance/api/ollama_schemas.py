@@ -61,7 +61,7 @@ class _Common(Struct, frozen=True, kw_only=True):
     format: str | dict[str, Any] | None = None  # "json" or a JSON Schema
     options: OllamaOptions | None = None
     think: bool | str | None = None  # true/false, or a level (high, medium, low): on, with the level's budget
-    keep_alive: Any = None  # the strategy decides what stays loaded
+    keep_alive: Any = None  # seconds or a Go duration (ollama_input.keep_alive_seconds)
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     # EIE's (and llama-server's) extensions, as on chat requests

@@ -114,6 +114,9 @@ class ModelManager:
         self.estimates: dict[str, Estimate | None] = {}
         self._estimated: dict[str, ModelConfig] = {}  # the config each estimate was made for
         self.last_used: dict[str, float] = {}
+        # A client's keep-alive for a model (Ollama's keep_alive), over the strategy's: seconds
+        # idle before unloading (inf: never for idleness); where the strategy may unload it.
+        self.keep_alive_asked: dict[str, float] = {}
         self.events: collections.deque[dict] = collections.deque(maxlen=100)
         self.counters = collections.Counter()
         # (model, event kind) -> count, for the metrics: load, load_failed, eviction, unload, kv_change, ...
@@ -692,6 +695,34 @@ class ModelManager:
                 raise ModelBusy(f"model {name!r} has requests in flight")
             self._unload(name, "unloaded on request")
 
+    def ask_keep_alive(self, name: str, seconds: float | None) -> None:
+        """A client's keep-alive for `name` (None: the strategy's again). It holds only where the
+        strategy loads on demand and may unload the model; elsewhere the strategy decides."""
+        if seconds is None:
+            self.keep_alive_asked.pop(name, None)
+        else:
+            self.keep_alive_asked[name] = seconds
+
+    def idle_limit_s(self, name: str) -> float | None:
+        """Idle seconds before `name` is unloaded (None: never for idleness)."""
+        if not self.policy.loads_on_demand:
+            return None
+        asked = self.keep_alive_asked.get(name)
+        if asked is not None and self.policy.refuse_unload(name) is None:
+            return None if asked == float("inf") else asked
+        return self.policy.keep_alive_s(name)
+
+    def idle_unload_at(self, name: str) -> float | None:
+        """When (time.time()) an idle `name` is unloaded at the latest, if it stays idle (None: never)."""
+        limit = self.idle_limit_s(name)
+        if limit is None:
+            return None
+        runner = self.runners[name]
+        now = time.monotonic()
+        idle_since = now if runner.running() or runner.queue_depth() else max(
+            self.last_used.get(name, now), runner.last_finished)
+        return time.time() + max(0.0, idle_since + limit - now)
+
     def _unload(self, name: str, why: str) -> None:
         runner = self.runners[name]
         runner.stop()
@@ -739,7 +770,7 @@ class ModelManager:
                         continue
                     now = time.monotonic()
                     for name, r in list(self.runners.items()):
-                        ka = self.policy.keep_alive_s(name)
+                        ka = self.idle_limit_s(name)
                         idle_since = max(self.last_used.get(name, now), r.last_finished)
                         if (ka is not None and r.state == "ready" and not r.running() and not r.queue_depth()
                                 and now - idle_since > ka):
