@@ -12,7 +12,7 @@ import msgspec
 from ..config import Config
 from ..engine.manager import ModelManager
 from . import anthropic_input
-from .answer_relay import relay_chat, relay_whole
+from .answer_relay import relay_chat
 from .anthropic_output import MessageEvents
 from .anthropic_schemas import MessagesRequest, TokenCount
 from .errors import bad_request, decoded
@@ -55,10 +55,8 @@ class AnthropicRoutes:
         chat = anthropic_input.chat_request(req)
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
-            answer = await self.groups.one_answer(request, chat, group)
-            if answer is not None:
-                writer = MessageEvents(req.model, answer[2].prompt_tokens)
-                await relay_whole(request, writer, *answer, req.stream)
+            await self.groups.relay_answer(request, chat, group, lambda tokens: MessageEvents(req.model, tokens),
+                                           req.stream)
             return
         runner = await generation_runner(self.manager, req.model)
         prompt, params, shape = await chat_answer_plan(runner, chat)

@@ -10,16 +10,19 @@ Streamed, under the `strict` fallback (where any failure fails the whole answer)
 group's members and a chain's last member stream as they write. Under the other fallbacks a
 member may fail half-way or run again, so a member's text goes out when it is done and nothing
 sent is taken back; a fanout's selected answer goes out once chosen, and a chain cut short gives
-its output at the end."""
+its output at the end. The one-answer APIs (Responses, Messages, Ollama) take a chain or a fanout
+the same way (`relay_answer`), through their own writers."""
 
 from __future__ import annotations
 
 import time
 import uuid
 
+from typing import Callable
+
 from ..config import GroupConfig
 from ..groups.executor import GroupCall, GroupResult, MemberResult
-from .answer_relay import Ending
+from .answer_relay import AnswerWriter, Ending, Event, named_event, relay_whole
 from .chat_answer import Parts
 from .errors import ApiError, bad_request
 from .group_routes import GroupRoutes, failure_body
@@ -58,6 +61,16 @@ def _answers(group: GroupConfig, result: GroupResult) -> list[tuple[int, str, st
     return [(0, result.output or "", by.reasoning if by else None, (by.finish_reason if by else None) or "stop")]
 
 
+def _ending(result: GroupResult, reason: str) -> Ending:
+    """A group answer's end as answer_relay's writers take it: the members' tokens summed."""
+    usage = _usage(result)
+    return Ending(Parts(None, None, None, reason), usage.prompt_tokens, 0, usage.completion_tokens, 0, None)
+
+
+def _group_failed(result: GroupResult) -> ApiError:
+    return ApiError(502, failure_body(result).message, type="upstream_error", code="group_failed")
+
+
 class GroupChat:
     def __init__(self, groups: GroupRoutes):
         self.groups = groups
@@ -75,25 +88,32 @@ class GroupChat:
         return await self.groups.group_call(
             req, req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)
 
-    async def one_answer(self, request: Request, req: ChatRequest, group: GroupConfig
-                         ) -> tuple[str | None, str, Ending] | None:
+    async def relay_answer(self, request: Request, req: ChatRequest, group: GroupConfig,
+                           writer_for: Callable[[int], AnswerWriter], stream: bool,
+                           framing: Callable[[Event], bytes] = named_event,
+                           content_type: bytes = b"text/event-stream") -> None:
         """A chain's output or a fanout's choice, for APIs with one answer (the Responses,
-        Messages and Ollama APIs): its reasoning, its text, and its end as answer_relay's writers
-        take it (the members' tokens summed); None when the client went away."""
+        Messages and Ollama APIs), through the writer `writer_for(prompt tokens)` makes. Streamed,
+        a chain under `strict` streams its last member as it writes; otherwise the answer goes out
+        in one go once the group is done (a member may fail half-way and run again, a fanout
+        chooses at the end)."""
         if group.type == "parallel":
             raise bad_request(f"the group {group.name!r} is parallel: it has one answer per member; ask it through "
                               "/v1/chat/completions (one choice each) or /v1/batch/execute", param="model")
         call = await self._call(req, group)
+        if stream and group.type == "sequential" and group.fallback == "strict":
+            await _LiveAnswer(self.groups, request, group, call, writer_for, framing, content_type).run()
+            return
         result = await self.groups.run_watched(request, group, call)
         if result is None:
-            return None
+            return  # the client went away; the group's sequences were cancelled
         self.groups.on_result(group.name, result)
         if result.failed:
-            raise ApiError(502, failure_body(result).message, type="upstream_error", code="group_failed")
+            raise _group_failed(result)
         _, text, thought, reason = _answers(group, result)[0]
-        usage = _usage(result)
-        return thought, text, Ending(Parts(None, None, None, reason), usage.prompt_tokens, 0, usage.completion_tokens,
-                                     0, None)
+        ending = _ending(result, reason)
+        await relay_whole(request, writer_for(ending.prompt_tokens), thought, text, ending, stream, framing,
+                          content_type)
 
     async def chat(self, request: Request, req: ChatRequest, group: GroupConfig) -> None:
         call = await self._call(req, group)
@@ -107,7 +127,7 @@ class GroupChat:
             return  # the client went away; the group's sequences were cancelled
         self.groups.on_result(group.name, result)
         if result.failed:
-            raise ApiError(502, failure_body(result).message, type="upstream_error", code="group_failed")
+            raise _group_failed(result)
         choices = [ChatChoice(i, AssistantMessage("assistant", text, None, thought), reason)
                    for i, text, thought, reason in _answers(group, result)]
         await request.json(200, ChatCompletion(cid, created, group.name, choices, _usage(result),
@@ -168,7 +188,7 @@ class _GroupStream:
             if result.failed:
                 err = failure_body(result)
                 if not self.sse.started:
-                    raise ApiError(502, err.message, type="upstream_error", code="group_failed")
+                    raise _group_failed(result)
                 await self.sse.raw(b"data: " + encoder.encode(ErrorEnvelope(err)) + b"\n\n")
             else:  # a fanout's choice, a chain cut short: what no member's end has given
                 for index, text, thought, reason in _answers(self.group, result):
@@ -178,6 +198,58 @@ class _GroupStream:
             if self.include_usage and not result.failed:
                 await self.sse.event(self._chunk([], _usage(result)))
             await self.sse.raw(b"data: [DONE]\n\n")
+            await self.sse.close()
+        except OSError:
+            return  # the client went away; the executor's sequences were cancelled with its tasks
+
+
+class _LiveAnswer:
+    """A strict chain's one answer streamed through an API's writer as its last member writes;
+    the writer starts with the last member's first piece (its prompt tokens counted so far: the
+    members before it), and a failure after that is the writer's in-band error."""
+
+    def __init__(self, groups: GroupRoutes, request: Request, group: GroupConfig, call: GroupCall,
+                 writer_for: Callable[[int], AnswerWriter], framing: Callable[[Event], bytes],
+                 content_type: bytes) -> None:
+        self.groups, self.group, self.call = groups, group, call
+        self.sse = EventStream(request, content_type=content_type)
+        self.writer_for, self.framing = writer_for, framing
+        self.writer: AnswerWriter | None = None
+        self.prompt_tokens = 0  # of the members done
+        self.last = len(group.models) - 1
+
+    async def _send(self, events: list[Event]) -> None:
+        for event in events:
+            await self.sse.raw(self.framing(event))
+
+    async def _started(self) -> AnswerWriter:
+        if self.writer is None:
+            self.writer = self.writer_for(self.prompt_tokens)
+            await self._send(self.writer.start())
+        return self.writer
+
+    async def _delta(self, m: MemberResult, text: str, thought: str) -> None:
+        if m.index == self.last and (text or thought):
+            await self._send((await self._started()).push(thought, text, []))
+
+    async def _done(self, m: MemberResult) -> None:
+        self.prompt_tokens += m.prompt_tokens
+
+    async def run(self) -> None:
+        try:
+            result = await self.groups.executor.run(self.group, self.call, self._delta, self._done)
+            self.groups.on_result(self.group.name, result)
+            if result.failed:
+                if self.writer is None:
+                    raise _group_failed(result)
+                await self._send(self.writer.failed(_group_failed(result)))
+            else:
+                _, text, thought, reason = _answers(self.group, result)[0]
+                streamed = self.writer is not None
+                writer = await self._started()
+                if not streamed:  # a chain cut short before its last member: its output at the end
+                    await self._send(writer.push(thought or "", text, []))
+                await self._send(writer.finish(_ending(result, reason)))
             await self.sse.close()
         except OSError:
             return  # the client went away; the executor's sequences were cancelled with its tasks

@@ -24,7 +24,7 @@ from ..engine.prefix import file_sha256
 from ..engine.runner import ModelRunner
 from ..resources import file_facts
 from . import ollama_input
-from .answer_relay import NDJSON, json_line, relay_chat, relay_whole
+from .answer_relay import NDJSON, json_line, relay_chat
 from .chat_answer import AnswerShape
 from .embedding_routes import EmbeddingRoutes
 from .group_chat import GroupChat
@@ -139,11 +139,10 @@ class OllamaRoutes:
             await self._generate(request, runner, chat, prompt, params, shape, req.stream, chat_answer=True)
 
     async def _group(self, request: Request, req: OllamaChatRequest, group: GroupConfig) -> None:
-        """A group's one answer (api/group_chat.py), as one piece and the end when streamed."""
+        """A group's one answer (api/group_chat.py), live from a strict chain's last member, else at the end."""
         writer = OllamaEvents(req.model, True, False)
-        answer = await self.groups.one_answer(request, ollama_input.chat_request(req), group)
-        if answer is not None:
-            await relay_whole(request, writer, *answer, req.stream, framing=json_line, content_type=NDJSON)
+        await self.groups.relay_answer(request, ollama_input.chat_request(req), group, lambda _: writer, req.stream,
+                                       framing=json_line, content_type=NDJSON)
 
     async def generate(self, request: Request) -> None:
         with errors_renamed(ollama_input.renamed):

@@ -15,7 +15,7 @@ from ..config import Config
 from ..engine.manager import ModelManager
 from ..observability import context
 from . import responses_input
-from .answer_relay import relay_chat, relay_whole
+from .answer_relay import relay_chat
 from .group_chat import GroupChat
 from .errors import ApiError, bad_request, decoded
 from .generation import (
@@ -92,9 +92,7 @@ class ResponsesRoutes:
         writer = ResponseEvents(base, bool(chat.logprobs), keep)
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
-            answer = await self.groups.one_answer(request, chat, group)
-            if answer is not None:
-                await relay_whole(request, writer, *answer, req.stream)
+            await self.groups.relay_answer(request, chat, group, lambda _: writer, req.stream)
             return
         runner = await generation_runner(self.manager, req.model)
         prompt, params, shape = await chat_answer_plan(runner, chat)

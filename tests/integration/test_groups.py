@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from conftest import GEMMA3, SMOLLM2, model_entry
@@ -47,6 +49,10 @@ def groups_server(server_factory, tmp_path_factory):
                  "prompt_templates": [None, "Translate to French: {input}"],
                  "fallback": {"replace_with": "smollm2-135m-b"}},
                 {"name": "chain-partial", "models": ["corrupt", "smollm2-135m"], "type": "sequential"},
+                {"name": "chain-strict", "models": ["smollm2-135m", "smollm2-135m-b"], "type": "sequential",
+                 "prompt_templates": [None, "Translate to French: {input}"], "fallback": "strict"},
+                {"name": "chain-strict-fails", "models": ["smollm2-135m", "corrupt"], "type": "sequential",
+                 "fallback": "strict"},
                 {"name": "vote", "models": ["smollm2-135m"], "type": "fanout", "samples": 4, "select": "consensus"},
                 {"name": "logprob", "models": ["smollm2-135m", "gemma3-270m"], "type": "fanout", "samples": 2,
                  "select": "logprob"},
@@ -337,3 +343,28 @@ def test_the_responses_and_messages_apis_ask_a_chain_as_a_model(groups_server):
     assert message["content"] == [{"type": "text", "text": chain["output"]}] and message["stop_reason"] == "end_turn"
     r = httpx.post(groups_server.base + "/v1/messages", json={"model": "core", "messages": Q, "max_tokens": 8})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"  # parallel: one answer per member
+
+
+def test_a_strict_chain_streams_its_last_member_live_through_the_one_answer_apis(groups_server):
+    chain = ok(run(groups_server, "chain-strict", "/v1/chain/execute", top_k=40, top_p=0.9))
+    body = {"model": "chain-strict", "messages": Q, "options": {"temperature": 0, "num_predict": 24}}
+    lines = [json.loads(line) for line in httpx.post(groups_server.base + "/api/chat", json=body,
+                                                      timeout=120).text.splitlines()]
+    assert len(lines) > 2 and "".join(line["message"]["content"] for line in lines) == chain["output"]
+    assert lines[-1]["done"] and lines[-1]["eval_count"] == sum(m["usage"]["completion_tokens"] for m in chain["members"])
+    greedy = ok(run(groups_server, "chain-strict", "/v1/chain/execute"))
+    client = anthropic.Anthropic(base_url=groups_server.base, api_key="none")
+    with client.messages.stream(model="chain-strict", max_tokens=24, messages=Q, extra_body={"temperature": 0}) as s:
+        texts = list(s.text_stream)
+        message = s.get_final_message()
+    assert len(texts) > 1 and "".join(texts) == greedy["output"] == message.content[0].text
+    assert message.usage.input_tokens == sum(m["usage"]["prompt_tokens"] for m in greedy["members"])
+    responses = openai.OpenAI(base_url=groups_server.base + "/v1", api_key="none")
+    with responses.responses.stream(model="chain-strict", input=Q, max_output_tokens=24, temperature=0) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert len(deltas) > 1 and "".join(deltas) == final.output_text == greedy["output"]
+    # the second member fails before it writes: nothing was sent, so the failure keeps its status
+    r = httpx.post(groups_server.base + "/v1/messages", timeout=120, json={
+        "model": "chain-strict-fails", "messages": Q, "max_tokens": 24, "stream": True})
+    assert r.status_code == 502 and r.json()["error"]["type"] == "api_error", r.text
