@@ -9,7 +9,17 @@ from typing import Any
 
 from .errors import ApiError, bad_request, with_param_renamed
 from .anthropic_schemas import MessagesRequest
-from .schemas import ChatMessage, ChatRequest, FunctionCall, FunctionDef, Tool, ToolCall, ToolChoice, ToolChoiceFunction
+from .schemas import (
+    ChatMessage,
+    ChatRequest,
+    FunctionCall,
+    FunctionDef,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceFunction,
+    extra_samplers,
+)
 
 _SKIPPED = ("thinking", "redacted_thinking")  # an earlier answer's thinking: chat templates leave it out
 
@@ -105,6 +115,7 @@ def chat_request(req: MessagesRequest) -> ChatRequest:
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
         reasoning_format=req.reasoning_format, chat_template_kwargs=kwargs, thinking_budget_tokens=budget,
         speculative=req.speculative,
+        **extra_samplers(req),
     )
 
 

@@ -91,6 +91,21 @@ def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:
         frequency_penalty=req.frequency_penalty,
         seed=None if req.seed is None else req.seed & 0xFFFFFFFF,
         logit_bias=bias,
+        penalty_last_n=req.repeat_last_n,
+        dry_multiplier=req.dry_multiplier,
+        dry_base=req.dry_base,
+        dry_allowed_length=req.dry_allowed_length,
+        dry_penalty_last_n=req.dry_penalty_last_n,
+        **({"dry_sequence_breakers": tuple(req.dry_sequence_breakers)} if req.dry_sequence_breakers is not None else {}),
+        top_n_sigma=req.top_n_sigma,
+        typical_p=req.typical_p,
+        xtc_probability=req.xtc_probability,
+        xtc_threshold=req.xtc_threshold,
+        dynatemp_range=req.dynatemp_range,
+        dynatemp_exponent=req.dynatemp_exponent,
+        mirostat=req.mirostat,
+        mirostat_tau=req.mirostat_tau,
+        mirostat_eta=req.mirostat_eta,
     )
 
 

@@ -75,7 +75,7 @@ def _chat(req: OllamaChatRequest | OllamaGenerateRequest, messages: list[ChatMes
     opts = req.options or OllamaOptions()
     sampling: dict[str, Any] = {k: v for k, v in DEFAULTS.items() if getattr(opts, k) is None}
     for key in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty", "presence_penalty",
-                "frequency_penalty"):
+                "frequency_penalty", "repeat_last_n", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta"):
         if getattr(opts, key) is not None:
             sampling[key] = getattr(opts, key)
     if opts.num_predict == 0:

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from .schemas import ChatTokenLogprob, Penalty, Probability, StopList, Temperature
+from .schemas import ChatTokenLogprob, LastN, Penalty, Probability, StopList, Temperature
 
 
 class OllamaOptions(Struct, frozen=True, kw_only=True):
@@ -24,6 +24,11 @@ class OllamaOptions(Struct, frozen=True, kw_only=True):
     repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    repeat_last_n: LastN | None = None
+    typical_p: Probability | None = None
+    mirostat: Literal[0, 1, 2] | None = None
+    mirostat_tau: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    mirostat_eta: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
 
 
 class OllamaFunctionCall(Struct, frozen=True):

@@ -20,6 +20,7 @@ from .schemas import (
     ToolCall,
     ToolChoice,
     ToolChoiceFunction,
+    extra_samplers,
 )
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -149,6 +150,7 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
         parallel_tool_calls=req.parallel_tool_calls and req.max_tool_calls is None, reasoning_format=req.reasoning_format,
         chat_template_kwargs=req.chat_template_kwargs, reasoning_effort=_effort(req), speculative=req.speculative,
         logprobs=logprobs or None, top_logprobs=req.top_logprobs if logprobs else None,
+        **extra_samplers(req),
     )
 
 

@@ -81,6 +81,7 @@ class ResponseFormat(Struct, frozen=True):
     schema: Any = None
 
 
+LastN = Annotated[int, Meta(ge=-1, le=1_048_576)]  # tokens looked back at; -1: the context, 0: off
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
@@ -100,6 +101,33 @@ class SamplingKnobs(Struct, frozen=True, kw_only=True):
     # llama-server's extension: a GBNF grammar (start symbol `root`) the output must follow.
     grammar: Annotated[str, Meta(min_length=1, max_length=65536)] | None = None
     stream: bool = False
+    # llama-server's further samplers (engine/sampling.py build_chain), with its names and defaults.
+    repeat_last_n: LastN = 64
+    dry_multiplier: Annotated[float, Meta(ge=0.0, le=100.0)] = 0.0
+    dry_base: Annotated[float, Meta(ge=1.0, le=100.0)] = 1.75
+    dry_allowed_length: Annotated[int, Meta(ge=0, le=10_000)] = 2
+    dry_penalty_last_n: LastN = -1
+    dry_sequence_breakers: Annotated[list[Annotated[str, Meta(min_length=1, max_length=40)]],
+                                     Meta(max_length=64)] | None = None  # None: "\n", ":", "\"", "*"
+    top_n_sigma: Annotated[float, Meta(ge=-1.0, le=1000.0)] = -1.0
+    typical_p: Probability = 1.0
+    xtc_probability: Probability = 0.0
+    xtc_threshold: Probability = 0.1
+    dynatemp_range: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.0
+    dynatemp_exponent: Annotated[float, Meta(ge=0.0, le=100.0)] = 1.0
+    mirostat: Literal[0, 1, 2] = 0
+    mirostat_tau: Annotated[float, Meta(ge=0.0, le=100.0)] = 5.0
+    mirostat_eta: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.1
+
+
+# The SamplingKnobs fields beyond OpenAI's that API adapters hand on to a chat request as they are.
+EXTRA_SAMPLERS = ("repeat_last_n", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                  "dry_sequence_breakers", "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold",
+                  "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta")
+
+
+def extra_samplers(req: SamplingKnobs) -> dict[str, Any]:
+    return {name: getattr(req, name) for name in EXTRA_SAMPLERS}
 
 
 class SamplingOptions(SamplingKnobs, frozen=True, kw_only=True):

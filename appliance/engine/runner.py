@@ -672,9 +672,10 @@ class ModelRunner:
                 seq.spec = self.spec.new_sequence(seq.req.prompt)
                 # a grammar draws with the chain: its check-first pick is sample-and-compare,
                 # which for the deterministic drafts here is the rejection rule
-                if not params.greedy and seq.grammar is None:
+                if not params.greedy and seq.grammar is None and not params.draws_itself:
                     seq.rng = np.random.default_rng(params.seed)
-            seq.chain = build_chain(params, self.loaded.n_vocab, draw=seq.rng is None)
+            seq.chain = build_chain(params, self.loaded.vocab, self.loaded.n_vocab, self.cfg.n_ctx,
+                                    draw=seq.rng is None)
             seq.argmax = params.plain_greedy
             seq.stream = TextStream(seq.req.stop)
             self._active.append(seq)

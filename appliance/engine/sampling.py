@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import random
 from dataclasses import dataclass, field, replace
 
@@ -27,7 +28,25 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    penalty_last_n: int = 64
+    penalty_last_n: int = 64  # -1: the context
+    # llama-server's further samplers, in its order after the penalties: DRY (a penalty on tokens
+    # that would extend a repeated sequence), top-n-sigma, top-k, typical, top-p, min-p, XTC
+    # (drops the likeliest tokens but one, with a probability), temperature (dynamic with a
+    # range); mirostat (1 or 2) replaces the truncations and the draw.
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1  # -1: the context
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    top_n_sigma: float = -1.0  # <= 0: off
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     seed: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     # A GBNF grammar (start symbol `root`) the output must follow (grammar.Constraint).
@@ -45,7 +64,14 @@ class SamplingParams:
     def stateless(self) -> bool:
         """No penalties: the chain keeps nothing of the tokens it is told were taken, so a draw
         can be discarded (a grammar's refusal) without telling it."""
-        return self.repeat_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+        return (self.repeat_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+                and self.dry_multiplier == 0.0 and self.mirostat == 0)
+
+    @property
+    def draws_itself(self) -> bool:
+        """Mirostat picks the token inside its own step: there is no distribution to hand to
+        speculative decoding's rejection rule, so drafts are sampled and compared instead."""
+        return self.mirostat != 0 and not self.greedy
 
     @property
     def plain_greedy(self) -> bool:
@@ -61,11 +87,14 @@ def with_seed_offset(params: SamplingParams, k: int) -> SamplingParams:
     return replace(params, seed=(params.seed + k) & 0xFFFFFFFF)
 
 
-def build_chain(params: SamplingParams, n_vocab: int, draw: bool = True) -> lc.llama_sampler_p:
-    """A sampler chain in llama.cpp's usual order: bias, penalties, truncation, temperature, draw.
+def build_chain(params: SamplingParams, vocab: lc.llama_vocab_p, n_vocab: int, n_ctx: int,
+                draw: bool = True) -> lc.llama_sampler_p:
+    """A sampler chain in llama-server's order: bias, penalties, DRY, truncations, temperature,
+    draw (mirostat: temperature, then mirostat's own draw). -1 for a `last_n` is the context.
 
-    `draw=False` (sampled params only) leaves the draw out: applied to a candidate array, the
-    chain then yields the distribution the draw would use (speculative decoding's rejection rule).
+    `draw=False` (sampled params without mirostat) leaves the draw out: applied to a candidate
+    array, the chain then yields the distribution the draw would use (speculative decoding's
+    rejection rule).
     """
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
     add = lc.llama_sampler_chain_add
@@ -77,27 +106,45 @@ def build_chain(params: SamplingParams, n_vocab: int, draw: bool = True) -> lc.l
             arr[i].bias = bias
         add(chain, lc.llama_sampler_init_logit_bias(n_vocab, len(items), arr))
     if params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-        add(
-            chain,
-            lc.llama_sampler_init_penalties(
-                n_vocab,
-                params.penalty_last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
-            ),
-        )
+        last_n = n_ctx if params.penalty_last_n < 0 else params.penalty_last_n
+        add(chain, lc.llama_sampler_init_penalties(n_vocab, last_n, params.repeat_penalty, params.frequency_penalty,
+                                                    params.presence_penalty))
+    if params.dry_multiplier > 0.0:
+        breakers = [b.encode() for b in params.dry_sequence_breakers]
+        arr = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
+        last_n = n_ctx if params.dry_penalty_last_n < 0 else params.dry_penalty_last_n
+        add(chain, lc.llama_sampler_init_dry(vocab, params.dry_multiplier, params.dry_base, params.dry_allowed_length,
+                                             last_n, arr, len(breakers)))
+    seed = (params.seed if params.seed is not None else random.getrandbits(32)) & 0xFFFFFFFF
     if params.greedy:
         add(chain, lc.llama_sampler_init_greedy())
         return chain
+    if params.mirostat:
+        add(chain, lc.llama_sampler_init_temp(params.temperature))
+        if params.mirostat == 1:
+            add(chain, lc.llama_sampler_init_mirostat(n_vocab, seed, params.mirostat_tau, params.mirostat_eta, 100))
+        else:
+            add(chain, lc.llama_sampler_init_mirostat_v2(seed, params.mirostat_tau, params.mirostat_eta))
+        return chain
+    if params.top_n_sigma > 0.0:
+        add(chain, lc.llama_sampler_init_top_n_sigma(params.top_n_sigma))
     if params.top_k > 0:
         add(chain, lc.llama_sampler_init_top_k(params.top_k))
+    if params.typical_p < 1.0:
+        add(chain, lc.llama_sampler_init_typical(params.typical_p, 1))
     if params.top_p < 1.0:
         add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
     if params.min_p > 0.0:
         add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
-    add(chain, lc.llama_sampler_init_temp(params.temperature))
+    if params.xtc_probability > 0.0:
+        add(chain, lc.llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, 1, seed))
+    if params.dynatemp_range > 0.0:
+        add(chain, lc.llama_sampler_init_temp_ext(params.temperature, params.dynatemp_range, params.dynatemp_exponent))
+    else:
+        add(chain, lc.llama_sampler_init_temp(params.temperature))
     if not draw:
         return chain
-    seed = params.seed if params.seed is not None else random.getrandbits(32)
-    add(chain, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+    add(chain, lc.llama_sampler_init_dist(seed))
     return chain
 
 
