@@ -6,13 +6,11 @@ streamed and the whole answer to one request have the same parts."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..config import Config
 from ..engine.client import Generations, fit_max_tokens
-from ..engine.native import Vocab
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from ..engine.sampling import SamplingParams
 from .chat_answer import AnswerShape, Parts
@@ -31,7 +29,7 @@ class Ending:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
-    reasoning_tokens: int  # the think block's text, tokenized
+    reasoning_tokens: int  # generated inside the think block (runner.Finished)
     stop_string: str | None  # the request's stop string that ended it
 
 
@@ -61,13 +59,12 @@ NDJSON = b"application/x-ndjson"
 
 
 async def relay(request: Request, gens: Generations, shape: AnswerShape, writer: AnswerWriter, stream: bool,
-                vocab: Vocab, framing: Callable[[Event], bytes] = named_event,
+                framing: Callable[[Event], bytes] = named_event,
                 content_type: bytes = b"text/event-stream") -> None:
     """Stream `writer`'s events (`framing` makes each one bytes), or answer its whole result. A
     failure before the first token keeps its HTTP status; after it, the writer says it in-band."""
     sse = EventStream(request, content_type=content_type) if stream else None
     reader = None if shape.plain else shape.reader()
-    thoughts: list[str] = []
     started = False
 
     async def send(events: list[Event]) -> None:
@@ -84,16 +81,12 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
                 await send(writer.start())
             if isinstance(ev, TextDelta):
                 thought, text = reader.push(ev.text) if reader else ("", ev.text)
-                thoughts.append(thought)
                 logprobs = chat_logprobs(ev.logprobs).content if ev.logprobs else []
                 await send(writer.push(thought, text, logprobs))
             elif isinstance(ev, Finished):
                 parts = reader.finish(ev.reason) if reader else Parts(None, None, None, ev.reason)
-                thinking = "".join(thoughts) + (parts.reasoning or "")
-                counted = (await asyncio.to_thread(vocab.tokenize, thinking, add_special=False, parse_special=False)
-                           if thinking else [])
                 await send(writer.finish(Ending(parts, ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens,
-                                                min(len(counted), ev.completion_tokens), ev.stop_string)))
+                                                ev.reasoning_tokens, ev.stop_string)))
             elif isinstance(ev, Failed):
                 err = failure_error(ev)
                 if sse is None:
@@ -122,7 +115,7 @@ async def relay_chat(request: Request, config: Config, runner: ModelRunner, chat
     top = (chat.top_logprobs or 0) if chat.logprobs else None
     gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(config),
                                                   top_logprobs=top, speculative=chat.speculative)])
-    await serve(request, gens, lambda: relay(request, gens, shape, writer, stream, runner.vocab, framing,
+    await serve(request, gens, lambda: relay(request, gens, shape, writer, stream, framing,
                                              content_type))
 
 

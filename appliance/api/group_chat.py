@@ -35,6 +35,7 @@ from .schemas import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
+    CompletionTokensDetails,
     Delta,
     ErrorEnvelope,
     Usage,
@@ -47,7 +48,9 @@ _PER_MODEL = ("tools", "logprobs", "top_logprobs", "chat_template_kwargs")  # an
 def _usage(result: GroupResult) -> Usage:
     prompt = sum(m.prompt_tokens for m in result.members)
     completion = sum(m.completion_tokens for m in result.members)
-    return Usage(prompt, completion, prompt + completion)
+    reasoning = sum(m.reasoning_tokens for m in result.members)
+    return Usage(prompt, completion, prompt + completion,
+                 completion_tokens_details=CompletionTokensDetails(reasoning) if reasoning else None)
 
 
 def _answers(group: GroupConfig, result: GroupResult) -> list[tuple[int, str, str | None, str]]:
@@ -64,7 +67,8 @@ def _answers(group: GroupConfig, result: GroupResult) -> list[tuple[int, str, st
 def _ending(result: GroupResult, reason: str) -> Ending:
     """A group answer's end as answer_relay's writers take it: the members' tokens summed."""
     usage = _usage(result)
-    return Ending(Parts(None, None, None, reason), usage.prompt_tokens, 0, usage.completion_tokens, 0, None)
+    reasoning = usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details else 0
+    return Ending(Parts(None, None, None, reason), usage.prompt_tokens, 0, usage.completion_tokens, reasoning, None)
 
 
 def _group_failed(result: GroupResult) -> ApiError:

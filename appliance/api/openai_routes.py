@@ -51,6 +51,7 @@ from .schemas import (
     Delta,
     ModelCard,
     ModelList,
+    CompletionTokensDetails,
     PromptTokensDetails,
     ToolCallDelta,
     TopLogprob,
@@ -65,8 +66,9 @@ _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-def _usage(outs_prompt: int, completion: int, cached: int) -> Usage:
-    return Usage(outs_prompt, completion, outs_prompt + completion, PromptTokensDetails(cached))
+def _usage(outs_prompt: int, completion: int, cached: int, reasoning: int = 0) -> Usage:
+    return Usage(outs_prompt, completion, outs_prompt + completion, PromptTokensDetails(cached),
+                 CompletionTokensDetails(reasoning) if reasoning else None)
 
 
 def _text(b: bytes) -> str:
@@ -233,8 +235,9 @@ class OpenAIRoutes:
             message = AssistantMessage("assistant", parts.content, parts.tool_calls, parts.reasoning)
             choices.append(ChatChoice(i, message, parts.finish_reason, chat_logprobs(o.logprobs) if logprobs else None))
         completion = sum(o.completion_tokens for o in outs)
+        reasoning = sum(o.reasoning_tokens for o in outs)
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
-                              _usage(outs[0].prompt_tokens, completion, outs[0].cached_tokens),
+                              _usage(outs[0].prompt_tokens, completion, outs[0].cached_tokens, reasoning),
                               system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
@@ -334,7 +337,7 @@ class OpenAIRoutes:
         """Relay events as SSE; a failure before the first byte keeps its HTTP status."""
         opened: set[int] = set()
         prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per sequence
-        completion = 0
+        completion = reasoning = 0
         try:
             async for i, ev in gens.events():
                 if isinstance(ev, Failed):
@@ -357,12 +360,13 @@ class OpenAIRoutes:
                 elif isinstance(ev, Finished):
                     prompt_tokens[i] = (ev.prompt_tokens, ev.cached_tokens)
                     completion += ev.completion_tokens
+                    reasoning += ev.reasoning_tokens
                     for out in final(i, ev.reason):
                         await sse.event(out)
             else:
                 if include_usage:
                     prompt, cached = next(iter(prompt_tokens.values()), (0, 0))
-                    await sse.event(usage(_usage(prompt, completion, cached)))
+                    await sse.event(usage(_usage(prompt, completion, cached, reasoning)))
             await sse.raw(b"data: [DONE]\n\n")
             await sse.close()
         except OSError:  # client went away mid-stream

@@ -148,7 +148,8 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
         repeat_penalty=req.repeat_penalty, seed=req.seed, stop=req.stop, logit_bias=req.logit_bias, grammar=req.grammar,
         response_format=_response_format(req), tools=_tools(req), tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls and req.max_tool_calls is None, reasoning_format=req.reasoning_format,
-        chat_template_kwargs=req.chat_template_kwargs, reasoning_effort=_effort(req), speculative=req.speculative,
+        chat_template_kwargs=req.chat_template_kwargs, reasoning_effort=_effort(req),
+        thinking_budget_tokens=req.thinking_budget_tokens, speculative=req.speculative,
         logprobs=logprobs or None, top_logprobs=req.top_logprobs if logprobs else None,
         **extra_samplers(req),
     )

@@ -81,6 +81,7 @@ class ResponsesRequest(SamplingKnobs, frozen=True, kw_only=True):
     # EIE's extensions, as on chat requests
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None
     speculative: bool = True
 
 

@@ -285,11 +285,16 @@ class PromptTokensDetails(Struct, frozen=True):
     cached_tokens: int  # prompt tokens whose KV was restored (prefix cache, a live sequence), not computed
 
 
+class CompletionTokensDetails(Struct, frozen=True):
+    reasoning_tokens: int  # generated inside a think block (engine/reasoning.py BudgetWatch)
+
+
 class Usage(Struct, frozen=True, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None  # where the answer thought
 
 
 class AssistantMessage(Struct, frozen=True, omit_defaults=True):

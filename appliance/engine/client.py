@@ -84,6 +84,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
     mean_logprob: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # GenerationRequest.prompt_logprobs
@@ -194,7 +195,7 @@ async def collect(gens: Generations) -> list[Outcome]:
             elif isinstance(ev, Finished):
                 o = outs[i]
                 o.finish_reason, o.prompt_tokens, o.completion_tokens = ev.reason, ev.prompt_tokens, ev.completion_tokens
-                o.cached_tokens = ev.cached_tokens
+                o.cached_tokens, o.reasoning_tokens = ev.cached_tokens, ev.reasoning_tokens
                 o.mean_logprob = ev.mean_logprob
             else:
                 raise GenerationFailed(ev)

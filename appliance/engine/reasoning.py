@@ -9,7 +9,8 @@ the text as the model wrote it. An answer cut short inside the block is all reas
 
 A reasoning budget (llama-server's `--reasoning-budget`) bounds the block: once the answer has
 that many tokens inside it, the runner forces the budget message and `</think>` (`BudgetWatch`),
-and the model goes on with its answer.
+and the model goes on with its answer. Without a bound the watch still counts the block's tokens
+(`reasoning_tokens` in usage).
 """
 
 from __future__ import annotations
@@ -60,21 +61,24 @@ def _starts_inside(runner: ModelRunner, prompt: list[int], sampling: SamplingPar
 
 
 def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, tokens: int) -> SamplingParams:
-    """`sampling` with a reasoning budget of `tokens` (-1: none) for an answer of `runner` to
-    `prompt`: only where the template knows think blocks and no grammar holds from the first
-    token (the forced tag would break it). `reasoning_format` does not matter: a block left in
-    the content is bounded too."""
-    if tokens < 0 or not has_tags(runner.template.source) or _grammar_from_start(sampling):
+    """`sampling` with a reasoning budget of `tokens` (-1: no bound) for an answer of `runner` to
+    `prompt`, where the template knows think blocks. A grammar from the first token leaves the
+    block unbounded (a forced tag would break it); its tokens are counted all the same.
+    `reasoning_format` does not matter: a block left in the content is bounded too."""
+    if not has_tags(runner.template.source):
         return sampling
+    if _grammar_from_start(sampling):
+        tokens = -1
     close = runner.vocab.tokenize(runner.cfg.reasoning_budget_message + "\n" + CLOSE + "\n\n",
-                                  add_special=False, parse_special=True)
+                                  add_special=False, parse_special=True) if tokens >= 0 else []
     return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), _starts_inside(runner, prompt, sampling)))
 
 
 class BudgetWatch:
     """Counts an answer's tokens inside its think block, token by token as they are generated
     (`push`), and says when the budget is spent with the block still open. A block counts only
-    where `split` reads one: opened by the prompt, or the first text of the answer."""
+    where `split` reads one: opened by the prompt, or the first text of the answer. `count` is
+    the tokens generated inside the block, the one that ends its closing tag left out."""
 
     def __init__(self, budget: ThinkBudget) -> None:
         self.limit = budget.tokens
@@ -99,15 +103,16 @@ class BudgetWatch:
             return self._due(close_seen=CLOSE in self.text)
         if self.state != "inside":
             return False
-        self.count += 1
         self.text = (self.text + piece)[-(2 * len(CLOSE)):]
+        if CLOSE not in self.text:
+            self.count += 1
         return self._due(close_seen=CLOSE in self.text)
 
     def _due(self, close_seen: bool) -> bool:
         if close_seen:
             self.state = "done"  # the model closed the block itself
             return False
-        if self.count < self.limit or partial_suffix(self.text, [CLOSE]):
+        if self.limit < 0 or self.count < self.limit or partial_suffix(self.text, [CLOSE]):
             return False  # within the budget, or the model may be writing the tag itself
         self.state = "done"
         return True

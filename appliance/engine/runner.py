@@ -93,6 +93,7 @@ class Finished:
     mean_logprob: float | None = None
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache or a live sequence
     stop_string: str | None = None  # the request's stop string that ended the answer
+    reasoning_tokens: int = 0  # tokens generated inside the think block (SamplingParams.think_budget)
 
 
 @dataclass(frozen=True)
@@ -1141,7 +1142,8 @@ class ModelRunner:
         if seq.req.logprobs:
             mean = seq.logprob_sum / max(1, seq.n_generated + (1 if reason == "stop" else 0))
         return Finished(reason, len(seq.req.prompt), seq.n_generated, mean, seq.restored,
-                        seq.stream.matched_stop if seq.stream is not None else None)
+                        seq.stream.matched_stop if seq.stream is not None else None,
+                        seq.think.count if seq.think is not None else 0)
 
     def _entry(self, piece: bytes, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
         """A token's logprobs entry (`piece`: its text), its alternatives named by their pieces."""

@@ -12,7 +12,8 @@ import llama_cpp as lc
 @dataclass(frozen=True)
 class ThinkBudget:
     """A reasoning budget: at most `tokens` generated tokens inside the think block, then the
-    `close` tokens (the budget message and the closing tag) are forced (engine/reasoning.py)."""
+    `close` tokens (the budget message and the closing tag) are forced (engine/reasoning.py);
+    -1: no bound, the block's tokens only counted."""
 
     tokens: int
     close: tuple[int, ...]

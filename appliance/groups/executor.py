@@ -36,6 +36,7 @@ class MemberResult:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, generated inside a think block
     latency_ms: float = 0.0
     error: str | None = None
     attempts: int = 0
@@ -162,6 +163,7 @@ class GroupExecutor:
                         m.reasoning, whole = reasoning.split(whole, inside)
                     m.status, m.text, m.finish_reason = "ok", whole, ev.reason
                     m.prompt_tokens, m.completion_tokens, m.mean_logprob = ev.prompt_tokens, ev.completion_tokens, ev.mean_logprob
+                    m.reasoning_tokens = ev.reasoning_tokens
                     m.latency_ms = (time.monotonic() - t0) * 1000
                     m.error = None
                 elif isinstance(ev, Failed):

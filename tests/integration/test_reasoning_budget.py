@@ -193,3 +193,35 @@ def test_ollama_think_levels_use_the_effort_budgets(server):
     r = client.chat(model="budgeted", messages=ASK, think="low", options={"temperature": 0, "num_predict": 40})
     alone = chat(server, "budgeted", reasoning_effort="low")["message"]
     assert r.message.thinking == alone["reasoning_content"] and r.message.content == alone["content"]
+
+
+def usage_of(server, model: str, **kw) -> dict:
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=300, json={
+        "model": model, "messages": ASK, "temperature": 0, "max_tokens": 40, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]
+
+
+def test_usage_counts_the_tokens_generated_inside_the_block(server):
+    cut = usage_of(server, "opened", thinking_budget_tokens=6)
+    assert cut["completion_tokens_details"]["reasoning_tokens"] == 6 < cut["completion_tokens"]
+    free = usage_of(server, "opened")  # never closed: every token is reasoning
+    assert free["completion_tokens_details"]["reasoning_tokens"] == free["completion_tokens"] == 40
+    assert "completion_tokens_details" not in usage_of(server, "plain")
+    streamed = None
+    with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
+            "model": "opened", "messages": ASK, "temperature": 0, "max_tokens": 40, "thinking_budget_tokens": 6,
+            "stream": True, "stream_options": {"include_usage": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and (chunk := json.loads(line[6:])).get("usage"):
+                streamed = chunk["usage"]
+    assert streamed == cut
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="none")
+    r = client.responses.create(model="opened", input=ASK[0]["content"], temperature=0, max_output_tokens=40,
+                                extra_body={"thinking_budget_tokens": 6})
+    assert r.usage.output_tokens_details.reasoning_tokens == 6
+    group = httpx.post(server.base + "/v1/chat/completions", timeout=300, json={
+        "model": "chain", "messages": ASK, "temperature": 0, "max_tokens": 40}).json()["usage"]
+    # the budgeted member thinks 8 tokens; the second never closes its block
+    second = group["completion_tokens"] - usage_of(server, "budgeted")["completion_tokens"]
+    assert group["completion_tokens_details"]["reasoning_tokens"] == 8 + second

@@ -54,3 +54,24 @@ def test_a_close_tag_begun_at_the_budget_is_waited_for():
     # at the budget the text ends in "</": the close is due only once it is not the tag after all
     assert due_after(["a", "b", "</", "thing", "c"], 3, inside=True) == 3
     assert due_after(["a", "b", "</", "think", ">"], 3, inside=True) is None
+
+
+def counted(pieces: list[str], tokens: int = -1, inside: bool = True) -> int:
+    watch = BudgetWatch(ThinkBudget(tokens, (), inside))
+    for piece in pieces:
+        watch.push(piece)
+    return watch.count
+
+
+def test_the_blocks_tokens_are_counted_without_the_one_that_closes_it():
+    assert counted(["a", "b", "c"]) == 3
+    assert counted(["a", "b", "</think>", "answer", "more"]) == 2
+    assert counted(["a", "</", "think", ">", "answer"]) == 3  # the tag's first pieces were inside
+    assert counted(["<think>", "a", "b", "</think>", "c"], inside=False) == 2
+    assert counted(["No", " block", " here"], inside=False) == 0
+
+
+def test_without_a_bound_the_close_is_never_due():
+    assert due_after(WORDS * 100, -1, inside=True) is None
+    assert counted(WORDS * 100) == 600
+    assert counted(WORDS, tokens=2) == 2  # counting stops at the cut: the forced close is not reasoning
