@@ -219,6 +219,22 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     return prompt, params, AnswerShape(plan, think, inside)
 
 
+async def predicted_tokens(runner: ModelRunner, req: ChatRequest) -> list[int] | None:
+    """The tokens of the request's `prediction` (None: none given)."""
+    if req.prediction is None:
+        return None
+    content = req.prediction.content
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if part.type != "text" or part.text is None:
+                raise bad_request(f"prediction content part type {part.type!r} is not supported (text only)",
+                                  param=f"prediction.content[{j}].type")
+    text = content if isinstance(content, str) else "".join(part.text for part in content)
+    if not text:
+        return None
+    return await asyncio.to_thread(runner.vocab.tokenize, text, add_special=False, parse_special=False)
+
+
 def thinking_kwargs(req: ChatRequest) -> dict[str, Any] | None:
     """The request's template variables, with `reasoning_effort` as `enable_thinking` (Qwen3's
     variable: none and minimal turn thinking off, other efforts on) under its own."""

@@ -20,6 +20,7 @@ from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
     chat_answer_plan,
+    predicted_tokens,
     completion_prompts,
     deadline,
     echo_texts,
@@ -66,9 +67,16 @@ _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-def _usage(outs_prompt: int, completion: int, cached: int, reasoning: int = 0) -> Usage:
+def _usage(outs_prompt: int, completion: int, cached: int, details: tuple[int, int, int] = (0, 0, 0)) -> Usage:
+    """`details`: reasoning, accepted and rejected prediction tokens (completion_tokens_details
+    where any is not 0)."""
     return Usage(outs_prompt, completion, outs_prompt + completion, PromptTokensDetails(cached),
-                 CompletionTokensDetails(reasoning) if reasoning else None)
+                 CompletionTokensDetails(*details) if any(details) else None)
+
+
+def _details(ev) -> tuple[int, int, int]:
+    """A finished sequence's (Finished, Outcome) completion token details."""
+    return ev.reasoning_tokens, ev.accepted_prediction_tokens, ev.rejected_prediction_tokens
 
 
 def _text(b: bytes) -> str:
@@ -182,9 +190,10 @@ class OpenAIRoutes:
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
         top = (req.top_logprobs or 0) if req.logprobs else None
+        predicted = await predicted_tokens(runner, req)
         gens = Generations(runner, [
             GenerationRequest(prompt, max_tokens, with_seed_offset(params, i), stops, until, top_logprobs=top,
-                              speculative=req.speculative)
+                              speculative=req.speculative, predicted=predicted)
             for i in range(req.n)
         ])
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
@@ -235,9 +244,9 @@ class OpenAIRoutes:
             message = AssistantMessage("assistant", parts.content, parts.tool_calls, parts.reasoning)
             choices.append(ChatChoice(i, message, parts.finish_reason, chat_logprobs(o.logprobs) if logprobs else None))
         completion = sum(o.completion_tokens for o in outs)
-        reasoning = sum(o.reasoning_tokens for o in outs)
+        details = tuple(map(sum, zip(*map(_details, outs))))
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
-                              _usage(outs[0].prompt_tokens, completion, outs[0].cached_tokens, reasoning),
+                              _usage(outs[0].prompt_tokens, completion, outs[0].cached_tokens, details),
                               system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
@@ -337,7 +346,8 @@ class OpenAIRoutes:
         """Relay events as SSE; a failure before the first byte keeps its HTTP status."""
         opened: set[int] = set()
         prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per sequence
-        completion = reasoning = 0
+        completion = 0
+        details = (0, 0, 0)
         try:
             async for i, ev in gens.events():
                 if isinstance(ev, Failed):
@@ -360,13 +370,13 @@ class OpenAIRoutes:
                 elif isinstance(ev, Finished):
                     prompt_tokens[i] = (ev.prompt_tokens, ev.cached_tokens)
                     completion += ev.completion_tokens
-                    reasoning += ev.reasoning_tokens
+                    details = tuple(a + b for a, b in zip(details, _details(ev)))
                     for out in final(i, ev.reason):
                         await sse.event(out)
             else:
                 if include_usage:
                     prompt, cached = next(iter(prompt_tokens.values()), (0, 0))
-                    await sse.event(usage(_usage(prompt, completion, cached, reasoning)))
+                    await sse.event(usage(_usage(prompt, completion, cached, details)))
             await sse.raw(b"data: [DONE]\n\n")
             await sse.close()
         except OSError:  # client went away mid-stream

@@ -144,6 +144,11 @@ class SamplingFields(SamplingOptions, frozen=True, kw_only=True):
     speculative: bool = True
 
 
+class Prediction(Struct, frozen=True):
+    type: Literal["content"]
+    content: Annotated[str, Meta(max_length=4_194_304)] | list[TextPart]
+
+
 class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     logprobs: bool | None = None
@@ -163,6 +168,9 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     # llama-server's: tokens the think block may take before the server closes it (-1: no bound),
     # over the effort's budget and models[].reasoning_budget.
     thinking_budget_tokens: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None
+    # OpenAI's predicted outputs: the answer expected (most of it), a draft source for speculative
+    # decoding (where the model speculates); the answer is the model's all the same.
+    prediction: Prediction | None = None
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
@@ -286,7 +294,10 @@ class PromptTokensDetails(Struct, frozen=True):
 
 
 class CompletionTokensDetails(Struct, frozen=True):
-    reasoning_tokens: int  # generated inside a think block (engine/reasoning.py BudgetWatch)
+    reasoning_tokens: int = 0  # generated inside a think block (engine/reasoning.py BudgetWatch)
+    # a request's prediction: its tokens the model compared as drafts and took, and those it refused
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 class Usage(Struct, frozen=True, omit_defaults=True):

@@ -85,6 +85,8 @@ class Outcome:
     completion_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
     mean_logprob: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # GenerationRequest.prompt_logprobs
@@ -196,6 +198,8 @@ async def collect(gens: Generations) -> list[Outcome]:
                 o = outs[i]
                 o.finish_reason, o.prompt_tokens, o.completion_tokens = ev.reason, ev.prompt_tokens, ev.completion_tokens
                 o.cached_tokens, o.reasoning_tokens = ev.cached_tokens, ev.reasoning_tokens
+                o.accepted_prediction_tokens = ev.accepted_prediction_tokens
+                o.rejected_prediction_tokens = ev.rejected_prediction_tokens
                 o.mean_logprob = ev.mean_logprob
             else:
                 raise GenerationFailed(ev)

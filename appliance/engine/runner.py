@@ -62,6 +62,8 @@ class GenerationRequest:
     save_conversation: bool = True
     # Speculative decoding, where the model has it configured (false: this request opts out).
     speculative: bool = True
+    # The answer the client expects (OpenAI's predicted outputs): a draft source of its own.
+    predicted: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,9 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache or a live sequence
     stop_string: str | None = None  # the request's stop string that ended the answer
     reasoning_tokens: int = 0  # tokens generated inside the think block (SamplingParams.think_budget)
+    # GenerationRequest.predicted: its tokens verified as drafts and taken, and those refused
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -670,7 +675,7 @@ class ModelRunner:
                 self.stats["grammar_sequences"] += 1
             seq.seq_id = heapq.heappop(self._free_ids)  # lowest free id keeps active ids contiguous
             if self.spec is not None and seq.req.speculative:
-                seq.spec = self.spec.new_sequence(seq.req.prompt)
+                seq.spec = self.spec.new_sequence(seq.req.prompt, seq.req.predicted)
                 # a grammar draws with the chain: its check-first pick is sample-and-compare,
                 # which for the deterministic drafts here is the rejection rule
                 if not params.greedy and seq.grammar is None and not params.draws_itself:
@@ -954,6 +959,8 @@ class ModelRunner:
                 draft = drafts[i] if i < len(drafts) else None
                 token, agreed = self._pick(seq, row, draft)
                 emitted += 1
+                if draft is not None and st.source == "prediction":  # before _take: the end reports them
+                    st.prediction_counts[0 if agreed else 1] += 1 if agreed else len(drafts) - i
                 if not self._take(seq, token, row):
                     break  # finished (end of generation, stop string, a limit)
                 if not agreed:
@@ -1143,7 +1150,8 @@ class ModelRunner:
             mean = seq.logprob_sum / max(1, seq.n_generated + (1 if reason == "stop" else 0))
         return Finished(reason, len(seq.req.prompt), seq.n_generated, mean, seq.restored,
                         seq.stream.matched_stop if seq.stream is not None else None,
-                        seq.think.count if seq.think is not None else 0)
+                        seq.think.count if seq.think is not None else 0,
+                        *(seq.spec.prediction_counts if seq.spec is not None else (0, 0)))
 
     def _entry(self, piece: bytes, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
         """A token's logprobs entry (`piece`: its text), its alternatives named by their pieces."""

@@ -102,3 +102,38 @@ def periodic_continuation(tokens: list[int], at: int, k: int) -> list[int]:
     while len(draft) < k:
         draft.append(draft[len(draft) - period])
     return draft
+
+
+class PredictionLookup:
+    """Drafts from a request's predicted answer (OpenAI's `prediction`, e.g. the file a code edit
+    rewrites): the end of the answer so far is looked up in the prediction (n-grams, longest
+    first; of several occurrences the first at or after the previous match), and the prediction's
+    tokens after it are the draft. Before the answer has a token the draft is the prediction's
+    beginning."""
+
+    __slots__ = ("predicted", "_maps", "_cursor")
+
+    def __init__(self, predicted: list[int], sizes: tuple[int, ...] = NGRAM_SIZES):
+        self.predicted = predicted
+        self._maps: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sorted(sizes, reverse=True)}
+        for i in range(len(predicted) - 1):  # n-grams with a following token
+            for n, table in self._maps.items():
+                if i + 1 >= n:
+                    table.setdefault(tuple(predicted[i + 1 - n : i + 1]), []).append(i + 1)
+        self._cursor = 0
+
+    def lookup(self, answer: list[int], k: int) -> tuple[list[int], int]:
+        """Up to k predicted tokens to follow `answer` (the tokens generated so far), and the
+        length of the match they continue (MATCH_CAP at the start; 0: none)."""
+        if k <= 0:
+            return [], 0
+        if not answer:
+            return self.predicted[:k], MATCH_CAP
+        for n, table in self._maps.items():
+            if len(answer) >= n:
+                places = table.get(tuple(answer[-n:]))
+                if places:
+                    at = next((p for p in places if p >= self._cursor), places[0])
+                    self._cursor = at
+                    return self.predicted[at : at + k], match_length(self.predicted, at, answer, n)
+        return [], 0

@@ -12,7 +12,7 @@ from ...config import SpeculativeConfig
 from .controller import Controller
 from .draft_model import DraftModel
 from .history import HistoryIndex
-from .ngram import NgramIndex, match_class
+from .ngram import NgramIndex, PredictionLookup, match_class
 from .planner import Acceptance, Candidate, StepCost, StepCosts, plan, survival
 
 # A sequence's estimate for a source mixes in this many observations of its model's, and the
@@ -54,12 +54,16 @@ class SeqDrafts:
     position, while drafting does not pay too."""
 
     __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch", "cursor", "lone", "pause",
-                 "next_pause", "survival")
+                 "next_pause", "survival", "predicted", "prediction_counts")
 
-    def __init__(self, prompt: list[int], positions: int):
+    def __init__(self, prompt: list[int], positions: int, predicted: list[int] | None = None):
         self.tokens = list(prompt)
         self.n_prompt = len(prompt)
         self.index = NgramIndex()
+        # the request's predicted answer (the "prediction" source), and its drafted tokens the
+        # target compared: [taken, refused] (the runner counts them as it compares)
+        self.predicted = PredictionLookup(predicted) if predicted else None
+        self.prediction_counts = [0, 0]
         self.accept = _Estimates(positions, decay=0.8)
         self.pending: list[int] = []  # drafts being verified this step
         self.source = ""
@@ -100,7 +104,8 @@ class Speculator:
         self.exact_rows = cfg.max_draft + 1
         self.exact_kv: tuple[str, str] | None = None  # the KV types exact_rows was measured for
         self.stats = {"drafted": 0, "accepted": 0, "spec_steps": 0, "plain_steps": 0, "declined": 0, "guard_pauses": 0,
-                      **{f"{s}_drafted": 0 for s in self.sources}, **{f"{s}_accepted": 0 for s in self.sources}}
+                      **{f"{s}_drafted": 0 for s in (*self.sources, "prediction")},
+                      **{f"{s}_accepted": 0 for s in (*self.sources, "prediction")}}
         self._lengths: collections.deque[int] = collections.deque(maxlen=256)  # recent draft lengths
         self._model_hazards: dict[str, tuple[int, list[float]]] = {}  # kind -> (version, hazards)
 
@@ -110,9 +115,11 @@ class Speculator:
         `step_ms_by_rows` shows."""
         return self.costs.of(1)
 
-    def new_sequence(self, prompt: list[int]) -> SeqDrafts:
+    def new_sequence(self, prompt: list[int], predicted: list[int] | None = None) -> SeqDrafts:
+        """A sequence's state; `predicted`: its request's predicted answer, a lookup source of its
+        own (tried first)."""
         self.controller.new_request()
-        return SeqDrafts(prompt, self.cfg.max_draft)
+        return SeqDrafts(prompt, self.cfg.max_draft, predicted)
 
     def model_hazards(self, kind: str) -> list[float]:
         a = self.accept[kind]
@@ -157,7 +164,7 @@ class Speculator:
         lookups = list(itertools.takewhile(lambda src: src != "draft_model", self.sources))
         for sid, st, k in todo:
             best, best_gain = None, 0.0
-            for source in lookups:  # the lookup whose draft promises the most; ties: configured order
+            for source in (["prediction", *lookups] if st.predicted is not None else lookups):  # the lookup whose draft promises the most; ties: configured order
                 for kind, found in self._lookups(source, st, k):
                     if len(st.watch) < MAX_WATCHED:  # every source's draft is scored, chosen or not
                         st.watch.append([list(found), len(st.tokens), kind, 0])
@@ -210,6 +217,9 @@ class Speculator:
         if source == "ngram":
             found, n = st.index.lookup_match(st.tokens, k)
             return [(f"ngram:{match_class(n)}", found)] if found else []
+        if source == "prediction":
+            found, n = st.predicted.lookup(st.tokens[st.n_prompt :], k)
+            return [(f"prediction:{match_class(n)}", found)] if found else []
         h = self.history
         out = []
         found, n, at = h.lookup_at(st.tokens, k)

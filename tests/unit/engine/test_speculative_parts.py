@@ -10,7 +10,7 @@ from appliance.config import ConfigError, parse_config
 from appliance.config import SpeculativeConfig
 from appliance.engine.speculative.controller import Controller, _Window
 from appliance.engine.speculative.history import HistoryIndex
-from appliance.engine.speculative.ngram import NgramIndex, match_class, match_length
+from appliance.engine.speculative.ngram import MATCH_CAP, NgramIndex, PredictionLookup, match_class, match_length
 from appliance.engine.speculative.planner import Acceptance, Candidate, StepCost, plan, survival
 from appliance.engine.speculative.speculator import Speculator
 from appliance.engine.speculative.rejection import accept_or_resample, draw
@@ -615,3 +615,19 @@ def test_decode_costs_are_kept_per_number_of_sequences():
     spec.costs.previous = 2  # a two-sequence decode, as wide as the draft's step: nothing to switch
     spec.propose([(0, st, 1)], 1)
     assert st.pending == [8]
+
+
+def test_a_prediction_drafts_its_beginning_then_what_follows_the_answers_end():
+    p = PredictionLookup([10, 11, 12, 13, 14, 15])
+    assert p.lookup([], 3) == ([10, 11, 12], MATCH_CAP)
+    assert p.lookup([10, 11], 3) == ([12, 13, 14], 2)
+    assert p.lookup([99, 13], 5) == ([14, 15], 1)  # resynchronised by the last token
+    assert p.lookup([98, 99], 3) == ([], 0)  # nothing predicted follows
+    assert p.lookup([10, 11], 0) == ([], 0)
+
+
+def test_a_repeated_part_of_the_prediction_is_taken_at_or_after_the_last_match():
+    p = PredictionLookup([1, 2, 3, 1, 2, 4, 1, 2, 5])
+    assert p.lookup([1, 2], 1) == ([3], 2)  # the first occurrence
+    assert p.lookup([1, 2, 3, 1, 2], 1) == ([4], 5)  # its match reaches back: the second
+    assert p.lookup([7, 1, 2], 1) == ([4], 2)  # at or after the last match

@@ -1,0 +1,91 @@
+"""OpenAI's predicted outputs (`prediction` on chat) through the real server: the predicted text is
+a draft source of its own for speculative decoding (speculative/ngram.py PredictionLookup), so an
+answer that follows it is verified in long runs, and the answer is the model's whatever the
+prediction says (greedy: the same tokens as without one)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import SMOLLM2, model_entry
+
+STORY = [{"role": "user", "content": "Write a story about a lighthouse keeper."}]
+
+
+@pytest.fixture(scope="module")
+def server(server_factory):
+    return server_factory({"models": [
+        model_entry("spec", SMOLLM2, speculative={"sources": ["ngram"]}),
+        model_entry("plain", SMOLLM2, n_parallel=1),
+    ]}, "prediction")
+
+
+def chat(server, model: str = "spec", **kw) -> dict:
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=300, json={
+        "model": model, "messages": STORY, "max_tokens": 120, "temperature": 0, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def predicted(server, model: str = "spec") -> int:
+    status = httpx.get(server.base + "/v1/admin/scheduling/status", timeout=30).json()
+    return status["models"][model]["speculative"]["prediction_accepted"]
+
+
+def test_an_answer_that_follows_the_prediction_takes_it_in_long_drafts(server):
+    plain = chat(server)
+    answer = plain["choices"][0]["message"]["content"]
+    before = predicted(server)
+    got = chat(server, prediction={"type": "content", "content": answer})
+    assert got["choices"][0]["message"]["content"] == answer
+    details = got["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] >= 0.8 * got["usage"]["completion_tokens"]
+    assert details["rejected_prediction_tokens"] <= 16  # at most the draft past the answer's end
+    assert predicted(server) - before == details["accepted_prediction_tokens"]
+
+
+def test_an_edited_or_unrelated_prediction_changes_nothing_in_the_answer(server):
+    answer = chat(server)["choices"][0]["message"]["content"]
+    edited = answer.replace(" the ", " a ")
+    for prediction in (edited, [{"type": "text", "text": edited[:200]}, {"type": "text", "text": edited[200:]}],
+                       "Completely unrelated text about cooking pasta with tomatoes."):
+        got = chat(server, prediction={"type": "content", "content": prediction})
+        assert got["choices"][0]["message"]["content"] == answer
+    assert got["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] < 10
+
+
+def test_streamed_and_several_choices(server):
+    answer = chat(server)["choices"][0]["message"]["content"]
+    text, usage = "", None
+    with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
+            "model": "spec", "messages": STORY, "max_tokens": 120, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "prediction": {"type": "content", "content": answer}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                text += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
+    assert text == answer and usage["completion_tokens_details"]["accepted_prediction_tokens"] > 60
+    two = chat(server, n=2, prediction={"type": "content", "content": answer})
+    assert [c["message"]["content"] for c in two["choices"]] == [answer, answer]
+    assert two["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 120
+
+
+def test_a_model_that_does_not_speculate_ignores_the_prediction(server):
+    answer = chat(server, "plain")["choices"][0]["message"]["content"]
+    got = chat(server, "plain", prediction={"type": "content", "content": answer})
+    assert got["choices"][0]["message"]["content"] == answer and "completion_tokens_details" not in got["usage"]
+
+
+@pytest.mark.parametrize("prediction,param", [
+    ({"type": "image", "content": "x"}, "prediction.type"),
+    ({"type": "content", "content": [{"type": "image_url", "image_url": "x"}]}, "prediction.content[0].type"),
+    ({"type": "content"}, "prediction.content"),
+])
+def test_a_bad_prediction_is_refused_by_name(server, prediction, param):
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=60, json={
+        "model": "spec", "messages": STORY, "prediction": prediction})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
