@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import speculative
 from eie_server import EieServer
 from speculative import GPL, MODELS, misspell, rewrite_prompt, story_prompt
 
@@ -46,30 +46,12 @@ class Server(EieServer):
 
 
 def stream(base: str, prompt: str, max_tokens: int, prediction: str | None) -> dict:
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    if prediction is not None:
-        body["prediction"] = {"type": "content", "content": prediction}
-    first = last = None
-    parts: list[str] = []
-    usage: dict = {}
-    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for c in chunk.get("choices", []):
-                if c["delta"].get("content"):
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    parts.append(c["delta"]["content"])
-    tokens = usage.get("completion_tokens", 0)
-    details = usage.get("completion_tokens_details") or {}
+    fields = {"prediction": {"type": "content", "content": prediction}} if prediction is not None else {}
+    out = speculative.stream(base, prompt, max_tokens, True, **fields)
+    first, last, tokens = out["first"], out["last"], out["tokens"]
+    details = out["usage"].get("completion_tokens_details") or {}
     return {"tok_s": (tokens - 1) / (last - first) if first and last and last > first else 0.0, "tokens": tokens,
-            "text": "".join(parts), "accepted": details.get("accepted_prediction_tokens", 0),
+            "text": out["text"], "accepted": details.get("accepted_prediction_tokens", 0),
             "rejected": details.get("rejected_prediction_tokens", 0)}
 
 

@@ -108,12 +108,16 @@ class Server(EieServer):
         return httpx.get(self.base + "/v1/admin/scheduling/status").json()["models"]["m"]["speculative"]
 
 
-def stream(base: str, prompt: str, max_tokens: int, speculative: bool) -> dict:
+def stream(base: str, prompt: str, max_tokens: int, speculative: bool, **fields) -> dict:
+    """A greedy streamed chat answer (`fields`: more of the request): the times of its first and
+    last text, its completion tokens, its text and its usage."""
     body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "speculative": speculative}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "speculative": speculative,
+            **fields}
     first = last = None
     parts: list[str] = []
     tokens = 0
+    usage: dict = {}
     with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -121,14 +125,15 @@ def stream(base: str, prompt: str, max_tokens: int, speculative: bool) -> dict:
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+                usage = chunk["usage"]
+                tokens = usage["completion_tokens"]
             for c in chunk.get("choices", []):
                 if c["delta"].get("content"):
                     now = time.perf_counter()
                     first = first or now
                     last = now
                     parts.append(c["delta"]["content"])
-    return {"first": first, "last": last, "tokens": tokens, "text": "".join(parts)}
+    return {"first": first, "last": last, "tokens": tokens, "text": "".join(parts), "usage": usage}
 
 
 def run_mode(server: Server, task: str, first: int, streams: int, speculative: bool) -> dict:
