@@ -152,6 +152,16 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     pooling: Literal["auto", "mean", "cls", "last", "rank"] = "auto"
 
 
+# Model fields read at each request, not at the load: a reload applies a change to the next request.
+LIVE_MODEL_FIELDS = ("reasoning_format", "reasoning_budget", "reasoning_budget_message", "reasoning_effort_budgets",
+                     "chat_template_kwargs", "max_queue")
+
+
+def live_fields(cfg: ModelConfig, new: ModelConfig) -> ModelConfig:
+    """`cfg` with `new`'s live fields."""
+    return msgspec.structs.replace(cfg, **{f: getattr(new, f) for f in LIVE_MODEL_FIELDS})
+
+
 class AdaptiveKvConfig(Struct, frozen=True, forbid_unknown_fields=True):
     """How adaptive KV models move between types (appliance/kv/adaptive.py)."""
 

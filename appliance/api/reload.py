@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from msgspec import structs
 
-from ..config import Config
+from ..config import LIVE_MODEL_FIELDS, Config, live_fields
 
 
 @dataclass
@@ -47,10 +47,14 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
             models.append(m)
             plan.added_models.append(name)
             plan.applied.append(f"models.{name} (added)")
-        elif old.model_path(old_by_name[name]) != new.model_path(m) or structs.replace(m, path="") != structs.replace(
-            old_by_name[name], path=""
-        ):
+            continue
+        was = old_by_name[name]
+        live = live_fields(was, m)
+        if old.model_path(was) != new.model_path(m) or structs.replace(m, path="") != structs.replace(live, path=""):
             plan.restart_required.append(f"models.{name}")
+        elif live != was:
+            models[models.index(was)] = live
+            plan.applied += [f"models.{name}.{f}" for f in LIVE_MODEL_FIELDS if getattr(live, f) != getattr(was, f)]
     for name in old_by_name:
         if name not in new_by_name:
             plan.restart_required.append(f"models.{name} (removed)")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from msgspec import structs
 
-from ..config import Config, ModelConfig
+from ..config import Config, ModelConfig, live_fields
 from ..policy import Candidate, make_policy
 from ..resources import file_facts, memory, offload, repack
 from ..resources.cores import CoreBudget
@@ -803,6 +803,8 @@ class ModelManager:
             # model that is not loaded takes its new choice now, a loaded one at its next load.
             self.kv_choices = self._choose_kv()
             for name, runner in list(self.runners.items()):
+                if (now := config.model(name)) is not None:
+                    runner.cfg = live_fields(runner.cfg, now)  # read at each request
                 if runner.state == "unloaded" and self._with_kv_choice(runner.cfg) != runner.cfg:
                     self.runners[name] = self._new_runner(runner.cfg)
             for name in added:

@@ -12,6 +12,7 @@ import httpx
 import ollama
 import openai
 import pytest
+import yaml
 
 from conftest import SMOLLM2, model_entry
 from reasoning_templates import OPENED
@@ -225,3 +226,20 @@ def test_usage_counts_the_tokens_generated_inside_the_block(server):
     # the budgeted member thinks 8 tokens; the second never closes its block
     second = group["completion_tokens"] - usage_of(server, "budgeted")["completion_tokens"]
     assert group["completion_tokens_details"]["reasoning_tokens"] == 8 + second
+
+
+def test_a_reload_changes_a_models_budget_for_the_next_request(server):
+    """Last in this module: it changes the server's config (and puts it back)."""
+    before = server.config_path.read_text()
+    cfg = yaml.safe_load(before)
+    cfg["models"][1]["reasoning_budget"] = 3
+    try:
+        server.config_path.write_text(yaml.safe_dump(cfg))
+        r = httpx.post(server.base + "/v1/admin/config/reload", timeout=60)
+        assert r.status_code == 200 and r.json()["applied"] == ["models.budgeted.reasoning_budget"], r.text
+        assert r.json()["restart_required"] == []
+        assert cut_at(tokens(server, "budgeted"), 3, MESSAGE)
+    finally:
+        server.config_path.write_text(before)
+        assert httpx.post(server.base + "/v1/admin/config/reload", timeout=60).status_code == 200
+    assert cut_at(tokens(server, "budgeted"), 8, MESSAGE)
