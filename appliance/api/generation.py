@@ -19,6 +19,7 @@ from ..engine.chat_template import RESERVED
 from ..engine.grammar import GrammarError
 from ..engine.native import Vocab
 from ..engine.sampling import SamplingParams
+from ..engine.speculative.ngram import PredictionIndex
 from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbnf
 from . import native_tools, tools
 from .chat_answer import AnswerShape
@@ -219,8 +220,9 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     return prompt, params, AnswerShape(plan, think, inside)
 
 
-async def predicted_tokens(runner: ModelRunner, req: ChatRequest) -> list[int] | None:
-    """The tokens of the request's `prediction` (None: none given)."""
+async def prediction_index(runner: ModelRunner, req: ChatRequest) -> PredictionIndex | None:
+    """The request's `prediction`, tokenized and indexed for the speculator (None: none given),
+    its first n_ctx tokens (an answer is no longer than that)."""
     if req.prediction is None:
         return None
     content = req.prediction.content
@@ -232,7 +234,12 @@ async def predicted_tokens(runner: ModelRunner, req: ChatRequest) -> list[int] |
     text = content if isinstance(content, str) else "".join(part.text for part in content)
     if not text:
         return None
-    return await asyncio.to_thread(runner.vocab.tokenize, text, add_special=False, parse_special=False)
+
+    def index() -> PredictionIndex:
+        tokens = runner.vocab.tokenize(text, add_special=False, parse_special=False)
+        return PredictionIndex(tokens[: runner.n_ctx])
+
+    return await asyncio.to_thread(index)
 
 
 def thinking_kwargs(req: ChatRequest) -> dict[str, Any] | None:

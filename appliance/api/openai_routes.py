@@ -20,7 +20,7 @@ from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
     chat_answer_plan,
-    predicted_tokens,
+    prediction_index,
     completion_prompts,
     deadline,
     echo_texts,
@@ -190,7 +190,7 @@ class OpenAIRoutes:
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
         top = (req.top_logprobs or 0) if req.logprobs else None
-        predicted = await predicted_tokens(runner, req)
+        predicted = await prediction_index(runner, req)
         gens = Generations(runner, [
             GenerationRequest(prompt, max_tokens, with_seed_offset(params, i), stops, until, top_logprobs=top,
                               speculative=req.speculative, predicted=predicted)

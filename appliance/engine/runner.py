@@ -37,6 +37,7 @@ from .grammar import TOKEN_DATA, Constraint, GrammarError, best_in_shortlist, re
 from .sampling import SamplingParams, build_chain, free_chain
 from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
 from .speculative.rejection import accept_or_resample, draw
+from .speculative.ngram import PredictionIndex
 from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
 
@@ -63,7 +64,7 @@ class GenerationRequest:
     # Speculative decoding, where the model has it configured (false: this request opts out).
     speculative: bool = True
     # The answer the client expects (OpenAI's predicted outputs): a draft source of its own.
-    predicted: list[int] | None = None
+    predicted: PredictionIndex | None = None
 
 
 @dataclass(frozen=True)

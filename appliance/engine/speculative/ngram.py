@@ -104,36 +104,47 @@ def periodic_continuation(tokens: list[int], at: int, k: int) -> list[int]:
     return draft
 
 
-class PredictionLookup:
-    """Drafts from a request's predicted answer (OpenAI's `prediction`, e.g. the file a code edit
-    rewrites): the end of the answer so far is looked up in the prediction (n-grams, longest
-    first; of several occurrences the first at or after the previous match), and the prediction's
-    tokens after it are the draft. Before the answer has a token the draft is the prediction's
-    beginning."""
+class PredictionIndex:
+    """A request's predicted answer (OpenAI's `prediction`, e.g. the file a code edit rewrites)
+    and where each of its n-grams stands: built once, off the runner's thread, and shared by the
+    request's sequences (each follows it with a `PredictionLookup` of its own)."""
 
-    __slots__ = ("predicted", "_maps", "_cursor")
+    __slots__ = ("tokens", "places")
 
-    def __init__(self, predicted: list[int], sizes: tuple[int, ...] = NGRAM_SIZES):
-        self.predicted = predicted
-        self._maps: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sorted(sizes, reverse=True)}
-        for i in range(len(predicted) - 1):  # n-grams with a following token
-            for n, table in self._maps.items():
+    def __init__(self, tokens: list[int], sizes: tuple[int, ...] = NGRAM_SIZES):
+        self.tokens = tokens
+        self.places: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sorted(sizes, reverse=True)}
+        for i in range(len(tokens) - 1):  # n-grams with a following token
+            for n, table in self.places.items():
                 if i + 1 >= n:
-                    table.setdefault(tuple(predicted[i + 1 - n : i + 1]), []).append(i + 1)
+                    table.setdefault(tuple(tokens[i + 1 - n : i + 1]), []).append(i + 1)
+
+
+class PredictionLookup:
+    """Drafts from a predicted answer: the end of the answer so far is looked up in the prediction
+    (n-grams, longest first; of several occurrences the first at or after the previous match), and
+    the prediction's tokens after it are the draft. Before the answer has a token the draft is the
+    prediction's beginning."""
+
+    __slots__ = ("index", "_cursor")
+
+    def __init__(self, index: PredictionIndex):
+        self.index = index
         self._cursor = 0
 
     def lookup(self, answer: list[int], k: int) -> tuple[list[int], int]:
         """Up to k predicted tokens to follow `answer` (the tokens generated so far), and the
         length of the match they continue (MATCH_CAP at the start; 0: none)."""
+        predicted = self.index.tokens
         if k <= 0:
             return [], 0
         if not answer:
-            return self.predicted[:k], MATCH_CAP
-        for n, table in self._maps.items():
+            return predicted[:k], MATCH_CAP
+        for n, table in self.index.places.items():
             if len(answer) >= n:
                 places = table.get(tuple(answer[-n:]))
                 if places:
                     at = next((p for p in places if p >= self._cursor), places[0])
                     self._cursor = at
-                    return self.predicted[at : at + k], match_length(self.predicted, at, answer, n)
+                    return predicted[at : at + k], match_length(predicted, at, answer, n)
         return [], 0

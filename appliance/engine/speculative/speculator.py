@@ -12,7 +12,7 @@ from ...config import SpeculativeConfig
 from .controller import Controller
 from .draft_model import DraftModel
 from .history import HistoryIndex
-from .ngram import NgramIndex, PredictionLookup, match_class
+from .ngram import NgramIndex, PredictionIndex, PredictionLookup, match_class
 from .planner import Acceptance, Candidate, StepCost, StepCosts, plan, survival
 
 # A sequence's estimate for a source mixes in this many observations of its model's, and the
@@ -56,7 +56,7 @@ class SeqDrafts:
     __slots__ = ("tokens", "n_prompt", "index", "accept", "pending", "source", "watch", "cursor", "lone", "pause",
                  "next_pause", "survival", "predicted", "prediction_counts")
 
-    def __init__(self, prompt: list[int], positions: int, predicted: list[int] | None = None):
+    def __init__(self, prompt: list[int], positions: int, predicted: PredictionIndex | None = None):
         self.tokens = list(prompt)
         self.n_prompt = len(prompt)
         self.index = NgramIndex()
@@ -115,7 +115,7 @@ class Speculator:
         `step_ms_by_rows` shows."""
         return self.costs.of(1)
 
-    def new_sequence(self, prompt: list[int], predicted: list[int] | None = None) -> SeqDrafts:
+    def new_sequence(self, prompt: list[int], predicted: PredictionIndex | None = None) -> SeqDrafts:
         """A sequence's state; `predicted`: its request's predicted answer, a lookup source of its
         own (tried first)."""
         self.controller.new_request()

@@ -10,7 +10,9 @@ from appliance.config import ConfigError, parse_config
 from appliance.config import SpeculativeConfig
 from appliance.engine.speculative.controller import Controller, _Window
 from appliance.engine.speculative.history import HistoryIndex
-from appliance.engine.speculative.ngram import MATCH_CAP, NgramIndex, PredictionLookup, match_class, match_length
+from appliance.engine.speculative.ngram import (
+    MATCH_CAP, NgramIndex, PredictionIndex, PredictionLookup, match_class, match_length,
+)
 from appliance.engine.speculative.planner import Acceptance, Candidate, StepCost, plan, survival
 from appliance.engine.speculative.speculator import Speculator
 from appliance.engine.speculative.rejection import accept_or_resample, draw
@@ -618,7 +620,7 @@ def test_decode_costs_are_kept_per_number_of_sequences():
 
 
 def test_a_prediction_drafts_its_beginning_then_what_follows_the_answers_end():
-    p = PredictionLookup([10, 11, 12, 13, 14, 15])
+    p = PredictionLookup(PredictionIndex([10, 11, 12, 13, 14, 15]))
     assert p.lookup([], 3) == ([10, 11, 12], MATCH_CAP)
     assert p.lookup([10, 11], 3) == ([12, 13, 14], 2)
     assert p.lookup([99, 13], 5) == ([14, 15], 1)  # resynchronised by the last token
@@ -627,7 +629,14 @@ def test_a_prediction_drafts_its_beginning_then_what_follows_the_answers_end():
 
 
 def test_a_repeated_part_of_the_prediction_is_taken_at_or_after_the_last_match():
-    p = PredictionLookup([1, 2, 3, 1, 2, 4, 1, 2, 5])
+    p = PredictionLookup(PredictionIndex([1, 2, 3, 1, 2, 4, 1, 2, 5]))
     assert p.lookup([1, 2], 1) == ([3], 2)  # the first occurrence
     assert p.lookup([1, 2, 3, 1, 2], 1) == ([4], 5)  # its match reaches back: the second
     assert p.lookup([7, 1, 2], 1) == ([4], 2)  # at or after the last match
+
+
+def test_sequences_sharing_a_prediction_follow_it_apart():
+    index = PredictionIndex([1, 2, 3, 1, 2, 4])
+    first, second = PredictionLookup(index), PredictionLookup(index)
+    assert first.lookup([1, 2, 3, 1, 2], 1) == ([4], 5)
+    assert second.lookup([1, 2], 1) == ([3], 2)  # its own cursor: still at the start
