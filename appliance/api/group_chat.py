@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 import uuid
-
 from typing import Callable
 
 from ..config import GroupConfig
