@@ -14,7 +14,7 @@ import msgspec
 from ..config import Config, GroupConfig
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, PromptScored, TextDelta, TokenLogprob
-from .errors import bad_request, decoded
+from .errors import ApiError, bad_request, decoded
 from ..engine.client import Generations, collect, fit_max_tokens
 from ..engine.sampling import with_seed_offset
 from .generation import (
@@ -134,10 +134,28 @@ class OpenAIRoutes:
             await request.json(200, ModelList(cards + [self._group_card(g) for g in self.config.groups]))
             return
         # Anthropic's SDKs (they send anthropic-version) read the list in their form
-        created = datetime.fromtimestamp(self.created, timezone.utc).isoformat().replace("+00:00", "Z")
-        listed = [AnthropicModel(c.id, c.id, created, max_input_tokens=c.context_length) for c in cards]
+        listed = [self._anthropic_card(c) for c in cards]
         await request.json(200, AnthropicModelList(listed, cards[0].id if cards else None,
                                                    cards[-1].id if cards else None))
+
+    async def model(self, request: Request) -> None:
+        """GET /v1/models/{model_id}: one card of the list (a model or a group), in Anthropic's
+        form when anthropic-version is sent (models only, as in the list)."""
+        name = request.path_params["model_id"]
+        anthropic = request.header("anthropic-version") is not None
+        if name in self.manager.runners:
+            card = self._card(name, self.manager.runners[name])
+            await request.json(200, self._anthropic_card(card) if anthropic else card)
+            return
+        group = self.config.group(name)
+        if group is not None and not anthropic:
+            await request.json(200, self._group_card(group))
+            return
+        raise ApiError(404, f"model '{name}' is not configured", param="model", code="model_not_found")
+
+    def _anthropic_card(self, card: ModelCard) -> AnthropicModel:
+        created = datetime.fromtimestamp(self.created, timezone.utc).isoformat().replace("+00:00", "Z")
+        return AnthropicModel(card.id, card.id, created, max_input_tokens=card.context_length)
 
     def _group_card(self, group: GroupConfig) -> ModelCard:
         """A group, which /v1/chat/completions takes as a model (api/group_chat.py)."""

@@ -34,6 +34,7 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/chat/completions", "Chat completion (stream: server-sent events)", s.ChatRequest, s.ChatCompletion),
     Op("post", "/v1/completions", "Text completion (stream: server-sent events)", s.CompletionRequest, s.Completion),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
+    Op("get", "/v1/models/{model_id}", "One model or group and its state", None, s.ModelCard),
     Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events)", rs.ResponsesRequest,
        rs.Response),
     Op("get", "/v1/responses/{response_id}", "A stored response", None, rs.Response),

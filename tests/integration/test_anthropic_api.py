@@ -194,3 +194,6 @@ def test_keys_and_unknown_models(server, client):
     listed = client.models.list()  # the SDK sends anthropic-version: the list comes in Anthropic's form
     assert [m.id for m in listed.data] == ["smol", "qwen3-style"] and listed.data[0].type == "model"
     assert listed.data[0].max_input_tokens == 2048 and not listed.has_more
+    assert client.models.retrieve("smol") == listed.data[0]
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("nope")

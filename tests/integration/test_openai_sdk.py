@@ -17,6 +17,12 @@ def client(main_server) -> openai.OpenAI:
 def test_model_listing(client):
     ids = [m.id for m in client.models.list()]
     assert ids == MODELS
+    for model in MODELS:  # GET /v1/models/{id}: the list's card
+        assert client.models.retrieve(model).model_dump() == next(
+            m for m in client.models.list() if m.id == model).model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("nope")
+    assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
 
 
 @pytest.mark.parametrize("model", MODELS)
