@@ -8,7 +8,7 @@ from dataclasses import replace
 from contextlib import contextmanager
 from typing import Any, Awaitable, Callable, Iterator
 
-from ..config import Config, ModelConfig
+from ..config import Config
 from ..engine.client import GenerationFailed, Generations, PromptError, render_chat
 from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
@@ -216,7 +216,8 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     prompt, plan = await chat_prompt(runner, req)
     params = await request_sampling(req, runner.vocab, plan.grammar if plan else None, plan.triggers if plan else ())
     think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt, params)
-    params = reasoning.with_budget(runner, prompt, params, reasoning_budget(runner.cfg, req))
+    budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
+    params = reasoning.with_budget(runner, prompt, params, budget)
     return prompt, params, AnswerShape(plan, think, inside)
 
 
@@ -243,21 +244,11 @@ async def prediction_index(runner: ModelRunner, req: ChatRequest) -> PredictionI
 
 
 def thinking_kwargs(req: ChatRequest) -> dict[str, Any] | None:
-    """The request's template variables, with `reasoning_effort` as `enable_thinking` (Qwen3's
-    variable: none and minimal turn thinking off, other efforts on) under its own."""
+    """The request's template variables, with `reasoning_effort` as `enable_thinking`
+    (reasoning.effort_kwargs) under its own."""
     if req.reasoning_effort is None:
         return req.chat_template_kwargs
-    return {"enable_thinking": req.reasoning_effort not in ("none", "minimal"), **(req.chat_template_kwargs or {})}
-
-
-def reasoning_budget(cfg: ModelConfig, req: ChatRequest) -> int:
-    """Tokens the answer's think block may take (-1: no bound): the request's
-    thinking_budget_tokens, else its effort's entry in models[].reasoning_effort_budgets, else
-    models[].reasoning_budget."""
-    if req.thinking_budget_tokens is not None:
-        return req.thinking_budget_tokens
-    by_effort = cfg.reasoning_effort_budgets.get(req.reasoning_effort) if req.reasoning_effort else None
-    return by_effort if by_effort is not None else cfg.reasoning_budget
+    return {**reasoning.effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})}
 
 
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

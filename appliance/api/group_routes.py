@@ -104,6 +104,8 @@ class GroupRoutes:
             stop=stop_list(req),
             deadline=deadline(self.config),
             reasoning_format=req.reasoning_format,
+            reasoning_effort=req.reasoning_effort,
+            thinking_budget_tokens=req.thinking_budget_tokens,
         )
 
     async def run_watched(self, request: Request, group, call: GroupCall) -> GroupResult | None:

@@ -284,6 +284,9 @@ class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
     # each member's think block apart (auto, deepseek) or left in its text (none); unset: each
     # member model's models[].reasoning_format
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None
+    # as on chat, for each member (with its model's effort budgets)
+    reasoning_effort: ReasoningEffort | None = None
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None
 
 
 # ---- responses -------------------------------------------------------------------------------

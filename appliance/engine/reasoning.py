@@ -22,6 +22,7 @@ from .sampling import SamplingParams, ThinkBudget
 from .text import partial_suffix
 
 if TYPE_CHECKING:
+    from ..config import ModelConfig
     from .runner import ModelRunner
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -58,6 +59,21 @@ def _grammar_from_start(sampling: SamplingParams) -> bool:
 
 def _starts_inside(runner: ModelRunner, prompt: list[int], sampling: SamplingParams) -> bool:
     return not _grammar_from_start(sampling) and opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+
+
+def effort_kwargs(effort: str | None) -> dict[str, bool]:
+    """A reasoning effort (OpenAI's) as the template's `enable_thinking` (Qwen3's variable): none
+    and minimal turn thinking off, the other efforts on; no effort, no variable."""
+    return {} if effort is None else {"enable_thinking": effort not in ("none", "minimal")}
+
+
+def budget_tokens(cfg: ModelConfig, requested: int | None, effort: str | None) -> int:
+    """Tokens an answer's think block may take (-1: no bound): the request's, else its effort's
+    entry in models[].reasoning_effort_budgets, else models[].reasoning_budget."""
+    if requested is not None:
+        return requested
+    by_effort = cfg.reasoning_effort_budgets.get(effort) if effort else None
+    return by_effort if by_effort is not None else cfg.reasoning_budget
 
 
 def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, tokens: int) -> SamplingParams:

@@ -75,6 +75,9 @@ class GroupCall:
     stop: list[str] = field(default_factory=list)
     deadline: float = float("inf")
     reasoning_format: str | None = None  # None: each member model's own (models[].reasoning_format)
+    # as on chat: thinking on or off and its budget in each member (engine/reasoning.py)
+    reasoning_effort: str | None = None
+    thinking_budget_tokens: int | None = None
 
 
 # Called for every piece of streamed text (the answer's, and a think block's) and for every
@@ -128,11 +131,13 @@ class GroupExecutor:
                 raise NotReady(f"model {model!r} is not configured") from None
             except NotReady as e:
                 raise NotReady(f"model {model!r} is not available: {e}") from None
-            prompt = await asyncio.to_thread(render_chat, runner, call.messages)
+            variables = {**runner.cfg.chat_template_kwargs, **reasoning.effort_kwargs(call.reasoning_effort)}
+            prompt = await asyncio.to_thread(render_chat, runner, call.messages, None, variables)
             max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages",
                                         self.max_prompt_tokens)
             until = min(call.deadline, t0 + group.timeout_s(model))
-            sampling = reasoning.with_budget(runner, prompt, call.sampling, runner.cfg.reasoning_budget)
+            budget = reasoning.budget_tokens(runner.cfg, call.thinking_budget_tokens, call.reasoning_effort)
+            sampling = reasoning.with_budget(runner, prompt, call.sampling, budget)
             reqs = [
                 GenerationRequest(prompt, max_tokens, with_seed_offset(sampling, k), call.stop, until, logprobs=True)
                 for k in range(len(members))

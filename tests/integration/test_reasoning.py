@@ -169,3 +169,16 @@ def test_streamed_logprobs_ride_with_text(server):
             assert c["delta"].get("content") or c["delta"].get("reasoning_content"), c
             entries += c["logprobs"]["content"]
     assert [e["token"] for e in entries] == [e["token"] for e in whole["logprobs"]["content"]]
+
+
+def test_group_members_render_with_their_models_template_variables(server):
+    """no-thinking's config sets enable_thinking false: its block is closed in the prompt, in a
+    group as alone."""
+    r = httpx.post(server.base + "/v1/batch/execute", timeout=300, json={
+        "group": "pair", "messages": ASK, "temperature": 0, "max_tokens": 8})
+    assert r.status_code == 200, r.text
+    members = {m["model"]: m for m in r.json()["members"]}
+    for model in ("qwen3-style", "no-thinking"):
+        asked = httpx.post(server.base + "/tokenize", json={"model": model, "messages": ASK}).json()["count"]
+        assert members[model]["usage"]["prompt_tokens"] == asked
+    assert prompt_text(server, "no-thinking").endswith("<think>\n\n</think>\n\n")

@@ -163,6 +163,21 @@ def test_a_group_member_keeps_its_models_budget(server):
     assert first["reasoning_content"] == alone["reasoning_content"] and first["text"] == alone["content"]
 
 
+def test_a_group_request_bounds_its_members_as_a_chat_request_does(server):
+    def first_member(**kw) -> dict:
+        r = httpx.post(server.base + "/v1/chain/execute", timeout=300, json={
+            "group": "chain", "messages": ASK, "temperature": 0, "max_tokens": 40, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["members"][0]
+    assert first_member(thinking_budget_tokens=2)["reasoning_content"] == chat(
+        server, "budgeted", thinking_budget_tokens=2)["message"]["reasoning_content"]
+    assert first_member(reasoning_effort="low")["reasoning_content"] == chat(
+        server, "budgeted", reasoning_effort="low")["message"]["reasoning_content"]
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=300, json={
+        "model": "chain", "messages": ASK, "temperature": 0, "max_tokens": 40, "thinking_budget_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 2
+
+
 def test_the_responses_api_bounds_by_effort(server):
     client = openai.OpenAI(base_url=server.base + "/v1", api_key="none")
     r = client.responses.create(model="budgeted", input=ASK[0]["content"], temperature=0, max_output_tokens=40,
