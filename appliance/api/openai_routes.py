@@ -15,19 +15,19 @@ from ..config import Config, GroupConfig
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, PromptScored, TextDelta, TokenLogprob
 from .errors import ApiError, bad_request, decoded
-from ..engine.client import Generations, collect, fit_max_tokens
+from ..engine.client import Generations, Outcome, collect, fit_max_tokens
 from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
     chat_answer_plan,
-    prediction_index,
     completion_prompts,
     deadline,
     echo_texts,
     engine_error,
     failure_error,
-    request_sampling,
     generation_runner,
+    prediction_index,
+    request_sampling,
     serve,
     stop_list,
 )
@@ -49,10 +49,10 @@ from .schemas import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
+    CompletionTokensDetails,
     Delta,
     ModelCard,
     ModelList,
-    CompletionTokensDetails,
     PromptTokensDetails,
     ToolCallDelta,
     TopLogprob,
@@ -74,7 +74,7 @@ def _usage(outs_prompt: int, completion: int, cached: int, details: tuple[int, i
                  CompletionTokensDetails(*details) if any(details) else None)
 
 
-def _details(ev) -> tuple[int, int, int]:
+def _details(ev: Finished | Outcome) -> tuple[int, int, int]:
     """A finished sequence's (Finished, Outcome) completion token details."""
     return ev.reasoning_tokens, ev.accepted_prediction_tokens, ev.rejected_prediction_tokens
 
