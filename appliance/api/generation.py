@@ -25,7 +25,7 @@ from . import native_tools, tools
 from .chat_answer import AnswerShape
 from .errors import ApiError, bad_request
 from .http import Request
-from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions
+from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions, TextPart
 from .tools import ToolPlan
 
 RETRY_AFTER = [(b"retry-after", b"1")]
@@ -171,18 +171,18 @@ def stop_list(req: SamplingOptions) -> list[str]:
     return [req.stop] if isinstance(req.stop, str) else list(req.stop)
 
 
-def _message_text(msg: ChatMessage, index: int) -> str:
-    if msg.content is None:
+def content_text(content: str | list[TextPart] | None, param: str) -> str:
+    """A message's (or a prediction's) content as text: a string, or text parts joined; another
+    kind of part is a 400 naming it (`param`: where the content is)."""
+    if content is None:
         return ""
-    if isinstance(msg.content, str):
-        return msg.content
+    if isinstance(content, str):
+        return content
     parts = []
-    for j, part in enumerate(msg.content):
+    for j, part in enumerate(content):
         if part.type != "text" or part.text is None:
-            raise bad_request(
-                f"content part type {part.type!r} is not supported (text only)",
-                param=f"messages[{index}].content[{j}].type",
-            )
+            raise bad_request(f"content part type {part.type!r} is not supported (text only)",
+                              param=f"{param}[{j}].type")
         parts.append(part.text)
     return "".join(parts)
 
@@ -226,13 +226,7 @@ async def prediction_index(runner: ModelRunner, req: ChatRequest) -> PredictionI
     its first n_ctx tokens (an answer is no longer than that)."""
     if req.prediction is None:
         return None
-    content = req.prediction.content
-    if isinstance(content, list):
-        for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
-                raise bad_request(f"prediction content part type {part.type!r} is not supported (text only)",
-                                  param=f"prediction.content[{j}].type")
-    text = content if isinstance(content, str) else "".join(part.text for part in content)
+    text = content_text(req.prediction.content, "prediction.content")
     if not text:
         return None
 
@@ -254,7 +248,7 @@ def thinking_kwargs(req: ChatRequest) -> dict[str, Any] | None:
 def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """Messages as the chat templates take them: text content, developer folded into system."""
     return [
-        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
+        {"role": "system" if m.role == "developer" else m.role, "content": content_text(m.content, f"messages[{i}].content")}
         for i, m in enumerate(messages)
     ]
 

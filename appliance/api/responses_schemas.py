@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from .schemas import ChatTokenLogprob, MaxTokens, ReasoningEffort, SamplingKnobs
+from .schemas import BudgetTokens, ChatTokenLogprob, MaxTokens, ReasoningEffort, SamplingKnobs
 
 
 class ResponsesTool(Struct, frozen=True, omit_defaults=True):
@@ -81,7 +81,7 @@ class ResponsesRequest(SamplingKnobs, frozen=True, kw_only=True):
     # EIE's extensions, as on chat requests
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    thinking_budget_tokens: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None
+    thinking_budget_tokens: BudgetTokens | None = None
     speculative: bool = True
 
 

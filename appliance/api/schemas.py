@@ -83,6 +83,7 @@ class ResponseFormat(Struct, frozen=True):
 
 LastN = Annotated[int, Meta(ge=-1, le=1_048_576)]  # tokens looked back at; -1: the context, 0: off
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+BudgetTokens = Annotated[int, Meta(ge=-1, le=1_048_576)]  # a think block's tokens; -1: no bound
 
 
 class SamplingKnobs(Struct, frozen=True, kw_only=True):
@@ -167,7 +168,7 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     reasoning_effort: ReasoningEffort | None = None
     # llama-server's: tokens the think block may take before the server closes it (-1: no bound),
     # over the effort's budget and models[].reasoning_budget.
-    thinking_budget_tokens: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None
+    thinking_budget_tokens: BudgetTokens | None = None
     # OpenAI's predicted outputs: the answer expected (most of it), a draft source for speculative
     # decoding (where the model speculates); the answer is the model's all the same.
     prediction: Prediction | None = None
@@ -286,7 +287,7 @@ class GroupRequest(SamplingOptions, frozen=True, kw_only=True):
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None
     # as on chat, for each member (with its model's effort budgets)
     reasoning_effort: ReasoningEffort | None = None
-    thinking_budget_tokens: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None
+    thinking_budget_tokens: BudgetTokens | None = None
 
 
 # ---- responses -------------------------------------------------------------------------------

@@ -719,9 +719,12 @@ class ModelManager:
             return None
         runner = self.runners[name]
         now = time.monotonic()
-        idle_since = now if runner.running() or runner.queue_depth() else max(
-            self.last_used.get(name, now), runner.last_finished)
+        idle_since = now if runner.running() or runner.queue_depth() else self._idle_since(name, now)
         return time.time() + max(0.0, idle_since + limit - now)
+
+    def _idle_since(self, name: str, now: float) -> float:
+        """When `name` was last asked for or last finished a sequence (monotonic)."""
+        return max(self.last_used.get(name, now), self.runners[name].last_finished)
 
     def _unload(self, name: str, why: str) -> None:
         runner = self.runners[name]
@@ -771,7 +774,7 @@ class ModelManager:
                     now = time.monotonic()
                     for name, r in list(self.runners.items()):
                         ka = self.idle_limit_s(name)
-                        idle_since = max(self.last_used.get(name, now), r.last_finished)
+                        idle_since = self._idle_since(name, now)
                         if (ka is not None and r.state == "ready" and not r.running() and not r.queue_depth()
                                 and now - idle_since > ka):
                             self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")

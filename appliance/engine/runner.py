@@ -961,7 +961,10 @@ class ModelRunner:
                 token, agreed = self._pick(seq, row, draft)
                 emitted += 1
                 if draft is not None and st.source == "prediction":  # before _take: the end reports them
-                    st.prediction_counts[0 if agreed else 1] += 1 if agreed else len(drafts) - i
+                    if agreed:
+                        st.prediction_counts[0] += 1
+                    else:  # this draft and the ones after it
+                        st.prediction_counts[1] += len(drafts) - i
                 if not self._take(seq, token, row):
                     break  # finished (end of generation, stop string, a limit)
                 if not agreed:

@@ -63,8 +63,8 @@ class SamplingParams:
 
     @property
     def stateless(self) -> bool:
-        """No penalties: the chain keeps nothing of the tokens it is told were taken, so a draw
-        can be discarded (a grammar's refusal) without telling it."""
+        """No penalties, DRY or mirostat: the chain keeps nothing of the tokens it is told were
+        taken or drawn, so a draw can be discarded (a grammar's refusal) without telling it."""
         return (self.repeat_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
                 and self.dry_multiplier == 0.0 and self.mirostat == 0)
 

@@ -164,7 +164,8 @@ class Speculator:
         lookups = list(itertools.takewhile(lambda src: src != "draft_model", self.sources))
         for sid, st, k in todo:
             best, best_gain = None, 0.0
-            for source in (["prediction", *lookups] if st.predicted is not None else lookups):  # the lookup whose draft promises the most; ties: configured order
+            # the lookup whose draft promises the most; ties: the request's prediction, then configured order
+            for source in (["prediction", *lookups] if st.predicted is not None else lookups):
                 for kind, found in self._lookups(source, st, k):
                     if len(st.watch) < MAX_WATCHED:  # every source's draft is scored, chosen or not
                         st.watch.append([list(found), len(st.tokens), kind, 0])
