@@ -140,25 +140,25 @@ def _schema_grammar(schema: object, param: str) -> str:
         raise bad_request(f"{where}: {e.reason}", param=where) from None
 
 
-async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_grammar: str | None = None,
-                           tool_triggers: tuple[int, ...] = ()) -> SamplingParams:
+async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_plan: ToolPlan | None = None) -> SamplingParams:
     """The request's sampling parameters. A grammar (response_format, grammar, or the one tools
     need) is converted and compiled once by llama.cpp for this vocabulary (None: a group's
     several, where a token named by its text cannot compile), off the event loop: a large schema
     takes milliseconds."""
     n_vocab = vocab.n_vocab if vocab is not None else 0
     fmt = req.response_format
-    if req.grammar is None and tool_grammar is None and (fmt is None or fmt.type == "text"):
+    if req.grammar is None and tool_plan is None and (fmt is None or fmt.type == "text"):
         return sampling_params(req, n_vocab)
 
     def build() -> SamplingParams:
         params = sampling_params(req, n_vocab)
-        if tool_grammar is not None:
-            params = replace(params, grammar=tool_grammar, grammar_triggers=tool_triggers)
+        if tool_plan is not None:
+            params = replace(params, grammar=tool_plan.grammar, grammar_triggers=tool_plan.triggers,
+                             shown_tokens=tool_plan.shown_tokens)
         try:
             grammar.check(vocab, params.grammar)
         except GrammarError as e:
-            field = "tools" if tool_grammar is not None else "grammar" if req.grammar is not None else "response_format"
+            field = "tools" if tool_plan is not None else "grammar" if req.grammar is not None else "response_format"
             raise bad_request(str(e), param=field) from None
         return params
 
@@ -214,7 +214,7 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     """A chat request's prompt tokens, sampling parameters (its tools' grammar included) and the
     shape its answer is read in (think block, tool calls)."""
     prompt, plan = await chat_prompt(runner, req)
-    params = await request_sampling(req, runner.vocab, plan.grammar if plan else None, plan.triggers if plan else ())
+    params = await request_sampling(req, runner.vocab, plan)
     think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt, params)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
     params = reasoning.with_budget(runner, prompt, params, budget)

@@ -1,44 +1,114 @@
-"""Tool calls in a model's own format, where its chat template has one.
+"""Tool calls in a model's own format, where its chat template has one this server reads.
 
-The Hermes format is the one covered: the template lists the tools itself (its `tools` variable)
-and the model answers `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, after text
-of its own or none. Qwen 2.5 and 3, Hermes 2 Pro and 3, and many fine-tunes of them write it, with
-`<tool_call>` as one token of their vocabulary. That token starts the grammar: under `auto` the
-answer is free until the model picks it (a lazy grammar, engine/grammar.py), under `required` or a
-named function the answer begins with it. A template that names the tag without the vocabulary
-having it as one token is served in EIE's own format (api/tools.py).
+The template lists the tools itself (its `tools` variable) and renders calls and results; the
+answer is held by a grammar to the format and read back into OpenAI's `tool_calls`. The formats:
+
+- hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block a call, after
+  text of its own or none (Qwen 2.5 and 3, Hermes 2 Pro and 3, many fine-tunes of them), with
+  `<tool_call>` one token of the vocabulary;
+- mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo,
+  Ministral 8B), `[TOOL_CALLS]` a control token;
+- mistral-args: `[TOOL_CALLS]name[ARGS]{...}` for each call (Devstral, Magistral, Ministral 3;
+  Mistral Small 3.2 may put `[CALL_ID]id` before `[ARGS]`), all three control tokens;
+- llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
+  3.3, whose templates ask for exactly that).
+
+Where the format opens with a token, that token starts the grammar: under `auto` the answer is
+free until the model picks it (a lazy grammar, engine/grammar.py), under `required` or a named
+function the answer begins with it. Control tokens are written out in the answer's text
+(SamplingParams.shown_tokens) so that it can be read back. Llama 3.x has no such token: under
+`auto` its grammar lets the answer be a call or text that does not begin with `{`. Mistral's
+templates want call ids of 9 letters and digits: the calls this server reads get such ids, and
+other ids in the history are mapped to such ids (the same id always to the same one). A template
+that names a tag its vocabulary does not have as one token is served in EIE's own format
+(api/tools.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import secrets
+import string
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from ..engine.chat_template import ChatTemplate
 from ..engine.native import Vocab
+from ..engine.schema_grammar import literal
 from ..engine.text import partial_suffix
 from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+# What Llama 3.1/3.2/3.3's templates tell the model, in their own words.
+LLAMA3_SIGN = '"parameters": dictionary of argument name'
+_HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), re.DOTALL)
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
+_MISTRAL_ID = re.compile(r"^[a-zA-Z0-9]{9}$")
+_ALNUM = string.ascii_letters + string.digits
 
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # "hermes"
-    open_token: int  # the vocabulary's `<tool_call>`
+    name: str  # "hermes", "mistral", "mistral-args" or "llama3"
+    open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
+    args_token: int | None = None  # mistral-args: [ARGS]
+    call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
+
+    @property
+    def args_key(self) -> str:
+        """The key of a call's arguments in its JSON object."""
+        return "parameters" if self.name == "llama3" else "arguments"
+
+    @property
+    def parallel(self) -> bool:
+        """Whether one answer may hold several calls (Llama 3.x's templates refuse them)."""
+        return self.name != "llama3"
+
+    @property
+    def marker(self) -> str | None:
+        """The text that opens the calls in the answer (None: the answer is the call)."""
+        return {"hermes": HERMES_OPEN, "mistral": MISTRAL_OPEN, "mistral-args": MISTRAL_OPEN}.get(self.name)
+
+    @property
+    def shown_tokens(self) -> tuple[int, ...]:
+        """The format's tokens, written out in the answer's text although they may be control tokens."""
+        return tuple(t for t in (self.open_token, self.args_token, self.call_id_token) if t is not None)
+
+    def new_id(self) -> str:
+        if self.name.startswith("mistral"):
+            return "".join(secrets.choice(_ALNUM) for _ in range(9))
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _one_token(vocab: Vocab, text: str) -> int | None:
+    ids = vocab.tokenize(text, add_special=False, parse_special=True)
+    return ids[0] if len(ids) == 1 else None
 
 
 def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
-    """The model's own tool-call format, when its template renders tools in one this server reads."""
-    if OPEN not in template_source or CLOSE not in template_source or "tools" not in template_source:
+    """The model's own tool-call format, when its template renders tools in one this server reads
+    and its vocabulary has the format's tags as single tokens."""
+    if "tools" not in template_source:
         return None
-    ids = vocab.tokenize(OPEN, add_special=False, parse_special=True)
-    return NativeFormat("hermes", ids[0]) if len(ids) == 1 else None
+    if HERMES_OPEN in template_source and HERMES_CLOSE in template_source:
+        token = _one_token(vocab, HERMES_OPEN)
+        return NativeFormat("hermes", token) if token is not None else None
+    if MISTRAL_OPEN in template_source:
+        token = _one_token(vocab, MISTRAL_OPEN)
+        if token is None:
+            return None
+        if MISTRAL_ARGS not in template_source:
+            return NativeFormat("mistral", token)
+        args = _one_token(vocab, MISTRAL_ARGS)
+        call_id = _one_token(vocab, MISTRAL_CALL_ID) if MISTRAL_CALL_ID in template_source else None
+        return NativeFormat("mistral-args", token, args, call_id) if args is not None else None
+    if LLAMA3_SIGN in template_source:
+        return NativeFormat("llama3")
+    return None
 
 
 def format_of(template: ChatTemplate, vocab: Vocab) -> NativeFormat | None:
@@ -46,13 +116,40 @@ def format_of(template: ChatTemplate, vocab: Vocab) -> NativeFormat | None:
     return detect(template.source, vocab)
 
 
-def grammar(call_gbnf: str, parallel: bool) -> str:
-    """The answer's grammar from that of one call's JSON object (start symbol `root`): one tagged
-    call, or several on their own lines when `parallel`."""
+def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]:
+    """The JSON object of one call to `name` in `fmt` (not mistral-args, whose calls are not objects)."""
+    properties: dict[str, Any] = {"name": {"const": name}, fmt.args_key: parameters}
+    if fmt.name == "mistral":  # the model may write the id its template showed it in earlier calls
+        properties["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+    return {"type": "object", "properties": properties, "required": ["name", fmt.args_key]}
+
+
+def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> str:
+    """The answer's grammar from that of one call's JSON object (start symbol `root`): one call,
+    or several when `parallel`, in the format's frame. Under `auto` llama3's answer may instead be
+    text that does not begin with `{` (the other formats are free until their lazy trigger)."""
     calls = _ROOT.sub("call ::= ", call_gbnf, count=1)
-    more = ' ("\\n" tagged-call)*' if parallel else ""
-    return (f"root ::= tagged-call{more}\n"
-            f'tagged-call ::= "{OPEN}" "\\n"? call "\\n"? "{CLOSE}"\n' + calls)
+    if fmt.name == "hermes":
+        more = ' ("\\n" tagged-call)*' if parallel else ""
+        return (f"root ::= tagged-call{more}\n"
+                f'tagged-call ::= "{HERMES_OPEN}" "\\n"? call "\\n"? "{HERMES_CLOSE}"\n' + calls)
+    if fmt.name == "mistral":
+        more = ' ("," " "? call)*' if parallel else ""
+        return f'root ::= <[{fmt.open_token}]> "[" call{more} "]"\n' + calls
+    if fmt.name == "llama3":
+        free = ' | ([^{] [^\\x00]*)?' if auto else ""
+        return f"root ::= call{free}\n" + calls
+    raise ValueError(f"{fmt.name} calls are not JSON objects: args_grammar")
+
+
+def args_grammar(fmt: NativeFormat, rules: str, calls: list[tuple[str, str]], parallel: bool) -> str:
+    """mistral-args' grammar: `calls` are each callable function's name and the grammar
+    expression of its arguments (defined in `rules`)."""
+    call_id = f"(<[{fmt.call_id_token}]> [a-zA-Z0-9]{{9}})? " if fmt.call_id_token is not None else ""
+    alternatives = " | ".join(f"{literal(name)} args-sep {args}" for name, args in calls)
+    return (f"root ::= call{'+' if parallel else ''}\n"
+            f"call ::= <[{fmt.open_token}]> ({alternatives})\n"
+            f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
 
 
 def template_tools(req: ChatRequest) -> list[dict[str, Any]]:
@@ -68,24 +165,51 @@ def template_tools(req: ChatRequest) -> list[dict[str, Any]]:
     return out
 
 
-def conversation(messages: list[dict[str, str]], raw: list[ChatMessage]) -> list[dict[str, Any]]:
+def mistral_id(call_id: str) -> str:
+    """A call id as Mistral's templates take it (9 letters and digits): itself when it is one,
+    else one derived from it, the same every time."""
+    if _MISTRAL_ID.match(call_id):
+        return call_id
+    n = int.from_bytes(hashlib.sha256(call_id.encode("utf-8")).digest()[:8], "big")
+    out = []
+    for _ in range(9):
+        n, k = divmod(n, len(_ALNUM))
+        out.append(_ALNUM[k])
+    return "".join(out)
+
+
+def conversation(fmt: NativeFormat, messages: list[dict[str, str]], raw: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages for a template that renders tool turns itself: an assistant's calls as
     `tool_calls` with their arguments as objects (templates write them with `tojson`), tool
-    results as `tool` messages."""
+    results as `tool` messages; Mistral's templates get their kind of ids. A result without a
+    `tool_call_id` (Ollama's clients send none) takes the id of the call it answers: the
+    unanswered call of its `name`, else the first unanswered one."""
+    fix_id = mistral_id if fmt.name.startswith("mistral") else (lambda i: i)
     out: list[dict[str, Any]] = []
+    unanswered: list[dict[str, Any]] = []
     for msg, plain in zip(raw, messages):
         if msg.role == "assistant" and msg.tool_calls:
-            calls = [{"id": c.id or f"call_{k}", "type": "function",
+            calls = [{"id": fix_id(c.id or f"call_{k}"), "type": "function",
                       "function": {"name": c.function.name, "arguments": arguments_value(c.function.arguments)}}
                      for k, c in enumerate(msg.tool_calls)]
+            unanswered = list(calls)
             out.append({"role": "assistant", "content": plain["content"], "tool_calls": calls})
         elif msg.role == "tool":
+            call_id = fix_id(msg.tool_call_id) if msg.tool_call_id else _answered(unanswered, msg.name)
+            unanswered = [c for c in unanswered if c["id"] != call_id]
             out.append({"role": "tool", "content": plain["content"],
-                        **({"tool_call_id": msg.tool_call_id} if msg.tool_call_id else {}),
+                        **({"tool_call_id": call_id} if call_id else {}),
                         **({"name": msg.name} if msg.name else {})})
         else:
             out.append(plain)
     return out
+
+
+def _answered(unanswered: list[dict[str, Any]], name: str | None) -> str | None:
+    """The id of the call a result with no id answers (None: no call is left)."""
+    named = [c for c in unanswered if c["function"]["name"] == name]
+    pick = named or unanswered
+    return pick[0]["id"] if pick else None
 
 
 def arguments_value(text: str) -> Any:
@@ -97,48 +221,86 @@ def arguments_value(text: str) -> Any:
         return text
 
 
-def read_answer(text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
-    """(content, tool_calls, finish_reason) from an answer in the Hermes format. Text before the
-    first call is the content; an answer cut short (max_tokens, a stop string) inside its calls is
-    its text as it is."""
-    start = text.find(OPEN)
-    if start < 0:
+def _call(fmt: NativeFormat, name: Any, arguments: Any, call_id: Any = None) -> ToolCall:
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        raise TypeError("not a call")
+    if not (isinstance(call_id, str) and _MISTRAL_ID.match(call_id) and fmt.name.startswith("mistral")):
+        call_id = fmt.new_id()
+    return ToolCall(id=call_id, function=FunctionCall(name, json.dumps(arguments, ensure_ascii=False)))
+
+
+def _calls(fmt: NativeFormat, text: str) -> list[ToolCall]:
+    """The calls written in `text`, from the format's marker on (ValueError, KeyError or
+    TypeError where they do not read)."""
+    if fmt.name == "hermes":
+        return [_call(fmt, obj["name"], obj["arguments"])
+                for obj in (json.loads(block.group(1)) for block in _HERMES_CALL.finditer(text))]
+    if fmt.name == "mistral":
+        objs = json.loads(text[len(MISTRAL_OPEN):])
+        if not isinstance(objs, list):
+            raise TypeError("not a list of calls")
+        return [_call(fmt, obj["name"], obj["arguments"], obj.get("id")) for obj in objs]
+    if fmt.name == "mistral-args":
+        calls = []
+        for block in text.split(MISTRAL_OPEN)[1:]:
+            head, args = block.split(MISTRAL_ARGS, 1)
+            name, _, call_id = head.partition(MISTRAL_CALL_ID)
+            calls.append(_call(fmt, name.strip(), json.loads(args), call_id or None))
+        return calls
+    obj = json.loads(text)  # llama3: the answer is the call
+    return [_call(fmt, obj["name"], obj.get("parameters", obj.get("arguments")))]
+
+
+def _calls_start(fmt: NativeFormat, text: str) -> int:
+    """Where the calls begin in an answer (-1: it has none)."""
+    if fmt.marker is not None:
+        return text.find(fmt.marker)
+    stripped = text.lstrip()
+    return len(text) - len(stripped) if stripped.startswith("{") else -1
+
+
+def read_answer(fmt: NativeFormat, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
+    """(content, tool_calls, finish_reason) from an answer in the model's format. Text before the
+    calls is the content; an answer cut short (max_tokens, a stop string) inside its calls, or
+    whose calls do not read, is its text as it is."""
+    start = _calls_start(fmt, text)
+    if start < 0 or finish_reason != "stop":
         return text, None, finish_reason
-    if finish_reason != "stop":
+    try:
+        calls = _calls(fmt, text[start:].rstrip())
+    except (ValueError, KeyError, TypeError, AttributeError):
         return text, None, finish_reason
-    calls = []
-    for block in _CALL.finditer(text, start):
-        try:
-            obj = json.loads(block.group(1))
-            calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}",
-                                  function=FunctionCall(obj["name"], json.dumps(obj["arguments"], ensure_ascii=False))))
-        except (ValueError, KeyError, TypeError):
-            return text, None, finish_reason
     if not calls:
         return text, None, finish_reason
     return text[:start].rstrip() or None, calls, "tool_calls"
 
 
 class AnswerReader:
-    """Reads a Hermes-format answer as it streams: text before the first `<tool_call>` goes out as
-    it comes (a tail that may be the tag's beginning waits for the next piece); the calls are read
-    whole at the end."""
+    """Reads an answer in the model's format as it streams: text before the calls goes out as it
+    comes (a tail that may be the marker's beginning waits for the next piece; a llama3 answer
+    that begins with `{` waits whole); the calls are read whole at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, fmt: NativeFormat) -> None:
+        self.fmt = fmt
         self.text = ""
         self.sent = 0
 
     def push(self, piece: str) -> str:
         self.text += piece
-        start = self.text.find(OPEN)
-        end = start if start >= 0 else len(self.text) - partial_suffix(self.text, [OPEN])
-        end = len(self.text[:end].rstrip())  # blanks before a call are not content
+        marker = self.fmt.marker
+        if marker is None:
+            stripped = self.text.lstrip()
+            end = 0 if not stripped or stripped.startswith("{") else len(self.text)
+        else:
+            start = self.text.find(marker)
+            end = start if start >= 0 else len(self.text) - partial_suffix(self.text, [marker])
+            end = len(self.text[:end].rstrip())  # blanks before a call are not content
         new = self.text[self.sent:end] if end > self.sent else ""
         self.sent += len(new)
         return new
 
     def finish(self, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
-        content, calls, reason = read_answer(self.text, finish_reason)
+        content, calls, reason = read_answer(self.fmt, self.text, finish_reason)
         if content is not None:
             content = content[self.sent:]
         return content, calls, reason

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
+from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf, values_gbnf
 from . import native_tools
-from .errors import bad_request
+from .errors import ApiError, bad_request
 from .native_tools import NativeFormat
 from .schemas import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall, ToolChoice
 
@@ -36,11 +36,18 @@ class ToolPlan:
     template_tools: list[dict[str, Any]] | None = None
     triggers: tuple[int, ...] = ()  # the grammar waits for one of these tokens (grammar.Constraint)
 
+    @property
+    def shown_tokens(self) -> tuple[int, ...]:
+        """Tokens the answer's text must show for it to be read back (the format's control tokens)."""
+        return self.native.shown_tokens if self.native else ()
+
     def reader(self) -> "AnswerReader | native_tools.AnswerReader":
-        return native_tools.AnswerReader() if self.native else AnswerReader()
+        return native_tools.AnswerReader(self.native) if self.native else AnswerReader()
 
     def read(self, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
-        return (native_tools.read_answer if self.native else read_answer)(text, finish_reason)
+        if self.native:
+            return native_tools.read_answer(self.native, text, finish_reason)
+        return read_answer(text, finish_reason)
 
 
 def plan(req: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | None:
@@ -88,16 +95,11 @@ def plan(req: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | Non
     for i, tool in enumerate(req.tools):  # the grammar below checks the callable ones
         if i not in callable_tools and tool.function.parameters is not None:
             _convert(tool.function.parameters, {"": i})
+    if native is not None:
+        return _native_plan(req, native, mode, callable_tools, req.parallel_tool_calls and named is None)
     calls = [{"type": "object", "properties": {"name": {"const": req.tools[i].function.name},
                                                 "arguments": {OWN_ROOT: _parameters(req.tools[i])}},
               "required": ["name", "arguments"]} for i in callable_tools]
-    if native is not None:
-        one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        where = {(f"anyOf.{k}." if len(calls) > 1 else "") + "properties.arguments": i
-                 for k, i in enumerate(callable_tools)}
-        parallel = req.parallel_tool_calls and named is None
-        return ToolPlan(mode, native_tools.grammar(_convert(one, where), parallel), "", native,
-                        native_tools.template_tools(req), (native.open_token,) if mode == "auto" else ())
     call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
     if not req.parallel_tool_calls or named is not None:
         call_list["maxItems"] = 1
@@ -109,6 +111,29 @@ def plan(req: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | Non
     where = {f"{items}{f'.anyOf.{k}' if len(calls) > 1 else ''}.properties.arguments": i
              for k, i in enumerate(callable_tools)}
     return ToolPlan(mode, _convert(schema, where), _instructions(req, mode, named))
+
+
+def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_tools: list[int],
+                 parallel: bool) -> ToolPlan:
+    """The plan for a model's own format: its grammar over the callable tools."""
+    parallel = parallel and native.parallel
+    if native.name == "mistral-args":
+        try:
+            rules, tops = values_gbnf([_parameters(req.tools[i]) for i in callable_tools], "args")
+        except SchemaError as e:
+            k, _, rest = e.path.partition(".")
+            raise _schema_error(callable_tools[int(k)], rest, e.reason) from None
+        calls = [(req.tools[i].function.name, top) for i, top in zip(callable_tools, tops)]
+        gbnf = native_tools.args_grammar(native, rules, calls, parallel)
+    else:
+        calls = [native_tools.call_schema(native, req.tools[i].function.name, {OWN_ROOT: _parameters(req.tools[i])})
+                 for i in callable_tools]
+        one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        where = {(f"anyOf.{k}." if len(calls) > 1 else "") + f"properties.{native.args_key}": i
+                 for k, i in enumerate(callable_tools)}
+        gbnf = native_tools.grammar(native, _convert(one, where), parallel, mode == "auto")
+    triggers = (native.open_token,) if mode == "auto" and native.open_token is not None else ()
+    return ToolPlan(mode, gbnf, "", native, native_tools.template_tools(req), triggers)
 
 
 def _parameters(tool: Tool) -> Any:
@@ -125,10 +150,14 @@ def _convert(schema: dict, tools_at: dict[str, int]) -> str:
     except SchemaError as e:
         for at, i in tools_at.items():
             if e.path == at or at == "" or e.path.startswith(at + "."):
-                rest = e.path[len(at):].lstrip(".")
-                param = f"tools[{i}].function.parameters" + (f".{rest}" if rest else "")
-                raise bad_request(f"{param}: {e.reason}", param=param) from None
+                raise _schema_error(i, e.path[len(at):].lstrip("."), e.reason) from None
         raise bad_request(f"tools: {e.reason}", param="tools") from None
+
+
+def _schema_error(tool: int, path: str, reason: str) -> ApiError:
+    """A 400 naming the place in tools[tool]'s parameters that the grammar cannot express."""
+    param = f"tools[{tool}].function.parameters" + (f".{path}" if path else "")
+    return bad_request(f"{param}: {reason}", param=param)
 
 
 def _instructions(req: ChatRequest, mode: str, named: str | None) -> str:
@@ -152,7 +181,7 @@ def conversation(messages: list[dict[str, str]], raw: list[ChatMessage], tools: 
     (consecutive ones, and a user message right after them, in one), and the instructions in the
     system message when tools apply."""
     if native is not None:
-        return native_tools.conversation(messages, raw)
+        return native_tools.conversation(native, messages, raw)
     out: list[dict[str, str]] = []
     called: dict[str, str] = {}  # tool_call_id -> function name
     for msg, plain in zip(raw, messages):

@@ -1108,7 +1108,7 @@ class ModelRunner:
         seq.n_generated += 1
         if seq.spec is not None:
             seq.spec.tokens.append(token)
-        piece = vocab.piece(token)
+        piece = vocab.piece(token, token in seq.req.sampling.shown_tokens)
         if seq.think is not None and seq.think.push(piece.decode("utf-8", "replace")):
             seq.forced = list(seq.req.sampling.think_budget.close)
             self.stats["reasoning_budget_cuts"] += 1

@@ -55,6 +55,9 @@ class SamplingParams:
     # With these tokens the grammar is lazy: the output is free until one of them is picked, and
     # from it on follows the grammar, which begins with that token (a model's tool-call tag).
     grammar_triggers: tuple[int, ...] = ()
+    # Tokens written out in the answer's text although they are control tokens (a tool format's
+    # tags, which the answer is read back by).
+    shown_tokens: tuple[int, ...] = ()
     think_budget: ThinkBudget | None = None
 
     @property

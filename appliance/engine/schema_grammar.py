@@ -409,8 +409,11 @@ class _Converter:
         return name
 
     def grammar(self, top: str) -> str:
-        lines = [f"root ::= {self.trimmed(top)}"]
-        lines += [f"{name} ::= {body}" for name, body in self.rules.items()]
+        root = f"root ::= {self.trimmed(top)}\n"
+        return root + self.rule_lines()
+
+    def rule_lines(self) -> str:
+        lines = [f"{name} ::= {body}" for name, body in self.rules.items()]
         lines += [f"{name} ::= {PRIMITIVES[name]}" for name in PRIMITIVES if name in self.used]
         return "\n".join(lines) + "\n"
 
@@ -528,6 +531,20 @@ def schema_to_gbnf(schema: Any) -> str:
     except RecursionError:
         raise SchemaError("", "the schema is nested too deeply") from None
     return conv.grammar(top)
+
+
+def values_gbnf(schemas: list[Any], hint: str) -> tuple[str, list[str]]:
+    """Rules (no `root`) for the values of several schemas in one grammar, and for each schema the
+    expression its values match, ending at the value (no whitespace after it). Each schema is a
+    document of its own ($refs resolve in it); a SchemaError's path starts with its index."""
+    conv = _Converter(None)
+    tops = []
+    for i, schema in enumerate(schemas):
+        try:
+            tops.append(conv.trimmed(conv.visit({OWN_ROOT: schema}, str(i), f"{hint}-{i}")))
+        except RecursionError:
+            raise SchemaError(str(i), "the schema is nested too deeply") from None
+    return conv.rule_lines(), tops
 
 
 def json_object_gbnf() -> str:

@@ -1,19 +1,23 @@
-"""Tool calls in a model's own format (api/native_tools.py), through the real server: a SmolLM2
-copy whose vocabulary has `<tool_call>` as one token, served with a Hermes-style template (the
-format of Qwen 2.5/3 and Hermes models; tests/hermes_smollm2.py). The template lists the tools,
-the answer is `<tool_call>{...}</tool_call>` held by a grammar (lazy under `auto`: it starts at
-the model's own tag), and history renders as the template writes it. The same template on
-SmolLM2 as it is (no such token) falls back to EIE's JSON format."""
+"""Tool calls in a model's own format (api/native_tools.py), through the real server: SmolLM2
+copies whose vocabularies have `<tool_call>` (Hermes, Qwen) or `[TOOL_CALLS]`, `[ARGS]` and
+`[CALL_ID]` (Mistral) as single tokens, and plain SmolLM2 with a Llama 3.x template, each served
+with a template in its family's form (tests/native_tool_models.py). The template lists the
+tools, the answer is held by a grammar to the format (lazy under `auto` where it opens with a
+token), and history renders as the template writes it. The Hermes template on SmolLM2 as it is
+(no such token) falls back to EIE's JSON format."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
 
 from conftest import SMOLLM2, model_entry
-from hermes_smollm2 import HERMES_TEMPLATE, TOOL_CALL_TOKEN, write_hermes_smollm2
+from appliance.api.native_tools import mistral_id
+from native_tool_models import (HERMES_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE,
+                                TOOL_CALL_TOKEN, write_hermes_smollm2, write_mistral_smollm2)
 from tool_requests import TOOLS, WEATHER
 
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
@@ -22,10 +26,14 @@ CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is ma
 @pytest.fixture(scope="module")
 def server(server_factory, tmp_path_factory):
     hermes = write_hermes_smollm2(tmp_path_factory.mktemp("hermes") / "smollm2-hermes.gguf")
+    mistral = write_mistral_smollm2(tmp_path_factory.mktemp("mistral") / "smollm2-mistral.gguf")
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
-                   model_entry("no-tag", SMOLLM2, n_parallel=1, chat_template=HERMES_TEMPLATE)],
+                   model_entry("no-tag", SMOLLM2, n_parallel=1, chat_template=HERMES_TEMPLATE),
+                   model_entry("mistral", mistral, n_parallel=1, chat_template=MISTRAL_TEMPLATE),
+                   model_entry("mistral-args", mistral, n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
+                   model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE)],
     }, "native-tools")
 
 
@@ -34,18 +42,22 @@ def chat(server, messages: list, model: str = "hermes", **kw) -> httpx.Response:
         "model": model, "messages": messages, "tools": TOOLS, "temperature": 0, "max_tokens": 80, **kw})
 
 
-def tokens(server, **body) -> dict:
-    r = httpx.post(server.base + "/tokenize", json={"model": "hermes", "with_pieces": True, **body}, timeout=60)
+def tokens(server, model: str = "hermes", **body) -> dict:
+    r = httpx.post(server.base + "/tokenize", json={"model": model, "with_pieces": True, **body}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def prompt_text(server, **body) -> str:
-    return "".join(t["piece"] for t in tokens(server, **body)["tokens"])
+def prompt_text(server, model: str = "hermes", **body) -> str:
+    return "".join(t["piece"] for t in tokens(server, model, **body)["tokens"])
 
 
-def check_weather(call: dict) -> None:
-    assert call["type"] == "function" and call["id"].startswith("call_")
+def check_weather(call: dict, model: str = "hermes") -> None:
+    assert call["type"] == "function"
+    if model.startswith("mistral"):
+        assert re.fullmatch("[a-zA-Z0-9]{9}", call["id"]), call["id"]  # the only ids Mistral's templates take
+    else:
+        assert call["id"].startswith("call_")
     assert call["function"]["name"] == "get_weather"
     args = json.loads(call["function"]["arguments"])
     assert list(args) == ["city", "unit"] and args["unit"] in ("celsius", "fahrenheit"), args
@@ -142,5 +154,108 @@ def test_tools_in_tokenize_need_messages(server):
 
 
 def test_the_model_list_names_each_models_tool_format(server):
-    cards = {c["id"]: c for c in httpx.get(server.base + "/v1/models").json()["data"]}
-    assert cards["hermes"]["tool_format"] == "hermes" and cards["no-tag"]["tool_format"] == "eie"
+    cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
+    assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
+                     "llama3": "llama3"}
+
+
+OTHER_FORMATS = ("mistral", "mistral-args", "llama3")
+HISTORY = [*WEATHER,
+           {"role": "assistant", "content": None, "tool_calls": [
+               {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+
+
+@pytest.mark.parametrize("model", OTHER_FORMATS)
+def test_a_named_call_comes_in_each_models_format(server, model):
+    whole = chat(server, WEATHER, model=model, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert whole.status_code == 200, whole.text
+    out = whole.json()["choices"][0]
+    assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None, out
+    (call,) = out["message"]["tool_calls"]
+    check_weather(call, model)
+    chunks = []  # streamed: the same call, and no tag in the content
+    with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
+            "model": model, "messages": WEATHER, "tools": TOOLS, "temperature": 0, "stream": True, "max_tokens": 80,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    streamed = [c["delta"]["tool_calls"] for c in chunks if c["delta"].get("tool_calls")]
+    assert len(streamed) == 1 and streamed[0][0]["function"] == call["function"]
+    assert not "".join(c["delta"].get("content") or "" for c in chunks).strip()
+
+
+@pytest.mark.parametrize("model", ("mistral", "mistral-args"))
+def test_mistral_under_auto_calls_once_the_model_writes_its_tag(server, model):
+    called = chat(server, WEATHER, model=model, tools=[TOOLS[1]], logit_bias={"8": 100},  # [TOOL_CALLS]
+                  parallel_tool_calls=False)
+    out = called.json()["choices"][0]
+    assert out["finish_reason"] == "tool_calls", out
+    assert all(c["function"]["name"] == "add" for c in out["message"]["tool_calls"])
+    assert "[TOOL_CALLS]" not in (out["message"]["content"] or "")
+
+
+def test_llama3_under_auto_answers_text_or_a_call_from_its_first_character(server):
+    free = chat(server, WEATHER, model="llama3", max_tokens=30).json()["choices"][0]
+    prompt = [t["id"] for t in tokens(server, "llama3", messages=WEATHER, tools=TOOLS)["tokens"]]
+    same = httpx.post(server.base + "/v1/completions", timeout=300, json={
+        "model": "llama3", "prompt": prompt, "temperature": 0, "max_tokens": 30}).json()["choices"][0]["text"]
+    assert not same.lstrip().startswith("{") and free["message"]["content"] == same  # text passes untouched
+    (brace,) = [t["id"] for t in tokens(server, "llama3", content="{")["tokens"]]
+    called = chat(server, WEATHER, model="llama3", logit_bias={str(brace): 100}).json()["choices"][0]
+    assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
+    (call,) = called["message"]["tool_calls"]  # one call: Llama 3.x's templates take no more
+    assert call["function"]["name"] in ("get_weather", "add")
+
+
+@pytest.mark.parametrize("model", OTHER_FORMATS)
+def test_history_renders_in_each_models_format(server, model):
+    text = prompt_text(server, model, messages=HISTORY, tools=TOOLS)
+    if model == "llama3":
+        assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": '
+                '{"city": "Paris", "unit": "celsius"}}<|eot_id|>') in text
+        assert "<|start_header_id|>ipython<|end_header_id|>\n\n18 degrees, sunny<|eot_id|>" in text
+    else:  # the client's id, made one of Mistral's: the call and its result keep their pair
+        cid = mistral_id("call_1")
+        if model == "mistral":
+            assert ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}, '
+                    f'"id": "{cid}"}}]') in text
+            assert f'[TOOL_RESULTS]{{"content": "18 degrees, sunny", "call_id": "{cid}"}}[/TOOL_RESULTS]' in text
+        else:
+            assert f'[TOOL_CALLS]get_weather[CALL_ID]{cid}[ARGS]{{"city": "Paris", "unit": "celsius"}}' in text
+            assert f"[TOOL_RESULTS]{cid}[TOOL_CONTENT]18 degrees, sunny[/TOOL_RESULTS]" in text
+    r = chat(server, HISTORY, model=model, max_tokens=10)
+    assert r.status_code == 200, r.text
+
+
+def test_a_mistral_call_id_goes_back_into_its_template_unchanged(server):
+    out = chat(server, WEATHER, model="mistral", parallel_tool_calls=False,
+               tool_choice={"type": "function", "function": {"name": "get_weather"}}).json()["choices"][0]["message"]
+    call = out["tool_calls"][0]
+    messages = [*WEATHER, out, {"role": "tool", "tool_call_id": call["id"], "content": "18 degrees"}]
+    text = prompt_text(server, "mistral", messages=messages, tools=TOOLS)
+    assert f'"id": "{call["id"]}"' in text and f'"call_id": "{call["id"]}"' in text
+
+
+def test_llama3s_template_refuses_two_calls_in_one_turn(server):
+    two = [*WEATHER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{k}", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+        for k in range(2)]}]
+    r = chat(server, two, model="llama3")
+    assert r.status_code == 400 and "single tool-calls" in r.json()["error"]["message"], r.text
+
+
+def test_an_ollama_history_without_call_ids_renders_in_mistrals_template(server):
+    """Ollama's clients send calls and results without ids; Mistral's template refuses a result
+    without one, so each result takes its call's."""
+    messages = [*WEATHER,
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+                {"role": "tool", "content": "18 degrees, sunny", "tool_name": "get_weather"}]
+    for model in ("mistral", "mistral-args"):
+        r = httpx.post(server.base + "/api/chat", timeout=300, json={
+            "model": model, "messages": messages, "tools": TOOLS, "stream": False,
+            "options": {"temperature": 0, "num_predict": 5}})
+        assert r.status_code == 200, r.text

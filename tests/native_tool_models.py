@@ -1,0 +1,190 @@
+"""SmolLM2 copies with tool-call tokens of their own, and chat templates in the forms of the model
+families whose tool-call formats api/native_tools.py reads.
+
+Qwen 2.5/3 and Hermes models have `<tool_call>` as one user-defined token of their vocabulary;
+Mistral's have `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` as control tokens. No such model is
+installable here, so a copy of SmolLM2 gets those tokens in place of unused ones (`<repo_name>`,
+`<issue_start>`, `<gh_stars>`, `<filename>`; weights untouched, the header kept the same length
+by `general.name`) and the server is given the templates below (`models[].chat_template`),
+written here in each family's form: the ways they list tools, render calls and results, and
+check ids. Llama 3.x's format needs no token of its own. The model was never trained on any of
+them: the tests check the formats, which the grammars guarantee, and the prompts, not judgement.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from conftest import SMOLLM2
+
+TOOL_CALL_TOKEN = 3
+MISTRAL_TOKENS = {8: "[TOOL_CALLS]", 7: "[ARGS]", 6: "[CALL_ID]"}
+USER_DEFINED = 4  # llama.cpp's LLAMA_TOKEN_TYPE_USER_DEFINED: written out in the answer's text
+CONTROL = 3
+
+HERMES_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}You can call functions. Their signatures are inside <tools></tools>:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+For each call, answer a JSON object with the function's name and arguments inside <tool_call></tool_call>:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% if m.content %}{{ m.content }}
+{% endif %}
+{%- for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>
+{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+MISTRAL_TEMPLATE = """\
+{%- if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set loop_messages = messages[1:] %}
+{%- else %}{% set loop_messages = messages %}{% endif %}
+{%- set user_messages = loop_messages | selectattr('role', 'equalto', 'user') | list %}
+{{- bos_token }}
+{%- for m in loop_messages %}
+{%- if m.role == 'user' %}
+{%- if tools and m == user_messages[-1] %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+{%- if loop.last and system is defined %}[INST]{{ system }}\n\n{{ m.content }}[/INST]
+{%- else %}[INST]{{ m.content }}[/INST]{% endif %}
+{%- elif m.tool_calls is defined and m.tool_calls %}[TOOL_CALLS][
+{%- for c in m.tool_calls %}
+{%- if c.id is not defined or c.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}
+{%- set out = c.function | tojson %}{{ out[:-1] }}, "id": "{{ c.id }}"}{{ ', ' if not loop.last else ']' }}
+{%- endfor %}{{ eos_token }}
+{%- elif m.role == 'assistant' %}{{ m.content }}{{ eos_token }}
+{%- elif m.role == 'tool' %}
+{%- if m.tool_call_id is not defined or m.tool_call_id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}
+[TOOL_RESULTS]{"content": {{ m.content | tojson }}, "call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
+{%- endif %}
+{%- endfor %}"""
+
+MISTRAL_ARGS_TEMPLATE = """\
+{{- bos_token }}
+{%- if messages[0].role == 'system' %}[SYSTEM_PROMPT]{{ messages[0].content }}[/SYSTEM_PROMPT]{% set loop_messages = messages[1:] %}
+{%- else %}{% set loop_messages = messages %}{% endif %}
+{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+{%- for m in loop_messages %}
+{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]
+{%- elif m.role == 'assistant' %}{{ m.content or '' }}
+{%- for c in m.tool_calls or [] %}[TOOL_CALLS]{{ c.function.name }}
+{%- if c.id is not defined or c.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}
+[CALL_ID]{{ c.id }}[ARGS]{{ c.function.arguments | tojson }}
+{%- endfor %}{{ eos_token }}
+{%- elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.tool_call_id }}[TOOL_CONTENT]{{ m.content }}[/TOOL_RESULTS]
+{%- endif %}
+{%- endfor %}"""
+
+LLAMA3_TEMPLATE = """\
+{{- bos_token }}<|start_header_id|>system<|end_header_id|>
+
+{% if tools %}Environment: ipython
+{% endif %}Cutting Knowledge Date: December 2023
+
+{% if messages[0].role == 'system' %}{{ messages[0].content }}{% set messages = messages[1:] %}{% endif %}<|eot_id|>
+{%- if tools %}
+{%- if not messages %}{{ raise_exception("Cannot put tools in the first user message when there's no first user message!") }}{% endif %}
+<|start_header_id|>user<|end_header_id|>
+
+Given the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.
+
+Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.Do not use variables.
+
+{% for t in tools %}{{ t | tojson(indent=4) }}
+
+{% endfor %}{{ messages[0].content }}<|eot_id|>{% set messages = messages[1:] %}
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>
+
+{{ m.content }}<|eot_id|>
+{%- elif m.tool_calls is defined and m.tool_calls %}
+{%- if m.tool_calls | length != 1 %}{{ raise_exception('This model only supports single tool-calls at once!') }}{% endif %}
+<|start_header_id|>assistant<|end_header_id|>
+
+{"name": "{{ m.tool_calls[0].function.name }}", "parameters": {{ m.tool_calls[0].function.arguments | tojson }}}<|eot_id|>
+{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>
+
+{{ m.content }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"""
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def retokened_smollm2(dst: Path, tokens: dict[int, str], token_type: int) -> Path:
+    """A copy of SmolLM2 whose special tokens `tokens` (id: new text) read as given, with that
+    token type. Their texts may change length: `general.name` takes up the difference, so the
+    header keeps its size and the tensor data its offset."""
+    data = bytearray(SMOLLM2.read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    at = data.find(struct.pack("<Q", len(key)) + key)
+    assert at > 0, "SmolLM2 has no token list"
+    pos = at + 8 + len(key) + 4 + 4 + 8  # value type (array), item type (string), count
+    spans = []
+    for i in range(max(tokens) + 1):
+        n = struct.unpack_from("<Q", data, pos)[0]
+        spans.append((pos, pos + 8 + n))
+        pos += 8 + n
+    delta = 0
+    for i in sorted(tokens, reverse=True):  # from the end, so earlier spans keep their offsets
+        start, end = spans[i]
+        assert data[start + 8:end].startswith(b"<"), "SmolLM2's vocabulary is not the one expected"
+        new = _string(tokens[i])
+        delta += len(new) - (end - start)
+        data[start:end] = new
+    name_key = b"general.name"
+    k = data.find(struct.pack("<Q", len(name_key)) + name_key)
+    assert 0 < k < at, "general.name is not before the token list"
+    start = k + 8 + len(name_key) + 4
+    n = struct.unpack_from("<Q", data, start)[0]
+    name = bytes(data[start + 8:start + 8 + n])
+    assert n - delta > 0
+    name = (name + b" " * max(0, -delta))[:n - delta]
+    data[start:start + 8 + n] = struct.pack("<Q", len(name)) + name
+    key = b"tokenizer.ggml.token_type"
+    k = data.find(struct.pack("<Q", len(key)) + key)
+    assert k > 0
+    items = k + 8 + len(key) + 4 + 4 + 8  # value type (array), item type (int32), count
+    for i in tokens:
+        assert struct.unpack_from("<i", data, items + 4 * i)[0] == CONTROL
+        struct.pack_into("<i", data, items + 4 * i, token_type)
+    assert len(data) == SMOLLM2.stat().st_size
+    dst.write_bytes(data)
+    return dst
+
+
+def write_hermes_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, {TOOL_CALL_TOKEN: "<tool_call>"}, USER_DEFINED)
+
+
+def write_mistral_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, MISTRAL_TOKENS, CONTROL)

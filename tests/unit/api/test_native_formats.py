@@ -1,0 +1,201 @@
+"""api/native_tools.py's pure parts: which format a template and vocabulary have, each format's
+grammar, answers read back whole and as they stream, Mistral's call ids."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import msgspec
+import pytest
+
+from appliance.api import native_tools, tools
+from appliance.api.native_tools import NativeFormat
+from appliance.api.schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
+from appliance.engine import grammar
+
+WEATHER = {"type": "function", "function": {"name": "w", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL = '<tool_call>\n{"name": "w", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+def request(**kw) -> ChatRequest:
+    return msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}, ChatRequest)
+
+
+HERMES = NativeFormat("hermes", 7)
+MISTRAL = NativeFormat("mistral", 8)
+MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
+LLAMA3 = NativeFormat("llama3")
+
+
+class FakeVocab:
+    """Tokenizes the texts in `special` as one token each, anything else as one token a character."""
+
+    def __init__(self, *special: str):
+        self.special = special
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return [100 + self.special.index(text)] if text in self.special else [ord(c) for c in text]
+
+
+@pytest.mark.parametrize(("template", "vocab", "expected"), [
+    ("{{ tools }} <tool_call> </tool_call>", FakeVocab("<tool_call>"), NativeFormat("hermes", 100)),
+    ("{{ tools }} <tool_call> </tool_call>", FakeVocab(), None),  # no such token: EIE's format
+    ("{{ tools }} [TOOL_CALLS][", FakeVocab("[TOOL_CALLS]"), NativeFormat("mistral", 100)),
+    ("{{ tools }} [TOOL_CALLS] [ARGS]", FakeVocab("[TOOL_CALLS]", "[ARGS]"), NativeFormat("mistral-args", 100, 101)),
+    ("{{ tools }} [TOOL_CALLS] [CALL_ID] [ARGS]", FakeVocab("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+     NativeFormat("mistral-args", 100, 101, 102)),
+    ("{{ tools }} [TOOL_CALLS] [ARGS]", FakeVocab("[TOOL_CALLS]"), None),
+    ('{{ tools }} Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}',
+     FakeVocab(), LLAMA3),
+    ("[TOOL_CALLS] <tool_call> </tool_call>", FakeVocab("[TOOL_CALLS]", "<tool_call>"), None),  # no tools variable
+])
+def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
+    assert native_tools.detect(template, vocab) == expected
+
+
+def test_the_grammar_compiles_and_is_lazy_only_under_auto():
+    auto = tools.plan(request(tools=[WEATHER]), HERMES)
+    assert auto.triggers == (7,) and auto.template_tools == [WEATHER] and auto.instructions == ""
+    assert auto.grammar.startswith('root ::= tagged-call ("\\n" tagged-call)*\n')
+    grammar.check(None, auto.grammar)
+    one = tools.plan(request(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False), HERMES)
+    assert one.triggers == () and one.grammar.startswith("root ::= tagged-call\n")
+    grammar.check(None, one.grammar)
+
+
+def test_a_bad_parameter_schema_is_named_under_its_tool():
+    bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
+        "n": {"type": "number", "multipleOf": 3}}}}}
+    with pytest.raises(Exception) as e:
+        tools.plan(request(tools=[WEATHER, bad]), HERMES)
+    assert e.value.param == "tools[1].function.parameters.properties.n.multipleOf"
+
+
+def test_each_formats_grammar_frames_its_calls():
+    tools_ = [WEATHER, {"type": "function", "function": {"name": "n", "parameters": {"type": "object", "properties": {
+        "k": {"$ref": "#/$defs/k"}}, "$defs": {"k": {"type": "integer"}}}}}]
+    mistral = tools.plan(request(tools=tools_), MISTRAL)
+    assert mistral.triggers == (8,) and mistral.shown_tokens == (8,)
+    assert mistral.grammar.startswith('root ::= <[8]> "[" call ("," " "? call)* "]"\n')
+    assert '"\\"id\\""' in mistral.grammar  # a call may carry its id
+    args = tools.plan(request(tools=tools_, tool_choice="required", parallel_tool_calls=False), MISTRAL_ARGS)
+    assert args.triggers == () and args.shown_tokens == (8, 7, 6)
+    lines = args.grammar.splitlines()
+    assert lines[0] == "root ::= call"
+    assert lines[1] == 'call ::= <[8]> ("w" args-sep args-0-end | "n" args-sep args-1-end)'
+    assert lines[2] == "args-sep ::= (<[6]> [a-zA-Z0-9]{9})? <[7]>"
+    assert any(line.startswith("args-1-end ::=") for line in lines)  # each tool's arguments, $refs resolved
+    assert tools.plan(request(tools=tools_), MISTRAL_ARGS).grammar.startswith("root ::= call+\n")
+    llama = tools.plan(request(tools=tools_), LLAMA3)
+    assert llama.triggers == () and llama.shown_tokens == ()  # the grammar holds the answer from its start
+    assert llama.grammar.startswith("root ::= call | ([^{] [^\\x00]*)?\n")
+    assert '"\\"parameters\\""' in llama.grammar and '"\\"arguments\\""' not in llama.grammar
+    grammar.check(None, llama.grammar)
+    required = tools.plan(request(tools=tools_, tool_choice="required"), LLAMA3)
+    assert required.grammar.startswith("root ::= call\n")  # one call: Llama 3.x's templates take no more
+
+
+def test_a_bad_schema_is_named_under_its_tool_in_the_args_format():
+    bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
+        "n": {"type": "number", "multipleOf": 3}}}}}
+    with pytest.raises(Exception) as e:
+        tools.plan(request(tools=[WEATHER, bad]), MISTRAL_ARGS)
+    assert e.value.param == "tools[1].function.parameters.properties.n.multipleOf"
+
+
+def test_answers_are_read_into_content_and_calls():
+    content, calls, reason = native_tools.read_answer(HERMES, "Let me look.\n" + CALL + "\n" + CALL, "stop")
+    assert content == "Let me look." and reason == "tool_calls" and len(calls) == 2
+    assert calls[0].function.name == "w" and json.loads(calls[0].function.arguments) == {"city": "Oslo"}
+    assert calls[0].id.startswith("call_")
+    assert native_tools.read_answer(HERMES, CALL, "stop")[0] is None
+    assert native_tools.read_answer(HERMES, "plain", "stop") == ("plain", None, "stop")
+    assert native_tools.read_answer(HERMES, CALL[:30], "length") == (CALL[:30], None, "length")  # cut short: as it is
+    broken = '<tool_call>\n{"name": "w"}\n</tool_call>'  # no arguments: not a call
+    assert native_tools.read_answer(HERMES, broken, "stop") == (broken, None, "stop")
+
+
+@pytest.mark.parametrize(("fmt", "text", "content", "calls"), [
+    (MISTRAL, '[TOOL_CALLS][{"name": "w", "arguments": {"city": "Oslo"}}, {"name": "w", "arguments": {"city": "Rome"}, '
+              '"id": "abcDEF123"}]', None, [("w", {"city": "Oslo"}, None), ("w", {"city": "Rome"}, "abcDEF123")]),
+    (MISTRAL, 'Looking.[TOOL_CALLS][{"name": "w", "arguments": {}}]', "Looking.", [("w", {}, None)]),
+    (MISTRAL_ARGS, '[TOOL_CALLS]w[ARGS]{"city": "Oslo"}[TOOL_CALLS]w[CALL_ID]abcDEF123[ARGS]{"city": "Rome"}', None,
+     [("w", {"city": "Oslo"}, None), ("w", {"city": "Rome"}, "abcDEF123")]),
+    (LLAMA3, '{"name": "w", "parameters": {"city": "Oslo"}}', None, [("w", {"city": "Oslo"}, None)]),
+    (LLAMA3, '\n {"name": "w", "arguments": {"city": "Oslo"}} ', None, [("w", {"city": "Oslo"}, None)]),
+    (LLAMA3, 'It is {"name": "w"}', 'It is {"name": "w"}', None),  # not at the start: text
+    (LLAMA3, '{"name": "w"}', '{"name": "w"}', None),  # no arguments: text
+    (MISTRAL, "[TOOL_CALLS][{]", "[TOOL_CALLS][{]", None),  # does not read: the text as it is
+    (MISTRAL_ARGS, "[TOOL_CALLS]w{}", "[TOOL_CALLS]w{}", None),
+])
+def test_each_format_is_read_back(fmt, text, content, calls):
+    got_content, got, reason = native_tools.read_answer(fmt, text, "stop")
+    assert got_content == content
+    if calls is None:
+        assert got is None and reason == "stop"
+        return
+    assert reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in got] == [c[:2] for c in calls]
+    for call, (_, _, call_id) in zip(got, calls):
+        if call_id is not None:
+            assert call.id == call_id  # the id the model wrote
+        elif fmt is LLAMA3:
+            assert call.id.startswith("call_")
+        else:
+            assert re.fullmatch("[a-zA-Z0-9]{9}", call.id)  # Mistral's templates take no other
+
+
+def test_mistral_ids_are_nine_letters_and_digits_and_stable():
+    assert native_tools.mistral_id("abcDEF123") == "abcDEF123"
+    made = native_tools.mistral_id("call_1")
+    assert re.fullmatch("[a-zA-Z0-9]{9}", made) and made == native_tools.mistral_id("call_1")
+    assert made != native_tools.mistral_id("call_2")
+
+
+@pytest.mark.parametrize("cut", [1, 3, 12, 14])
+def test_a_streamed_answer_gives_out_its_text_and_never_the_tag(cut):
+    text = "Sure <tool>.\n" + CALL
+    reader = native_tools.AnswerReader(HERMES)
+    out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
+    content, calls, reason = reader.finish("stop")
+    assert out + (content or "") == "Sure <tool>."
+    assert reason == "tool_calls" and calls[0].function.name == "w"
+    reader = native_tools.AnswerReader(HERMES)
+    out = "".join(reader.push(p) for p in ("a <tool_c", "at> b\n"))
+    assert out + (reader.finish("stop")[0] or "") == "a <tool_cat> b\n"  # not the tag after all
+
+
+@pytest.mark.parametrize("cut", [1, 2, 5])
+def test_a_streamed_mistral_answer_never_gives_out_its_tag(cut):
+    text = "Sure [TOOLS].[TOOL_CALLS][{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}]"
+    reader = native_tools.AnswerReader(MISTRAL)
+    out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
+    content, calls, reason = reader.finish("stop")
+    assert out + (content or "") == "Sure [TOOLS]." and reason == "tool_calls"
+
+
+@pytest.mark.parametrize("cut", [1, 3])
+def test_a_streamed_llama3_answer_is_held_only_when_it_begins_as_a_call(cut):
+    call = '\n{"name": "w", "parameters": {"city": "Oslo"}}'
+    reader = native_tools.AnswerReader(LLAMA3)
+    assert "".join(reader.push(call[i:i + cut]) for i in range(0, len(call), cut)) == ""
+    assert reader.finish("stop")[1][0].function.name == "w"
+    text = "\nIt is sunny {really}."
+    reader = native_tools.AnswerReader(LLAMA3)
+    out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
+    content, calls, reason = reader.finish("stop")
+    assert out == text and content == "" and calls is None and reason == "stop"
+
+
+def test_results_without_ids_answer_the_calls_in_turn():
+    calls = [ToolCall(id=f"call_{k}", function=FunctionCall(name, "{}")) for k, name in enumerate(("a", "b", "c"))]
+    raw = [ChatMessage("user", "hi"), ChatMessage("assistant", None, tool_calls=calls),
+           ChatMessage("tool", "B", name="b"), ChatMessage("tool", "A"), ChatMessage("tool", "C", tool_call_id="call_2")]
+    plain = [{"role": m.role, "content": m.content or ""} for m in raw]
+    out = native_tools.conversation(MISTRAL, plain, raw)
+    ids = [c["id"] for c in out[1]["tool_calls"]]
+    assert ids == [native_tools.mistral_id(f"call_{k}") for k in range(3)]
+    assert [m["tool_call_id"] for m in out[2:]] == [ids[1], ids[0], ids[2]]  # by name, then in turn
+    assert native_tools.conversation(HERMES, plain, raw)[3]["tool_call_id"] == "call_0"  # ids kept as they are
