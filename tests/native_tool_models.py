@@ -1,7 +1,7 @@
 """SmolLM2 copies with tool-call tokens of their own, and chat templates in the forms of the model
 families whose tool-call formats api/native_tools.py reads.
 
-Qwen 2.5/3 and Hermes models have `<tool_call>` as one user-defined token of their vocabulary;
+Qwen 2.5/3/3.5 and Hermes models have `<tool_call>` as one user-defined token of their vocabulary;
 Mistral's have `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` as control tokens. No such model is
 installable here, so a copy of SmolLM2 gets those tokens in place of unused ones (`<repo_name>`,
 `<issue_start>`, `<gh_stars>`, `<filename>`; weights untouched, the header kept the same length
@@ -58,6 +58,56 @@ For each call, answer a JSON object with the function's name and arguments insid
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
+
+QWEN3_CODER_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+# Tools
+
+You have access to the following functions:
+
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+If you choose to call a function ONLY reply in the following format with NO suffix:
+
+<tool_call>
+<function=example_function_name>
+<parameter=example_parameter_1>
+value_1
+</parameter>
+</function>
+</tool_call>
+{%- if messages[0].role == 'system' %}
+
+{{ messages[0].content }}{% endif %}<|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% if m.content %}{{ m.content }}
+
+{% endif %}
+{%- for c in m.tool_calls %}<tool_call>
+<function={{ c.function.name }}>
+{% for name, value in c.function.arguments | items %}<parameter={{ name }}>
+{{ value | tojson if value is mapping or (value is sequence and value is not string) else value | string }}
+</parameter>
+{% endfor %}</function>
+</tool_call>{% if not loop.last %}
+{% endif %}{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
 
 MISTRAL_TEMPLATE = """\
 {%- if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set loop_messages = messages[1:] %}

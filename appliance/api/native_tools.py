@@ -10,8 +10,13 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
   Ministral 8B), `[TOOL_CALLS]` a control token;
 - mistral-args: `[TOOL_CALLS]name[ARGS]{...}` for each call (Devstral, Magistral, Ministral 3;
   Mistral Small 3.2 may put `[CALL_ID]id` before `[ARGS]`), all three control tokens;
+- qwen3-coder: `<tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>\n</tool_call>`,
+  a string parameter's value as raw text, others as JSON (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano);
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
+
+A template with `<tool_call>` tags around another body (GLM's `<arg_key>`, MiniMax's `<invoke>`,
+...) has no format here.
 
 Where the format opens with a token, that token starts the grammar: under `auto` the answer is
 free until the model picks it (a lazy grammar, engine/grammar.py), under `required` or a named
@@ -37,14 +42,24 @@ from typing import Any
 
 from ..engine.chat_template import ChatTemplate
 from ..engine.native import Vocab
-from ..engine.schema_grammar import literal
+from ..engine.schema_grammar import SchemaError, literal, values_gbnf
 from ..engine.text import partial_suffix
 from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
 # What Llama 3.1/3.2/3.3's templates tell the model, in their own words.
 LLAMA3_SIGN = '"parameters": dictionary of argument name'
+# A JSON object with "name" (or "arguments") inside the tags, as Hermes templates show the model
+# (written in Jinja strings, so quotes and newlines may be escaped).
+_HERMES_JSON = re.compile(r'<tool_call>(?:\s|\\n)*\{\{?\\?"(?:name|arguments)\\?"'
+                          r'|\{\{?\\?"name\\?": <function-name>, \\?"arguments\\?"')
+_XML_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+# A parameter's raw text: anything but its closing tag.
+_XML_TEXT = "xml-text ::= ([^<] | " + " | ".join(
+    f'"{"</parameter>"[:k]}" [^{"</parameter>"[k]}]' for k in range(1, len("</parameter>"))) + ")*"
 _HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), re.DOTALL)
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 _MISTRAL_ID = re.compile(r"^[a-zA-Z0-9]{9}$")
@@ -53,7 +68,7 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # "hermes", "mistral", "mistral-args" or "llama3"
+    name: str  # "hermes", "qwen3-coder", "mistral", "mistral-args" or "llama3"
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
@@ -71,7 +86,8 @@ class NativeFormat:
     @property
     def marker(self) -> str | None:
         """The text that opens the calls in the answer (None: the answer is the call)."""
-        return {"hermes": HERMES_OPEN, "mistral": MISTRAL_OPEN, "mistral-args": MISTRAL_OPEN}.get(self.name)
+        return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "mistral": MISTRAL_OPEN,
+                "mistral-args": MISTRAL_OPEN}.get(self.name)
 
     @property
     def shown_tokens(self) -> tuple[int, ...]:
@@ -95,8 +111,14 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     if "tools" not in template_source:
         return None
     if HERMES_OPEN in template_source and HERMES_CLOSE in template_source:
+        if XML_FUNCTION in template_source and XML_PARAMETER in template_source:
+            name = "qwen3-coder"
+        elif _HERMES_JSON.search(template_source):
+            name = "hermes"
+        else:
+            return None  # another body inside the tags
         token = _one_token(vocab, HERMES_OPEN)
-        return NativeFormat("hermes", token) if token is not None else None
+        return NativeFormat(name, token) if token is not None else None
     if MISTRAL_OPEN in template_source:
         token = _one_token(vocab, MISTRAL_OPEN)
         if token is None:
@@ -139,7 +161,7 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
     if fmt.name == "llama3":
         free = ' | ([^{] [^\\x00]*)?' if auto else ""
         return f"root ::= call{free}\n" + calls
-    raise ValueError(f"{fmt.name} calls are not JSON objects: args_grammar")
+    raise ValueError(f"{fmt.name} calls are not JSON objects: args_grammar or xml_grammar")
 
 
 def args_grammar(fmt: NativeFormat, rules: str, calls: list[tuple[str, str]], parallel: bool) -> str:
@@ -150,6 +172,71 @@ def args_grammar(fmt: NativeFormat, rules: str, calls: list[tuple[str, str]], pa
     return (f"root ::= call{'+' if parallel else ''}\n"
             f"call ::= <[{fmt.open_token}]> ({alternatives})\n"
             f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
+
+
+def _xml_text(schema: Any) -> str | None:
+    """The grammar of a qwen3-coder parameter written as raw text (a string's), None for one
+    written as JSON."""
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(schema.get("const"), str):
+        return literal(schema["const"])
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return "(" + " | ".join(literal(v) for v in enum) + ")"
+    return "xml-text" if schema.get("type") == "string" and "enum" not in schema and "const" not in schema else None
+
+
+def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """qwen3-coder's grammar: `functions` are each callable function's name and parameters
+    schema. Its properties come in their declared order, the required ones always; a function
+    whose schema lists no properties takes any. A SchemaError's path starts with the function's
+    place in `functions`."""
+    json_schemas: list[Any] = []
+    json_roots: list[Any] = []
+    json_at: list[str] = []
+    calls = []
+    for k, (name, schema) in enumerate(functions):
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(props, dict) or not props:
+            calls.append((name, None))
+            continue
+        required = schema.get("required") or []
+        items = []
+        for param, param_schema in props.items():
+            expr = _xml_text(param_schema)
+            if expr is None:
+                expr = f"{{{len(json_schemas)}}}"  # filled in below
+                json_schemas.append(param_schema)
+                json_roots.append(schema)
+                json_at.append(f"{k}.properties.{param}")
+            items.append((param, param in required, expr))
+        calls.append((name, items))
+    try:
+        rules, tops = values_gbnf(json_schemas, "value", json_roots)
+    except SchemaError as e:
+        i, _, rest = e.path.partition(".")
+        raise SchemaError(json_at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
+    more = ' ("\\n" tagged-call)*' if parallel else ""
+    lines = [f"root ::= tagged-call{more}",
+             f'tagged-call ::= "{HERMES_OPEN}" "\\n" call "\\n" "{HERMES_CLOSE}"',
+             "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls)))]
+    close = '"\\n</parameter>\\n"'
+    for k, (name, items) in enumerate(calls):
+        if items is None:
+            body = "xml-any-parameter*"
+        else:
+            parts = []
+            for param, needed, expr in items:
+                if expr.startswith("{"):
+                    expr = tops[int(expr[1:-1])]
+                part = f"{literal(XML_PARAMETER + param + '>' + chr(10))} {expr} {close}"
+                parts.append(part if needed else f"({part})?")
+            body = " ".join(parts)
+        lines.append(f"call-{k} ::= {literal(XML_FUNCTION + name + '>' + chr(10))} {body} \"</function>\"")
+    lines.append(f'xml-any-parameter ::= "<parameter=" [a-zA-Z0-9_.-]+ ">\\n" xml-text {close}')
+    lines.append(_XML_TEXT)
+    return "\n".join(lines) + "\n" + rules
 
 
 def template_tools(req: ChatRequest) -> list[dict[str, Any]]:
@@ -229,12 +316,45 @@ def _call(fmt: NativeFormat, name: Any, arguments: Any, call_id: Any = None) -> 
     return ToolCall(id=call_id, function=FunctionCall(name, json.dumps(arguments, ensure_ascii=False)))
 
 
-def _calls(fmt: NativeFormat, text: str) -> list[ToolCall]:
+def _xml_value(raw: str, schema: Any) -> Any:
+    """A qwen3-coder parameter's value: a string's raw text as it is, else the JSON it holds (or
+    Python's spelling of true, false and null, as the template writes them), else the text."""
+    if _xml_text(schema) is not None:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"True": True, "False": False, "None": None}.get(raw.strip(), raw)
+
+
+def _parameters_of(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Each function's parameter schemas by name, from tools as templates take them."""
+    out = {}
+    for tool in tools or []:
+        props = tool["function"].get("parameters", {}).get("properties")
+        out[tool["function"]["name"]] = props if isinstance(props, dict) else {}
+    return out
+
+
+def _calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None) -> list[ToolCall]:
     """The calls written in `text`, from the format's marker on (ValueError, KeyError or
     TypeError where they do not read)."""
     if fmt.name == "hermes":
         return [_call(fmt, obj["name"], obj["arguments"])
                 for obj in (json.loads(block.group(1)) for block in _HERMES_CALL.finditer(text))]
+    if fmt.name == "qwen3-coder":
+        schemas = _parameters_of(tools)
+        calls = []
+        for block in _HERMES_CALL.finditer(text):
+            call = _XML_CALL.fullmatch(block.group(1))
+            if call is None:
+                raise ValueError("not a function block")
+            name = call.group(1).strip()
+            props = schemas.get(name, {})
+            args = {m.group(1).strip(): _xml_value(m.group(2), props.get(m.group(1).strip()))
+                    for m in _XML_PARAMETER.finditer(call.group(2))}
+            calls.append(_call(fmt, name, args))
+        return calls
     if fmt.name == "mistral":
         objs = json.loads(text[len(MISTRAL_OPEN):])
         if not isinstance(objs, list):
@@ -259,15 +379,17 @@ def _calls_start(fmt: NativeFormat, text: str) -> int:
     return len(text) - len(stripped) if stripped.startswith("{") else -1
 
 
-def read_answer(fmt: NativeFormat, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
-    """(content, tool_calls, finish_reason) from an answer in the model's format. Text before the
+def read_answer(fmt: NativeFormat, text: str, finish_reason: str,
+                tools: list[dict[str, Any]] | None = None) -> tuple[str | None, list[ToolCall] | None, str]:
+    """(content, tool_calls, finish_reason) from an answer in the model's format (`tools`: the
+    request's, as templates take them, which say how qwen3-coder's values read). Text before the
     calls is the content; an answer cut short (max_tokens, a stop string) inside its calls, or
     whose calls do not read, is its text as it is."""
     start = _calls_start(fmt, text)
     if start < 0 or finish_reason != "stop":
         return text, None, finish_reason
     try:
-        calls = _calls(fmt, text[start:].rstrip())
+        calls = _calls(fmt, text[start:].rstrip(), tools)
     except (ValueError, KeyError, TypeError, AttributeError):
         return text, None, finish_reason
     if not calls:
@@ -280,8 +402,9 @@ class AnswerReader:
     comes (a tail that may be the marker's beginning waits for the next piece; a llama3 answer
     that begins with `{` waits whole); the calls are read whole at the end."""
 
-    def __init__(self, fmt: NativeFormat) -> None:
+    def __init__(self, fmt: NativeFormat, tools: list[dict[str, Any]] | None = None) -> None:
         self.fmt = fmt
+        self.tools = tools
         self.text = ""
         self.sent = 0
 
@@ -300,7 +423,7 @@ class AnswerReader:
         return new
 
     def finish(self, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
-        content, calls, reason = read_answer(self.fmt, self.text, finish_reason)
+        content, calls, reason = read_answer(self.fmt, self.text, finish_reason, self.tools)
         if content is not None:
             content = content[self.sent:]
         return content, calls, reason

@@ -42,11 +42,11 @@ class ToolPlan:
         return self.native.shown_tokens if self.native else ()
 
     def reader(self) -> "AnswerReader | native_tools.AnswerReader":
-        return native_tools.AnswerReader(self.native) if self.native else AnswerReader()
+        return native_tools.AnswerReader(self.native, self.template_tools) if self.native else AnswerReader()
 
     def read(self, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
         if self.native:
-            return native_tools.read_answer(self.native, text, finish_reason)
+            return native_tools.read_answer(self.native, text, finish_reason, self.template_tools)
         return read_answer(text, finish_reason)
 
 
@@ -117,7 +117,14 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                  parallel: bool) -> ToolPlan:
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
-    if native.name == "mistral-args":
+    if native.name == "qwen3-coder":
+        try:
+            gbnf = native_tools.xml_grammar([(req.tools[i].function.name, _parameters(req.tools[i]))
+                                             for i in callable_tools], parallel)
+        except SchemaError as e:
+            k, _, rest = e.path.partition(".")
+            raise _schema_error(callable_tools[int(k)], rest, e.reason) from None
+    elif native.name == "mistral-args":
         try:
             rules, tops = values_gbnf([_parameters(req.tools[i]) for i in callable_tools], "args")
         except SchemaError as e:

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -35,9 +36,22 @@ RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_tok
                       "strftime_now"})
 
 
+class _GenerationTag(jinja2.ext.Extension):
+    """Hugging Face's `{% generation %}...{% endgeneration %}`, which marks the assistant's text for
+    training masks (LFM2.5, Laguna and other templates use it): rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[Any]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str, eos_token: str):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
+        # the extensions Hugging Face's renderer has: templates use {% break %}, {% generation %}
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
+                                            extensions=["jinja2.ext.loopcontrols", _GenerationTag])
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         env.filters["tojson"] = _tojson

@@ -533,15 +533,17 @@ def schema_to_gbnf(schema: Any) -> str:
     return conv.grammar(top)
 
 
-def values_gbnf(schemas: list[Any], hint: str) -> tuple[str, list[str]]:
+def values_gbnf(schemas: list[Any], hint: str, roots: list[Any] | None = None) -> tuple[str, list[str]]:
     """Rules (no `root`) for the values of several schemas in one grammar, and for each schema the
-    expression its values match, ending at the value (no whitespace after it). Each schema is a
-    document of its own ($refs resolve in it); a SchemaError's path starts with its index."""
+    expression its values match, ending at the value (no whitespace after it). A schema's $refs
+    resolve in its entry of `roots` (a document it is part of), else in itself; a SchemaError's
+    path starts with the schema's index."""
     conv = _Converter(None)
     tops = []
     for i, schema in enumerate(schemas):
+        conv.root = roots[i] if roots is not None else schema
         try:
-            tops.append(conv.trimmed(conv.visit({OWN_ROOT: schema}, str(i), f"{hint}-{i}")))
+            tops.append(conv.trimmed(conv.visit(schema, str(i), f"{hint}-{i}")))
         except RecursionError:
             raise SchemaError(str(i), "the schema is nested too deeply") from None
     return conv.rule_lines(), tops

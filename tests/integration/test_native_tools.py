@@ -17,7 +17,7 @@ import pytest
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
 from native_tool_models import (HERMES_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE,
-                                TOOL_CALL_TOKEN, write_hermes_smollm2, write_mistral_smollm2)
+                                QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN, write_hermes_smollm2, write_mistral_smollm2)
 from tool_requests import TOOLS, WEATHER
 
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
@@ -33,7 +33,8 @@ def server(server_factory, tmp_path_factory):
                    model_entry("no-tag", SMOLLM2, n_parallel=1, chat_template=HERMES_TEMPLATE),
                    model_entry("mistral", mistral, n_parallel=1, chat_template=MISTRAL_TEMPLATE),
                    model_entry("mistral-args", mistral, n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
-                   model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE)],
+                   model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
+                   model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE)],
     }, "native-tools")
 
 
@@ -156,10 +157,10 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3"}
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder"}
 
 
-OTHER_FORMATS = ("mistral", "mistral-args", "llama3")
+OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -213,7 +214,11 @@ def test_llama3_under_auto_answers_text_or_a_call_from_its_first_character(serve
 @pytest.mark.parametrize("model", OTHER_FORMATS)
 def test_history_renders_in_each_models_format(server, model):
     text = prompt_text(server, model, messages=HISTORY, tools=TOOLS)
-    if model == "llama3":
+    if model == "qwen3-coder":  # strings as raw text, other values as JSON
+        assert ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call><|im_end|>") in text
+        assert "<tool_response>\n18 degrees, sunny\n</tool_response>" in text
+    elif model == "llama3":
         assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": '
                 '{"city": "Paris", "unit": "celsius"}}<|eot_id|>') in text
         assert "<|start_header_id|>ipython<|end_header_id|>\n\n18 degrees, sunny<|eot_id|>" in text
@@ -259,3 +264,14 @@ def test_an_ollama_history_without_call_ids_renders_in_mistrals_template(server)
             "model": model, "messages": messages, "tools": TOOLS, "stream": False,
             "options": {"temperature": 0, "num_predict": 5}})
         assert r.status_code == 200, r.text
+
+
+def test_qwen3_coder_values_read_back_as_their_schemas_types(server):
+    """Integers are written as text between tags; the call's arguments are JSON integers again,
+    and strings stay strings."""
+    r = chat(server, [{"role": "user", "content": "Add 2 and 3."}], model="qwen3-coder", tools=TOOLS,
+             tool_choice={"type": "function", "function": {"name": "add"}})
+    assert r.status_code == 200, r.text
+    (call,) = r.json()["choices"][0]["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert {k: type(v) for k, v in args.items()} == {"a": int, "b": int}, args

@@ -24,6 +24,8 @@ def request(**kw) -> ChatRequest:
 
 
 HERMES = NativeFormat("hermes", 7)
+QWEN3_CODER = NativeFormat("qwen3-coder", 7)
+HERMES_SOURCE = '{{ tools }} <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 MISTRAL = NativeFormat("mistral", 8)
 MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
 LLAMA3 = NativeFormat("llama3")
@@ -40,8 +42,14 @@ class FakeVocab:
 
 
 @pytest.mark.parametrize(("template", "vocab", "expected"), [
-    ("{{ tools }} <tool_call> </tool_call>", FakeVocab("<tool_call>"), NativeFormat("hermes", 100)),
-    ("{{ tools }} <tool_call> </tool_call>", FakeVocab(), None),  # no such token: EIE's format
+    (HERMES_SOURCE, FakeVocab("<tool_call>"), NativeFormat("hermes", 100)),
+    ("{{- '<tool_call>\\n{\"name\": <function-name>' }} </tool_call> {{ tools }}", FakeVocab("<tool_call>"),
+     NativeFormat("hermes", 100)),  # the JSON written in a Jinja string
+    (HERMES_SOURCE, FakeVocab(), None),  # no such token: EIE's format
+    ("{{ tools }} <tool_call>\n<function=f>\n<parameter=p>\n1\n</parameter>\n</function>\n</tool_call>",
+     FakeVocab("<tool_call>"), NativeFormat("qwen3-coder", 100)),
+    ("{{ tools }} <tool_call>f\n<arg_key>p</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+     FakeVocab("<tool_call>"), None),  # GLM's body inside the tags: not read here
     ("{{ tools }} [TOOL_CALLS][", FakeVocab("[TOOL_CALLS]"), NativeFormat("mistral", 100)),
     ("{{ tools }} [TOOL_CALLS] [ARGS]", FakeVocab("[TOOL_CALLS]", "[ARGS]"), NativeFormat("mistral-args", 100, 101)),
     ("{{ tools }} [TOOL_CALLS] [CALL_ID] [ARGS]", FakeVocab("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
@@ -199,3 +207,41 @@ def test_results_without_ids_answer_the_calls_in_turn():
     assert ids == [native_tools.mistral_id(f"call_{k}") for k in range(3)]
     assert [m["tool_call_id"] for m in out[2:]] == [ids[1], ids[0], ids[2]]  # by name, then in turn
     assert native_tools.conversation(HERMES, plain, raw)[3]["tool_call_id"] == "call_0"  # ids kept as they are
+
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+    "a": {"type": "integer"}, "b": {"type": "integer"}, "note": {"type": "string"}, "tags": {"type": "array"}},
+    "required": ["a", "b"]}}}
+
+
+def test_qwen3_coder_grammar_writes_strings_as_text_and_other_values_as_json():
+    plan = tools.plan(request(tools=[WEATHER, ADD, {"type": "function", "function": {"name": "free"}}]), QWEN3_CODER)
+    assert plan.triggers == (7,)
+    lines = plan.grammar.splitlines()
+    assert lines[0] == 'root ::= tagged-call ("\\n" tagged-call)*'
+    assert lines[3] == 'call-0 ::= "<function=w>\\n" "<parameter=city>\\n" xml-text "\\n</parameter>\\n" "</function>"'
+    assert lines[4].startswith('call-1 ::= "<function=add>\\n" "<parameter=a>\\n" integer-end "\\n</parameter>\\n" ')
+    assert '("<parameter=note>\\n" xml-text "\\n</parameter>\\n")?' in lines[4]  # optional: may be left out
+    assert lines[5] == 'call-2 ::= "<function=free>\\n" xml-any-parameter* "</function>"'
+    grammar.check(None, plan.grammar)
+    bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
+        "n": {"type": "number", "multipleOf": 3}}}}}
+    with pytest.raises(Exception) as e:
+        tools.plan(request(tools=[WEATHER, bad]), QWEN3_CODER)
+    assert e.value.param == "tools[1].function.parameters.properties.n.multipleOf"
+
+
+def test_qwen3_coder_values_are_read_by_their_schemas():
+    req = request(tools=[WEATHER, ADD])
+    text = ("Adding.\n<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n-3\n</parameter>\n"
+            "<parameter=note>\n42\n</parameter>\n<parameter=tags>\n[\"x\"]\n</parameter>\n</function>\n</tool_call>\n"
+            "<tool_call>\n<function=w>\n<parameter=city>\nNew\nYork </parameter>\n</function>\n</tool_call>")
+    content, calls, reason = native_tools.read_answer(QWEN3_CODER, text, "stop", native_tools.template_tools(req))
+    assert content == "Adding." and reason == "tool_calls"
+    assert json.loads(calls[0].function.arguments) == {"a": 2, "b": -3, "note": "42", "tags": ["x"]}
+    assert json.loads(calls[1].function.arguments) == {"city": "New\nYork "}  # a string's text as it is
+    assert native_tools.read_answer(QWEN3_CODER, "<tool_call>\n{}\n</tool_call>", "stop")[1] is None
+    reader = native_tools.AnswerReader(QWEN3_CODER, native_tools.template_tools(req))
+    out = "".join(reader.push(text[i:i + 4]) for i in range(0, len(text), 4))
+    rest, calls, _ = reader.finish("stop")
+    assert out + (rest or "") == "Adding." and len(calls) == 2

@@ -30,3 +30,16 @@ def test_sandbox_blocks_attribute_escape():
     t = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}", "", "")
     with pytest.raises(TemplateError, match="unsafe"):
         t.render([{"role": "user", "content": "x"}])
+
+
+def test_templates_may_use_loop_controls_and_generation_blocks():
+    """Hugging Face's renderer has {% break %}/{% continue %} (Reka's templates use them) and
+    {% generation %} (LFM2.5's, Laguna's): a block marking the assistant's text, rendered as is."""
+    source = ("{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+              "{% if m.content == 'stop' %}{% break %}{% endif %}"
+              "{% if m.role == 'assistant' %}{% generation %}[{{ m.content }}]{% endgeneration %}"
+              "{% else %}{{ m.content }}{% endif %}{% endfor %}")
+    out = ChatTemplate(source, "", "").render([{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+                                               {"role": "assistant", "content": "b"},
+                                               {"role": "user", "content": "stop"}, {"role": "user", "content": "c"}])
+    assert out == "a[b]"
