@@ -107,7 +107,12 @@ value_1
 {% endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+{% if enable_thinking %}<think>
+{% elif enable_thinking is false %}<think>
+
+</think>
+
+{% endif %}{% endif %}"""
 
 MISTRAL_TEMPLATE = """\
 {%- if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set loop_messages = messages[1:] %}

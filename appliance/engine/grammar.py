@@ -72,6 +72,8 @@ class Constraint:
     def __init__(self, vocab: Vocab, text: str, triggers: tuple[int, ...] = ()):
         self._smpl = _compile(vocab, text, triggers)
         self._vocab = vocab
+        self._triggers = frozenset(triggers)
+        self.waiting = bool(triggers)  # lazy, and no trigger token accepted yet: it refuses nothing
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._one_arr = _array(self._one)
 
@@ -93,6 +95,8 @@ class Constraint:
         accepted: llama.cpp aborts on one the grammar does not allow, and nothing follows it)."""
         if not self._vocab.is_eog(token):
             held_gil.sampler_accept(self._smpl, token)
+        if self.waiting and token in self._triggers:
+            self.waiting = False
 
     def close(self) -> None:
         if self._smpl:

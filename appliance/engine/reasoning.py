@@ -102,6 +102,11 @@ class BudgetWatch:
         self.count = 0
         self.text = ""  # "start": the answer so far; "inside": its last characters
 
+    @property
+    def inside(self) -> bool:
+        """Whether the answer is inside its think block now."""
+        return self.state == "inside"
+
     def due_at_start(self) -> bool:
         """Whether the close is due before any token (the prompt opened the block, budget 0)."""
         return self._due(close_seen=False) if self.state == "inside" else False

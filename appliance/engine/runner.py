@@ -986,7 +986,8 @@ class ModelRunner:
             token = seq.forced.pop(0)
             self._accept_forced(seq, token)
             return token, token == draft
-        if seq.grammar is not None:
+        # a tool call's lazy grammar waits out a think block: its tag written there is thought, not a call
+        if seq.grammar is not None and not (seq.grammar.waiting and seq.think is not None and seq.think.inside):
             token = self._constrained_pick(seq, row)
             return token, token == draft
         if seq.argmax:

@@ -275,3 +275,15 @@ def test_qwen3_coder_values_read_back_as_their_schemas_types(server):
     (call,) = r.json()["choices"][0]["message"]["tool_calls"]
     args = json.loads(call["function"]["arguments"])
     assert {k: type(v) for k, v in args.items()} == {"a": int, "b": int}, args
+
+
+def test_a_tag_written_while_thinking_is_thought_and_a_call_comes_after_the_block(server):
+    """The lazy grammar waits out the think block (Qwen3.5's template opens it): the model pushed
+    to write `<tool_call>` writes it three times as thought, the budget closes the block, and the
+    tag after it opens the call."""
+    r = chat(server, WEATHER, model="qwen3-coder", tools=[TOOLS[1]], logit_bias=CALL_FIRST, parallel_tool_calls=False,
+             chat_template_kwargs={"enable_thinking": True}, thinking_budget_tokens=3)  # `add`: no free text
+    assert r.status_code == 200, r.text
+    out = r.json()["choices"][0]
+    assert out["message"]["reasoning_content"].strip() == "<tool_call>" * 3, out
+    assert out["finish_reason"] == "tool_calls" and out["message"]["tool_calls"][0]["function"]["name"] == "add", out
