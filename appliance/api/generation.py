@@ -215,7 +215,7 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     shape its answer is read in (think block, tool calls)."""
     prompt, plan = await chat_prompt(runner, req)
     params = await request_sampling(req, runner.vocab, plan)
-    think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt, params)
+    think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
     params = reasoning.with_budget(runner, prompt, params, budget)
     return prompt, params, AnswerShape(plan, think, inside)

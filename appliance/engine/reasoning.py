@@ -43,22 +43,21 @@ def opened_by_prompt(prompt_tail: str) -> bool:
     return prompt_tail.rstrip().endswith(OPEN)
 
 
-def for_answer(runner: ModelRunner, requested: str | None, prompt: list[int],
-               sampling: SamplingParams) -> tuple[bool, bool]:
+def for_answer(runner: ModelRunner, requested: str | None, prompt: list[int]) -> tuple[bool, bool]:
     """(split the answer, the answer starts inside the block), for an answer of `runner` to
     `prompt`; `requested` is the request's reasoning_format (None: the model's configured one).
-    A grammar from the first token (structured output, a tool format without a lazy call tag)
-    leaves no room for a block the prompt opened: such an answer is read as it is."""
+    A grammar (structured output, tool calls) waits until a block the prompt opened is closed
+    (the runner does not ask it before), so such an answer is split as any other."""
     think = applies(runner.template.source, requested or runner.cfg.reasoning_format)
-    return think, think and _starts_inside(runner, prompt, sampling)
+    return think, think and _starts_inside(runner, prompt)
 
 
 def _grammar_from_start(sampling: SamplingParams) -> bool:
     return sampling.grammar is not None and not sampling.grammar_triggers
 
 
-def _starts_inside(runner: ModelRunner, prompt: list[int], sampling: SamplingParams) -> bool:
-    return not _grammar_from_start(sampling) and opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+def _starts_inside(runner: ModelRunner, prompt: list[int]) -> bool:
+    return opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
 
 
 def effort_kwargs(effort: str | None) -> dict[str, bool]:
@@ -78,16 +77,18 @@ def budget_tokens(cfg: ModelConfig, requested: int | None, effort: str | None) -
 
 def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, tokens: int) -> SamplingParams:
     """`sampling` with a reasoning budget of `tokens` (-1: no bound) for an answer of `runner` to
-    `prompt`, where the template knows think blocks. A grammar from the first token leaves the
-    block unbounded (a forced tag would break it); its tokens are counted all the same.
-    `reasoning_format` does not matter: a block left in the content is bounded too."""
+    `prompt`, where the template knows think blocks. A grammar that holds the answer from its
+    first token, where the prompt did not open the block, leaves a block it writes unbounded (a
+    forced tag would break it); its tokens are counted all the same. `reasoning_format` does not
+    matter: a block left in the content is bounded too."""
     if not has_tags(runner.template.source):
         return sampling
-    if _grammar_from_start(sampling):
+    inside = _starts_inside(runner, prompt)
+    if _grammar_from_start(sampling) and not inside:
         tokens = -1
     close = runner.vocab.tokenize(runner.cfg.reasoning_budget_message + "\n" + CLOSE + "\n\n",
                                   add_special=False, parse_special=True) if tokens >= 0 else []
-    return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), _starts_inside(runner, prompt, sampling)))
+    return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), inside))
 
 
 class BudgetWatch:
@@ -98,6 +99,7 @@ class BudgetWatch:
 
     def __init__(self, budget: ThinkBudget) -> None:
         self.limit = budget.tokens
+        self.opened_by_prompt = budget.inside
         self.state = "inside" if budget.inside else "start"
         self.count = 0
         self.text = ""  # "start": the answer so far; "inside": its last characters

@@ -986,8 +986,7 @@ class ModelRunner:
             token = seq.forced.pop(0)
             self._accept_forced(seq, token)
             return token, token == draft
-        # a tool call's lazy grammar waits out a think block: its tag written there is thought, not a call
-        if seq.grammar is not None and not (seq.grammar.waiting and seq.think is not None and seq.think.inside):
+        if seq.grammar is not None and not self._grammar_waits(seq):
             token = self._constrained_pick(seq, row)
             return token, token == draft
         if seq.argmax:
@@ -1006,12 +1005,21 @@ class ModelRunner:
         return token, agreed
 
     @staticmethod
+    def _grammar_waits(seq: _Sequence) -> bool:
+        """Whether the request's grammar sits out this token: inside a think block, a tool call's
+        lazy grammar (its tag written there is thought, not a call), and any grammar where the
+        prompt opened the block (structured output holds the answer after the thinking)."""
+        think = seq.think
+        return (think is not None and think.inside and seq.grammar is not None
+                and (seq.grammar.waiting or think.opened_by_prompt))
+
+    @staticmethod
     def _accept_forced(seq: _Sequence, token: int) -> None:
-        """Tell the chain (its penalties' history) and a lazy grammar of a token no pick chose."""
+        """Tell the chain (its penalties' history) of a token no pick chose. Forced tokens close a
+        think block, which no grammar reads (_grammar_waits; a grammar that holds the block
+        itself gets no budget)."""
         if seq.chain is not None:
             held_gil.sampler_accept(seq.chain, token)
-        if seq.grammar is not None and seq.grammar.allows(token):
-            seq.grammar.accept(token)
 
     def _constrained_pick(self, seq: _Sequence, row: int) -> int:
         """The token under the request's grammar: the pick without it when the grammar allows

@@ -148,7 +148,7 @@ class GroupExecutor:
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
             return
-        think, inside = reasoning.for_answer(runner, call.reasoning_format, prompt, call.sampling)
+        think, inside = reasoning.for_answer(runner, call.reasoning_format, prompt)
         splitters = [reasoning.Splitter(inside) if think else None for _ in members]
         parts: list[list[str]] = [[] for _ in members]
         try:

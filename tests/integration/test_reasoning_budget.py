@@ -125,9 +125,17 @@ def test_a_sampled_answer_is_cut_too(server):
     assert cut_at(pieces, 4) is not None
 
 
-def test_a_grammar_from_the_first_token_leaves_no_block_to_bound(server):
-    choice = chat(server, "budgeted", response_format={"type": "json_object"}, max_tokens=30)
-    assert "</think>" not in choice["message"]["content"] and not choice["message"].get("reasoning_content")
+def test_structured_output_holds_the_answer_after_the_bounded_block(server):
+    """The prompt opened the block: the grammar waits until the budget closes it, then holds the
+    answer to the schema (the thinking is free, as llama-server and vLLM leave it)."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    choice = chat(server, "budgeted", max_tokens=60,
+                  response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    assert choice["finish_reason"] == "stop", choice
+    assert choice["message"]["reasoning_content"].endswith(MESSAGE), choice
+    assert isinstance(json.loads(choice["message"]["content"])["answer"], int), choice
+    raw = tokens(server, "budgeted", response_format={"type": "json_object"}, max_tokens=60)
+    assert cut_at(raw, 8, MESSAGE).startswith("{")  # 8 tokens of thought, the close, then the object
 
 
 def test_a_model_without_think_tags_is_not_bounded(server):
