@@ -2,10 +2,10 @@
 families whose tool-call formats api/native_tools.py reads.
 
 Qwen 2.5/3/3.5 and Hermes models have `<tool_call>` as one user-defined token of their vocabulary;
-Mistral's have `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` as control tokens. No such model is
-installable here, so a copy of SmolLM2 gets those tokens in place of unused ones (`<repo_name>`,
-`<issue_start>`, `<gh_stars>`, `<filename>`; weights untouched, the header kept the same length
-by `general.name`) and the server is given the templates below (`models[].chat_template`),
+Mistral's have `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` as control tokens, Gemma 4's
+`<|tool_call>`, `<tool_call|>` and `<|"|>`. No such model is installable here, so a copy of
+SmolLM2 gets those tokens in place of unused ones (`<repo_name>`, `<filename>`, `<gh_stars>`,
+`<issue_start>`, ...; weights untouched, the header kept the same length by `general.name`) and the server is given the templates below (`models[].chat_template`),
 written here in each family's form: the ways they list tools, render calls and results, and
 check ids. Llama 3.x's format needs no token of its own. The model was never trained on any of
 them: the tests check the formats, which the grammars guarantee, and the prompts, not judgement.
@@ -20,6 +20,7 @@ from conftest import SMOLLM2
 
 TOOL_CALL_TOKEN = 3
 MISTRAL_TOKENS = {8: "[TOOL_CALLS]", 7: "[ARGS]", 6: "[CALL_ID]"}
+GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>'}
 USER_DEFINED = 4  # llama.cpp's LLAMA_TOKEN_TYPE_USER_DEFINED: written out in the answer's text
 CONTROL = 3
 
@@ -190,6 +191,44 @@ Respond in the format {"name": function name, "parameters": dictionary of argume
 {% endif %}"""
 
 
+GEMMA4_TEMPLATE = """\
+{%- macro arg(v) -%}
+{%- if v is string %}<|"|>{{ v }}<|"|>{% elif v is boolean %}{{ 'true' if v else 'false' }}
+{%- elif v is mapping %}{ {%- for k, x in v | dictsort %}{{ k }}:{{ arg(x) }}{{ ',' if not loop.last }}{% endfor -%} }
+{%- elif v is sequence %}[{% for x in v %}{{ arg(x) }}{{ ',' if not loop.last }}{% endfor %}]
+{%- else %}{{ v }}{% endif -%}
+{%- endmacro -%}
+{{- bos_token -}}
+{%- set loop_messages = messages -%}
+{%- if tools or messages[0].role == 'system' -%}<|turn>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}{% set loop_messages = messages[1:] %}{% endif -%}
+{%- for t in tools or [] %}<|tool>declaration:{{ t.function.name }}{description:<|"|>{{ t.function.description }}<|"|>,parameters:{{ t.function.parameters | tojson }}}<tool|>{% endfor -%}
+<turn|>
+{% endif -%}
+{%- set ns = namespace(prev=None) -%}
+{%- for m in loop_messages -%}
+{%- if m.role != 'tool' -%}
+{%- set ns.prev = None -%}
+<|turn>{{ 'model' if m.role == 'assistant' else m.role }}
+{% for c in m.tool_calls or [] %}<|tool_call>call:{{ c.function.name }}{{ arg(c.function.arguments) }}<tool_call|>{% set ns.prev = 'call' %}{% endfor -%}
+{%- if m.tool_calls -%}
+{%- for k in range(loop.index0 + 1, loop_messages | length) -%}
+{%- if loop_messages[k].role == 'tool' and ns.prev != 'stop' -%}
+{%- set name = namespace(v='unknown') -%}
+{%- for c in m.tool_calls %}{% if c.id == loop_messages[k].tool_call_id %}{% set name.v = c.function.name %}{% endif %}{% endfor -%}
+<|tool_response>response:{{ name.v }}{value:<|"|>{{ loop_messages[k].content }}<|"|>}<tool_response|>{% set ns.prev = 'response' %}
+{%- else %}{% set ns.prev = 'stop' if ns.prev == 'response' else ns.prev %}{% endif -%}
+{%- endfor -%}
+{%- endif -%}
+{{ m.content or '' }}{% if not m.tool_calls %}<turn|>
+{% endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt and ns.prev not in ('response', 'stop') %}<|turn>model
+<|channel>thought
+<channel|>{% endif -%}"""
+
+
 def _string(text: str) -> bytes:
     raw = text.encode()
     return struct.pack("<Q", len(raw)) + raw
@@ -243,3 +282,7 @@ def write_hermes_smollm2(dst: Path) -> Path:
 
 def write_mistral_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, MISTRAL_TOKENS, CONTROL)
+
+
+def write_gemma4_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, GEMMA4_TOKENS, CONTROL)

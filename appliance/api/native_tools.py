@@ -12,6 +12,9 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
   Mistral Small 3.2 may put `[CALL_ID]id` before `[ARGS]`), all three control tokens;
 - qwen3-coder: `<tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>\n</tool_call>`,
   a string parameter's value as raw text, others as JSON (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano);
+- gemma4: `<|tool_call>call:name{key:value,...}<tool_call|>` for each call, in Gemma 4's own
+  notation (engine/gemma_notation.py: strings between `<|"|>` marks, bare keys in sorted order),
+  all three tags tokens of their own (the mark may be text);
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -40,6 +43,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine import gemma_notation
 from ..engine.chat_template import ChatTemplate
 from ..engine.native import Vocab
 from ..engine.schema_grammar import SchemaError, literal, values_gbnf
@@ -49,6 +53,7 @@ from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
+GEMMA_OPEN, GEMMA_CLOSE, GEMMA_SIGN = "<|tool_call>", "<tool_call|>", "<|tool_call>call:"
 # What Llama 3.1/3.2/3.3's templates tell the model, in their own words.
 LLAMA3_SIGN = '"parameters": dictionary of argument name'
 # A JSON object with "name" (or "arguments") inside the tags, as Hermes templates show the model
@@ -68,10 +73,12 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # "hermes", "qwen3-coder", "mistral", "mistral-args" or "llama3"
+    name: str  # "hermes", "qwen3-coder", "mistral", "mistral-args", "gemma4" or "llama3"
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
+    close_token: int | None = None  # gemma4: <tool_call|>
+    quote_token: int | None = None  # gemma4: <|"|>, where the vocabulary has it as one token
 
     @property
     def args_key(self) -> str:
@@ -87,12 +94,13 @@ class NativeFormat:
     def marker(self) -> str | None:
         """The text that opens the calls in the answer (None: the answer is the call)."""
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "mistral": MISTRAL_OPEN,
-                "mistral-args": MISTRAL_OPEN}.get(self.name)
+                "mistral-args": MISTRAL_OPEN, "gemma4": GEMMA_OPEN}.get(self.name)
 
     @property
     def shown_tokens(self) -> tuple[int, ...]:
         """The format's tokens, written out in the answer's text although they may be control tokens."""
-        return tuple(t for t in (self.open_token, self.args_token, self.call_id_token) if t is not None)
+        return tuple(t for t in (self.open_token, self.args_token, self.call_id_token, self.close_token,
+                                 self.quote_token) if t is not None)
 
     def new_id(self) -> str:
         if self.name.startswith("mistral"):
@@ -128,6 +136,12 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
         args = _one_token(vocab, MISTRAL_ARGS)
         call_id = _one_token(vocab, MISTRAL_CALL_ID) if MISTRAL_CALL_ID in template_source else None
         return NativeFormat("mistral-args", token, args, call_id) if args is not None else None
+    if GEMMA_SIGN in template_source:
+        open_token, close_token = _one_token(vocab, GEMMA_OPEN), _one_token(vocab, GEMMA_CLOSE)
+        if open_token is None or close_token is None:
+            return None
+        return NativeFormat("gemma4", open_token, close_token=close_token,
+                            quote_token=_one_token(vocab, gemma_notation.QUOTE))
     if LLAMA3_SIGN in template_source:
         return NativeFormat("llama3")
     return None
@@ -164,11 +178,12 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
     raise ValueError(f"{fmt.name} calls are not JSON objects: args_grammar or xml_grammar")
 
 
-def args_grammar(fmt: NativeFormat, rules: str, calls: list[tuple[str, str]], parallel: bool) -> str:
-    """mistral-args' grammar: `calls` are each callable function's name and the grammar
-    expression of its arguments (defined in `rules`)."""
+def args_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """mistral-args' grammar: `functions` are each callable function's name and parameters
+    schema. A SchemaError's path starts with the function's place in `functions`."""
+    rules, tops = values_gbnf([schema for _, schema in functions], "args")
     call_id = f"(<[{fmt.call_id_token}]> [a-zA-Z0-9]{{9}})? " if fmt.call_id_token is not None else ""
-    alternatives = " | ".join(f"{literal(name)} args-sep {args}" for name, args in calls)
+    alternatives = " | ".join(f"{literal(name)} args-sep {args}" for (name, _), args in zip(functions, tops))
     return (f"root ::= call{'+' if parallel else ''}\n"
             f"call ::= <[{fmt.open_token}]> ({alternatives})\n"
             f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
@@ -237,6 +252,17 @@ def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
     lines.append(f'xml-any-parameter ::= "<parameter=" [a-zA-Z0-9_.-]+ ">\\n" xml-text {close}')
     lines.append(_XML_TEXT)
     return "\n".join(lines) + "\n" + rules
+
+
+def gemma_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """gemma4's grammar: `functions` are each callable function's name and parameters schema,
+    whose arguments are held to it in Gemma 4's notation. A SchemaError's path starts with the
+    function's place in `functions`."""
+    quote = f"<[{fmt.quote_token}]>" if fmt.quote_token is not None else literal(gemma_notation.QUOTE)
+    rules, tops = gemma_notation.schemas_gbnf([schema for _, schema in functions], "args", quote)
+    alternatives = " | ".join(f"{literal(name)} {args}" for (name, _), args in zip(functions, tops))
+    return (f"root ::= call{'+' if parallel else ''}\n"
+            f'call ::= <[{fmt.open_token}]> "call:" ({alternatives}) <[{fmt.close_token}]>\n' + rules)
 
 
 def template_tools(req: ChatRequest) -> list[dict[str, Any]]:
@@ -360,6 +386,15 @@ def _calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None) -> 
         if not isinstance(objs, list):
             raise TypeError("not a list of calls")
         return [_call(fmt, obj["name"], obj["arguments"], obj.get("id")) for obj in objs]
+    if fmt.name == "gemma4":
+        calls = []
+        for block in text.split(GEMMA_OPEN)[1:]:
+            body, close, rest = block.partition(GEMMA_CLOSE)
+            if not close or rest.strip() or not body.startswith("call:") or "{" not in body:
+                raise ValueError("not a call")
+            name, brace, args = body[len("call:"):].partition("{")
+            calls.append(_call(fmt, name, gemma_notation.read(brace + args)))
+        return calls
     if fmt.name == "mistral-args":
         calls = []
         for block in text.split(MISTRAL_OPEN)[1:]:

@@ -15,9 +15,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf, values_gbnf
+from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
 from . import native_tools
 from .errors import ApiError, bad_request
 from .native_tools import NativeFormat
@@ -117,21 +118,15 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                  parallel: bool) -> ToolPlan:
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
-    if native.name == "qwen3-coder":
+    builders = {"qwen3-coder": native_tools.xml_grammar, "gemma4": partial(native_tools.gemma_grammar, native),
+                "mistral-args": partial(native_tools.args_grammar, native)}
+    if native.name in builders:  # calls that are not JSON objects: each function's arguments apart
         try:
-            gbnf = native_tools.xml_grammar([(req.tools[i].function.name, _parameters(req.tools[i]))
-                                             for i in callable_tools], parallel)
+            gbnf = builders[native.name]([(req.tools[i].function.name, _parameters(req.tools[i]))
+                                          for i in callable_tools], parallel)
         except SchemaError as e:
             k, _, rest = e.path.partition(".")
             raise _schema_error(callable_tools[int(k)], rest, e.reason) from None
-    elif native.name == "mistral-args":
-        try:
-            rules, tops = values_gbnf([_parameters(req.tools[i]) for i in callable_tools], "args")
-        except SchemaError as e:
-            k, _, rest = e.path.partition(".")
-            raise _schema_error(callable_tools[int(k)], rest, e.reason) from None
-        calls = [(req.tools[i].function.name, top) for i, top in zip(callable_tools, tops)]
-        gbnf = native_tools.args_grammar(native, rules, calls, parallel)
     else:
         calls = [native_tools.call_schema(native, req.tools[i].function.name, {OWN_ROOT: _parameters(req.tools[i])})
                  for i in callable_tools]

@@ -60,7 +60,7 @@ STRING_FORMATS = ("date", "time", "date-time", "uuid")
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 # Keywords that constrain values beyond what a grammar built here enforces: refused, by path.
-_REFUSED = {
+REFUSED_KEYWORDS = {
     "patternProperties": "not supported",
     "propertyNames": "not supported",
     "not": "not supported",
@@ -160,7 +160,7 @@ class _Converter:
             raise SchemaError(path, "false allows no value")
         if not isinstance(schema, dict):
             raise SchemaError(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
-        for key, why in _REFUSED.items():
+        for key, why in REFUSED_KEYWORDS.items():
             if key in schema:
                 raise SchemaError(_join(path, key), why)
         if OWN_ROOT in schema:  # a document of its own: its $refs resolve against it

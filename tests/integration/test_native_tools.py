@@ -16,8 +16,9 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (HERMES_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE,
-                                QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN, write_hermes_smollm2, write_mistral_smollm2)
+from native_tool_models import (GEMMA4_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_ARGS_TEMPLATE,
+                                MISTRAL_TEMPLATE, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN, write_gemma4_smollm2,
+                                write_hermes_smollm2, write_mistral_smollm2)
 from tool_requests import TOOLS, WEATHER
 
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
@@ -27,6 +28,7 @@ CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is ma
 def server(server_factory, tmp_path_factory):
     hermes = write_hermes_smollm2(tmp_path_factory.mktemp("hermes") / "smollm2-hermes.gguf")
     mistral = write_mistral_smollm2(tmp_path_factory.mktemp("mistral") / "smollm2-mistral.gguf")
+    gemma4 = write_gemma4_smollm2(tmp_path_factory.mktemp("gemma4") / "smollm2-gemma4.gguf")
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
@@ -34,7 +36,8 @@ def server(server_factory, tmp_path_factory):
                    model_entry("mistral", mistral, n_parallel=1, chat_template=MISTRAL_TEMPLATE),
                    model_entry("mistral-args", mistral, n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
                    model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
-                   model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE)],
+                   model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE),
+                   model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE)],
     }, "native-tools")
 
 
@@ -157,10 +160,10 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder"}
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "gemma4": "gemma4"}
 
 
-OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder")
+OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "gemma4")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -214,7 +217,10 @@ def test_llama3_under_auto_answers_text_or_a_call_from_its_first_character(serve
 @pytest.mark.parametrize("model", OTHER_FORMATS)
 def test_history_renders_in_each_models_format(server, model):
     text = prompt_text(server, model, messages=HISTORY, tools=TOOLS)
-    if model == "qwen3-coder":  # strings as raw text, other values as JSON
+    if model == "gemma4":  # Gemma 4's notation: bare keys, sorted, strings between <|"|> marks
+        assert ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>'
+                '<|tool_response>response:get_weather{value:<|"|>18 degrees, sunny<|"|>}<tool_response|>') in text
+    elif model == "qwen3-coder":  # strings as raw text, other values as JSON
         assert ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                 "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call><|im_end|>") in text
         assert "<tool_response>\n18 degrees, sunny\n</tool_response>" in text
@@ -287,3 +293,16 @@ def test_a_tag_written_while_thinking_is_thought_and_a_call_comes_after_the_bloc
     out = r.json()["choices"][0]
     assert out["message"]["reasoning_content"].strip() == "<tool_call>" * 3, out
     assert out["finish_reason"] == "tool_calls" and out["message"]["tool_calls"][0]["function"]["name"] == "add", out
+
+
+def test_gemma4_calls_read_back_from_its_notation(server):
+    """Integers come out as JSON integers, and a call the model opens under `auto` (its tag
+    pushed up) is held to the notation and read back."""
+    r = chat(server, [{"role": "user", "content": "Add 2 and 3."}], model="gemma4", tools=[TOOLS[1]],
+             logit_bias={"9": 100}, parallel_tool_calls=False)  # <|tool_call>
+    assert r.status_code == 200, r.text
+    out = r.json()["choices"][0]
+    assert out["finish_reason"] == "tool_calls" and "<|tool_call>" not in (out["message"]["content"] or ""), out
+    (call,) = out["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "add" and {k: type(v) for k, v in args.items()} == {"a": int, "b": int}

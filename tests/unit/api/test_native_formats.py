@@ -29,6 +29,7 @@ HERMES_SOURCE = '{{ tools }} <tool_call>\n{"name": <function-name>, "arguments":
 MISTRAL = NativeFormat("mistral", 8)
 MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
 LLAMA3 = NativeFormat("llama3")
+GEMMA4 = NativeFormat("gemma4", 9, close_token=10, quote_token=11)
 
 
 class FakeVocab:
@@ -57,6 +58,11 @@ class FakeVocab:
     ("{{ tools }} [TOOL_CALLS] [ARGS]", FakeVocab("[TOOL_CALLS]"), None),
     ('{{ tools }} Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}',
      FakeVocab(), LLAMA3),
+    ("{{ tools }} <|tool_call>call:", FakeVocab("<|tool_call>", "<tool_call|>", '<|"|>'),
+     NativeFormat("gemma4", 100, close_token=101, quote_token=102)),
+    ("{{ tools }} <|tool_call>call:", FakeVocab("<|tool_call>", "<tool_call|>"),
+     NativeFormat("gemma4", 100, close_token=101)),  # the string mark as text
+    ("{{ tools }} <|tool_call>call:", FakeVocab("<|tool_call>"), None),
     ("[TOOL_CALLS] <tool_call> </tool_call>", FakeVocab("[TOOL_CALLS]", "<tool_call>"), None),  # no tools variable
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
@@ -73,7 +79,7 @@ def test_the_grammar_compiles_and_is_lazy_only_under_auto():
     grammar.check(None, one.grammar)
 
 
-@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GEMMA4], ids=lambda f: f.name)
 def test_a_bad_parameter_schema_is_named_under_its_tool(fmt):
     bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
         "n": {"type": "number", "multipleOf": 3}}}}}
@@ -128,6 +134,9 @@ def test_answers_are_read_into_content_and_calls():
     (LLAMA3, '\n {"name": "w", "arguments": {"city": "Oslo"}} ', None, [("w", {"city": "Oslo"}, None)]),
     (LLAMA3, 'It is {"name": "w"}', 'It is {"name": "w"}', None),  # not at the start: text
     (LLAMA3, '{"name": "w"}', '{"name": "w"}', None),  # no arguments: text
+    (GEMMA4, 'Sure.<|tool_call>call:w{city:<|"|>Oslo, NO<|"|>}<tool_call|><|tool_call>call:w{city:<|"|>Rome<|"|>}'
+             '<tool_call|>', "Sure.", [("w", {"city": "Oslo, NO"}, None), ("w", {"city": "Rome"}, None)]),
+    (GEMMA4, "<|tool_call>call:w{city:Oslo}<tool_call|>", "<|tool_call>call:w{city:Oslo}<tool_call|>", None),
     (MISTRAL, "[TOOL_CALLS][{]", "[TOOL_CALLS][{]", None),  # does not read: the text as it is
     (MISTRAL_ARGS, "[TOOL_CALLS]w{}", "[TOOL_CALLS]w{}", None),
 ])
@@ -142,7 +151,7 @@ def test_each_format_is_read_back(fmt, text, content, calls):
     for call, (_, _, call_id) in zip(got, calls):
         if call_id is not None:
             assert call.id == call_id  # the id the model wrote
-        elif fmt is LLAMA3:
+        elif fmt in (LLAMA3, GEMMA4):
             assert call.id.startswith("call_")
         else:
             assert re.fullmatch("[a-zA-Z0-9]{9}", call.id)  # Mistral's templates take no other
@@ -233,3 +242,11 @@ def test_qwen3_coder_values_are_read_by_their_schemas():
     out = "".join(reader.push(text[i:i + 4]) for i in range(0, len(text), 4))
     rest, calls, _ = reader.finish("stop")
     assert out + (rest or "") == "Adding." and len(calls) == 2
+
+
+def test_gemma4_grammar_frames_each_call_with_its_tags():
+    plan = tools.plan(request(tools=[WEATHER, ADD]), GEMMA4)
+    assert plan.triggers == (9,) and plan.shown_tokens == (9, 10, 11)
+    lines = plan.grammar.splitlines()
+    assert lines[:2] == ["root ::= call+", 'call ::= <[9]> "call:" ("w" args-0 | "add" args-1) <[10]>']
+    assert 'args-0 ::= "{" "city:" g-string "}"' in lines and "g-string ::= <[11]> g-char* <[11]>" in lines
