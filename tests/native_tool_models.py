@@ -3,7 +3,7 @@ families whose tool-call formats api/native_tools.py reads.
 
 Qwen 2.5/3/3.5 and Hermes models have `<tool_call>` as one user-defined token of their vocabulary;
 Mistral's have `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` as control tokens, Gemma 4's
-`<|tool_call>`, `<tool_call|>` and `<|"|>`. No such model is installable here, so a copy of
+`<|tool_call>`, `<tool_call|>`, `<|"|>` and its thought channel's `<|channel>` and `<channel|>`. No such model is installable here, so a copy of
 SmolLM2 gets those tokens in place of unused ones (`<repo_name>`, `<filename>`, `<gh_stars>`,
 `<issue_start>`, ...; weights untouched, the header kept the same length by `general.name`) and the server is given the templates below (`models[].chat_template`),
 written here in each family's form: the ways they list tools, render calls and results, and
@@ -20,7 +20,7 @@ from conftest import SMOLLM2
 
 TOOL_CALL_TOKEN = 3
 MISTRAL_TOKENS = {8: "[TOOL_CALLS]", 7: "[ARGS]", 6: "[CALL_ID]"}
-GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>'}
+GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>', 12: "<|channel>", 13: "<channel|>"}
 USER_DEFINED = 4  # llama.cpp's LLAMA_TOKEN_TYPE_USER_DEFINED: written out in the answer's text
 CONTROL = 3
 
@@ -225,8 +225,8 @@ GEMMA4_TEMPLATE = """\
 {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt and ns.prev not in ('response', 'stop') %}<|turn>model
-<|channel>thought
-<channel|>{% endif -%}"""
+{% if not enable_thinking %}<|channel>thought
+<channel|>{% endif %}{% endif -%}"""
 
 
 def _string(text: str) -> bytes:

@@ -21,17 +21,17 @@ class Parts:
 @dataclass(frozen=True)
 class AnswerShape:
     tools: ToolPlan | None = None
-    think: bool = False  # the template has think blocks and the request wants them apart
+    think: reasoning.Tags | None = None  # the block's tags, where the request wants it apart
     inside: bool = False  # the prompt opened the block: the answer starts in it
 
     @property
     def plain(self) -> bool:
-        return self.tools is None and not self.think
+        return self.tools is None and self.think is None
 
     def whole(self, text: str, finish_reason: str) -> Parts:
         thought = None
         if self.think:
-            thought, text = reasoning.split(text, self.inside)
+            thought, text = reasoning.split(text, self.inside, self.think)
         if self.tools is None:
             return Parts(thought, text, None, finish_reason)
         content, calls, reason = self.tools.read(text, finish_reason)
@@ -46,7 +46,7 @@ class AnswerReader:
     tool calls, and what was held back, come with `finish`."""
 
     def __init__(self, shape: AnswerShape) -> None:
-        self.splitter = reasoning.Splitter(shape.inside) if shape.think else None
+        self.splitter = reasoning.Splitter(shape.inside, shape.think) if shape.think else None
         self.tools = shape.tools.reader() if shape.tools is not None else None
 
     def push(self, piece: str) -> tuple[str, str]:

@@ -3,7 +3,9 @@ API and llama-server give it).
 
 Models whose chat template knows `<think>` ... `</think>` (Qwen3, DeepSeek-R1 and its distills,
 QwQ, and fine-tunes of them) write their reasoning there before the answer; some templates open
-the block in the generation prompt, so the answer starts inside it. With `reasoning_format`
+the block in the generation prompt, so the answer starts inside it. Gemma 4 writes its thought
+channel, `<|channel>thought` ... `<channel|>` (control tokens, written out in the answer's text
+for this: SamplingParams.shown_tokens). With `reasoning_format`
 `auto` (the default) the block becomes `reasoning_content` and the rest `content`; `none` leaves
 the text as the model wrote it. An answer cut short inside the block is all reasoning.
 
@@ -15,7 +17,7 @@ and the model goes on with its answer. Without a bound the watch still counts th
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .sampling import SamplingParams, ThinkBudget
@@ -25,12 +27,30 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
     from .runner import ModelRunner
 
-OPEN, CLOSE = "<think>", "</think>"
+@dataclass(frozen=True)
+class Tags:
+    """A think block's tags, and what a reasoning budget forces to close it."""
+
+    open: str
+    close: str
+    forced_close: str
+
+
+THINK = Tags("<think>", "</think>", "\n</think>\n\n")
+GEMMA4 = Tags("<|channel>thought", "<channel|>", "<channel|>")
+
+
+def tags_of(template_source: str) -> Tags | None:
+    """The think block's tags the chat template knows (None: it has no think block)."""
+    for tags in (THINK, GEMMA4):
+        if tags.open in template_source and tags.close in template_source:
+            return tags
+    return None
 
 
 def has_tags(template_source: str) -> bool:
     """Whether the chat template knows think blocks."""
-    return OPEN in template_source and CLOSE in template_source
+    return tags_of(template_source) is not None
 
 
 def applies(template_source: str, reasoning_format: str | None) -> bool:
@@ -38,26 +58,29 @@ def applies(template_source: str, reasoning_format: str | None) -> bool:
     return reasoning_format != "none" and has_tags(template_source)
 
 
-def opened_by_prompt(prompt_tail: str) -> bool:
+def opened_by_prompt(prompt_tail: str, tags: Tags = THINK) -> bool:
     """Whether the rendered prompt (its last characters) ends in an open think block."""
-    return prompt_tail.rstrip().endswith(OPEN)
+    return prompt_tail.rstrip().endswith(tags.open)
 
 
-def for_answer(runner: ModelRunner, requested: str | None, prompt: list[int]) -> tuple[bool, bool]:
-    """(split the answer, the answer starts inside the block), for an answer of `runner` to
-    `prompt`; `requested` is the request's reasoning_format (None: the model's configured one).
-    A grammar (structured output, tool calls) waits until a block the prompt opened is closed
-    (the runner does not ask it before), so such an answer is split as any other."""
-    think = applies(runner.template.source, requested or runner.cfg.reasoning_format)
-    return think, think and _starts_inside(runner, prompt)
+def for_answer(runner: ModelRunner, requested: str | None, prompt: list[int]) -> tuple[Tags | None, bool]:
+    """(the tags to split the answer at, None: not split; the answer starts inside the block),
+    for an answer of `runner` to `prompt`; `requested` is the request's reasoning_format (None:
+    the model's configured one). A grammar (structured output, tool calls) waits until a block
+    the prompt opened is closed (the runner does not ask it before), so such an answer is split
+    as any other."""
+    if not applies(runner.template.source, requested or runner.cfg.reasoning_format):
+        return None, False
+    tags = tags_of(runner.template.source)
+    return tags, _starts_inside(runner, prompt, tags)
 
 
 def _grammar_from_start(sampling: SamplingParams) -> bool:
     return sampling.grammar is not None and not sampling.grammar_triggers
 
 
-def _starts_inside(runner: ModelRunner, prompt: list[int]) -> bool:
-    return opened_by_prompt(runner.vocab.text(prompt[-8:], special=True))
+def _starts_inside(runner: ModelRunner, prompt: list[int], tags: Tags) -> bool:
+    return opened_by_prompt(runner.vocab.text(prompt[-8:], special=True), tags)
 
 
 def effort_kwargs(effort: str | None) -> dict[str, bool]:
@@ -77,18 +100,24 @@ def budget_tokens(cfg: ModelConfig, requested: int | None, effort: str | None) -
 
 def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, tokens: int) -> SamplingParams:
     """`sampling` with a reasoning budget of `tokens` (-1: no bound) for an answer of `runner` to
-    `prompt`, where the template knows think blocks. A grammar that holds the answer from its
-    first token, where the prompt did not open the block, leaves a block it writes unbounded (a
-    forced tag would break it); its tokens are counted all the same. `reasoning_format` does not
-    matter: a block left in the content is bounded too."""
-    if not has_tags(runner.template.source):
+    `prompt`, where the template knows think blocks, and their tags written out in the text
+    where they are control tokens. A grammar that holds the answer from its first token, where
+    the prompt did not open the block, leaves a block it writes unbounded (a forced tag would
+    break it); its tokens are counted all the same. `reasoning_format` does not matter: a block
+    left in the content is bounded too."""
+    tags = tags_of(runner.template.source)
+    if tags is None:
         return sampling
-    inside = _starts_inside(runner, prompt)
+    inside = _starts_inside(runner, prompt, tags)
     if _grammar_from_start(sampling) and not inside:
         tokens = -1
-    close = runner.vocab.tokenize(runner.cfg.reasoning_budget_message + "\n" + CLOSE + "\n\n",
-                                  add_special=False, parse_special=True) if tokens >= 0 else []
-    return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), inside))
+    vocab = runner.vocab
+    close = vocab.tokenize(runner.cfg.reasoning_budget_message + tags.forced_close,
+                           add_special=False, parse_special=True) if tokens >= 0 else []
+    hidden = tuple(t for tag in (tags.open, tags.close) for t in vocab.tokenize(tag, add_special=False, parse_special=True)
+                   if not vocab.piece(t) and t not in sampling.shown_tokens)
+    return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), inside, tags.open, tags.close),
+                   shown_tokens=sampling.shown_tokens + hidden)
 
 
 class BudgetWatch:
@@ -99,6 +128,7 @@ class BudgetWatch:
 
     def __init__(self, budget: ThinkBudget) -> None:
         self.limit = budget.tokens
+        self.open, self.close = budget.open_tag, budget.close_tag
         self.opened_by_prompt = budget.inside
         self.state = "inside" if budget.inside else "start"
         self.count = 0
@@ -118,40 +148,40 @@ class BudgetWatch:
         if self.state == "start":
             self.text += piece
             lead = self.text.lstrip()
-            if not lead.startswith(OPEN):
-                if not OPEN.startswith(lead):
+            if not lead.startswith(self.open):
+                if not self.open.startswith(lead):
                     self.state = "done"  # the answer does not begin with a block
                 return False  # or blanks, or the tag so far
-            self.state, self.text = "inside", lead[len(OPEN):]
-            return self._due(close_seen=CLOSE in self.text)
+            self.state, self.text = "inside", lead[len(self.open):]
+            return self._due(close_seen=self.close in self.text)
         if self.state != "inside":
             return False
-        self.text = (self.text + piece)[-(2 * len(CLOSE)):]
-        if CLOSE not in self.text:
+        self.text = (self.text + piece)[-(2 * len(self.close)):]
+        if self.close not in self.text:
             self.count += 1
-        return self._due(close_seen=CLOSE in self.text)
+        return self._due(close_seen=self.close in self.text)
 
     def _due(self, close_seen: bool) -> bool:
         if close_seen:
             self.state = "done"  # the model closed the block itself
             return False
-        if self.limit < 0 or self.count < self.limit or partial_suffix(self.text, [CLOSE]):
+        if self.limit < 0 or self.count < self.limit or partial_suffix(self.text, [self.close]):
             return False  # within the budget, or the model may be writing the tag itself
         self.state = "done"
         return True
 
 
-def split(text: str, inside: bool) -> tuple[str | None, str]:
+def split(text: str, inside: bool, tags: Tags = THINK) -> tuple[str | None, str]:
     """(reasoning, content) of a whole answer; reasoning is None when the answer has none."""
     if not inside:
         stripped = text.lstrip()
-        if not stripped.startswith(OPEN):
+        if not stripped.startswith(tags.open):
             return None, text
-        text = stripped[len(OPEN):]
-    end = text.find(CLOSE)
+        text = stripped[len(tags.open):]
+    end = text.find(tags.close)
     if end < 0:
         return text.strip(), ""
-    return text[:end].strip(), text[end + len(CLOSE):].lstrip()
+    return text[:end].strip(), text[end + len(tags.close):].lstrip()
 
 
 _AFTER_BLANKS = {"reasoning-start": "reasoning", "content-start": "content"}
@@ -162,9 +192,10 @@ class Splitter:
     what `split` gives for the whole text, once `finish` has given out what was held back (blanks
     that may end the reasoning, a tail that may be the start of a tag)."""
 
-    def __init__(self, inside: bool) -> None:
+    def __init__(self, inside: bool, tags: Tags = THINK) -> None:
         self.state = "reasoning-start" if inside else "start"
         self.held = ""
+        self.tags = tags
 
     def push(self, piece: str) -> tuple[str, str]:
         self.held += piece
@@ -172,10 +203,10 @@ class Splitter:
         while True:
             if self.state == "start":
                 lead = self.held.lstrip()
-                if lead.startswith(OPEN):
-                    self.state, self.held = "reasoning-start", lead[len(OPEN):]
+                if lead.startswith(self.tags.open):
+                    self.state, self.held = "reasoning-start", lead[len(self.tags.open):]
                     continue
-                if OPEN.startswith(lead):  # still possibly the tag (or only blanks so far)
+                if self.tags.open.startswith(lead):  # still possibly the tag (or only blanks so far)
                     return reasoning, content
                 self.state = "content"
                 continue
@@ -186,12 +217,12 @@ class Splitter:
                 self.state = _AFTER_BLANKS[self.state]
                 continue
             if self.state == "reasoning":
-                end = self.held.find(CLOSE)
+                end = self.held.find(self.tags.close)
                 if end >= 0:
                     reasoning += self.held[:end].rstrip()
-                    self.state, self.held = "content-start", self.held[end + len(CLOSE):]
+                    self.state, self.held = "content-start", self.held[end + len(self.tags.close):]
                     continue
-                keep = _tail_to_hold(self.held)
+                keep = _tail_to_hold(self.held, self.tags.close)
                 out = self.held[:len(self.held) - keep]
                 reasoning += out
                 self.held = self.held[len(out):]
@@ -210,9 +241,9 @@ class Splitter:
         return "", ""  # after the block: push gave out all but the blanks that begin the answer
 
 
-def _tail_to_hold(text: str) -> int:
+def _tail_to_hold(text: str, close: str) -> int:
     """How many characters at the end of reasoning text to hold: trailing blanks (they are not
-    reasoning if `</think>` follows) and what could be the start of `</think>`."""
-    tag = partial_suffix(text, [CLOSE])
+    reasoning if the closing tag follows) and what could be the start of that tag."""
+    tag = partial_suffix(text, [close])
     rest = text[:len(text) - tag]
     return tag + (len(rest) - len(rest.rstrip()))

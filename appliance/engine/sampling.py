@@ -18,6 +18,8 @@ class ThinkBudget:
     tokens: int
     close: tuple[int, ...]
     inside: bool  # the prompt opened the block: the answer starts inside it
+    open_tag: str = "<think>"  # the block's tags, as the answer's text writes them
+    close_tag: str = "</think>"
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ class GroupExecutor:
                 _fail(m, "failed", _describe(e), t0)
             return
         think, inside = reasoning.for_answer(runner, call.reasoning_format, prompt)
-        splitters = [reasoning.Splitter(inside) if think else None for _ in members]
+        splitters = [reasoning.Splitter(inside, think) if think else None for _ in members]
         parts: list[list[str]] = [[] for _ in members]
         try:
             async for i, ev in gens.events():
@@ -165,7 +165,7 @@ class GroupExecutor:
                         thought, text = splitters[i].finish()
                         if thought or text:
                             await on_delta(m, text, thought)
-                        m.reasoning, whole = reasoning.split(whole, inside)
+                        m.reasoning, whole = reasoning.split(whole, inside, think)
                     m.status, m.text, m.finish_reason = "ok", whole, ev.reason
                     m.prompt_tokens, m.completion_tokens, m.mean_logprob = ev.prompt_tokens, ev.completion_tokens, ev.mean_logprob
                     m.reasoning_tokens = ev.reasoning_tokens

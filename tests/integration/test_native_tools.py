@@ -306,3 +306,18 @@ def test_gemma4_calls_read_back_from_its_notation(server):
     (call,) = out["message"]["tool_calls"]
     args = json.loads(call["function"]["arguments"])
     assert call["function"]["name"] == "add" and {k: type(v) for k, v in args.items()} == {"a": int, "b": int}
+
+
+def test_gemma4s_thought_channel_is_its_reasoning(server):
+    """Gemma 4 thinks in `<|channel>thought ... <channel|>` (control tokens, hidden in plain text):
+    the server writes them out and splits the thought from the answer. A grammar makes the
+    untrained model write a channel."""
+    thought = 'root ::= <[12]> "thought\\n" [a-z ]{10,40} <[13]> [A-Za-z ]{5,30}'
+    body = {"grammar": thought, "chat_template_kwargs": {"enable_thinking": True}, "tools": None}
+    split = chat(server, WEATHER, model="gemma4", **body).json()["choices"][0]["message"]
+    raw = chat(server, WEATHER, model="gemma4", reasoning_format="none", **body).json()["choices"][0]["message"]
+    assert raw["content"].startswith("<|channel>thought\n") and "<channel|>" in raw["content"], raw
+    assert split["reasoning_content"] == raw["content"].split("<channel|>")[0][len("<|channel>thought\n"):].strip()
+    assert split["content"] == raw["content"].split("<channel|>", 1)[1].lstrip() and split["content"]
+    cards = {c["id"]: c for c in httpx.get(server.base + "/v1/models").json()["data"]}
+    assert cards["gemma4"]["reasoning"] is True

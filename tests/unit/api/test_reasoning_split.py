@@ -22,15 +22,25 @@ TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("text,inside,want", TEXTS)
-def test_a_whole_answer_splits(text, inside, want):
-    assert reasoning.split(text, inside) == want
+# Gemma 4's thought channel (its tags are control tokens, written out for this)
+GEMMA4_TEXTS = [
+    ("<|channel>thought\nFirst, 2 + 2.<channel|>It is 4.", False, ("First, 2 + 2.", "It is 4.")),
+    ("<|channel>thought\ncut short <chan", False, ("cut short <chan", "")),
+    ("It is 4.", False, (None, "It is 4.")),
+    ("<|channel>", False, (None, "<|channel>")),
+]
+CASES = [(*t, reasoning.THINK) for t in TEXTS] + [(*t, reasoning.GEMMA4) for t in GEMMA4_TEXTS]
 
 
-@pytest.mark.parametrize("text,inside,want", TEXTS)
+@pytest.mark.parametrize("text,inside,want,tags", CASES)
+def test_a_whole_answer_splits(text, inside, want, tags):
+    assert reasoning.split(text, inside, tags) == want
+
+
+@pytest.mark.parametrize("text,inside,want,tags", CASES)
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
-def test_streamed_pieces_add_up_to_the_whole_split(text, inside, want, size):
-    splitter = reasoning.Splitter(inside)
+def test_streamed_pieces_add_up_to_the_whole_split(text, inside, want, tags, size):
+    splitter = reasoning.Splitter(inside, tags)
     got_r = got_c = ""
     for i in range(0, len(text), size):
         r, c = splitter.push(text[i:i + size])
@@ -45,6 +55,9 @@ def test_it_applies_to_templates_with_think_tags_unless_turned_off():
     assert reasoning.applies(qwen3, "auto") and reasoning.applies(qwen3, None)
     assert not reasoning.applies(qwen3, "none") and not reasoning.applies("{{ messages }}", "auto")
     assert reasoning.opened_by_prompt("<|im_start|>assistant\n<think>\n") and not reasoning.opened_by_prompt("x\n")
+    gemma4 = "{{ '<|turn>model\\n' }}{% if not enable_thinking %}{{ '<|channel>thought\\n<channel|>' }}{% endif %}"
+    assert reasoning.tags_of(gemma4) == reasoning.GEMMA4 and reasoning.tags_of(qwen3) == reasoning.THINK
+    assert reasoning.tags_of("<|think|> {{ messages }}") is None  # Gemma 4's switch alone is no block
 
 
 @pytest.mark.parametrize("size", [1, 4, 9])
@@ -58,7 +71,7 @@ def test_tool_calls_are_read_from_the_content_after_the_block(size):
 
     req = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [
         {"type": "function", "function": {"name": "w"}}]}, ChatRequest)
-    shape = AnswerShape(tools.plan(req, NativeFormat("hermes", 7)), think=True)
+    shape = AnswerShape(tools.plan(req, NativeFormat("hermes", 7)), think=reasoning.THINK)
     text = '<think>\nI should call w.\n</think>\n\nLet me.\n<tool_call>\n{"name": "w", "arguments": {}}\n</tool_call>'
     whole = shape.whole(text, "stop")
     assert (whole.reasoning, whole.content, whole.finish_reason) == ("I should call w.", "Let me.", "tool_calls")

@@ -75,3 +75,13 @@ def test_without_a_bound_the_close_is_never_due():
     assert due_after(WORDS * 100, -1, inside=True) is None
     assert counted(WORDS * 100) == 600
     assert counted(WORDS, tokens=2) == 2  # counting stops at the cut: the forced close is not reasoning
+
+
+def test_gemma4s_thought_channel_is_watched_by_its_own_tags():
+    watch = BudgetWatch(ThinkBudget(2, (1,), False, "<|channel>thought", "<channel|>"))
+    assert not watch.push("<|channel>") and not watch.push("thought") and watch.inside
+    assert not watch.push("\nOne") and watch.push(" two")  # due after two tokens inside
+    closed = BudgetWatch(ThinkBudget(5, (1,), False, "<|channel>thought", "<channel|>"))
+    for piece in ("<|channel>", "thought", "\nOne", "<channel|>", "Four."):
+        assert not closed.push(piece)
+    assert not closed.inside and closed.count == 1  # the model closed it itself
