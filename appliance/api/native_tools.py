@@ -21,7 +21,7 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
 A template with `<tool_call>` tags around another body (GLM's `<arg_key>`, MiniMax's `<invoke>`,
 ...) has no format here.
 
-Where the format opens with a token, that token starts the grammar: under `auto` the answer is
+Where the format opens with a token, that token starts the grammar (api/native_grammars.py): under `auto` the answer is
 free until the model picks it (a lazy grammar, engine/grammar.py), under `required` or a named
 function the answer begins with it. Control tokens are written out in the answer's text
 (SamplingParams.shown_tokens) so that it can be read back. Llama 3.x has no such token: under
@@ -46,7 +46,6 @@ from typing import Any
 from ..engine import gemma_notation
 from ..engine.chat_template import ChatTemplate
 from ..engine.native import Vocab
-from ..engine.schema_grammar import SchemaError, literal, values_gbnf
 from ..engine.text import partial_suffix
 from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 
@@ -62,11 +61,7 @@ _HERMES_JSON = re.compile(r'<tool_call>(?:\s|\\n)*\{\{?\\?"(?:name|arguments)\\?
                           r'|\{\{?\\?"name\\?": <function-name>, \\?"arguments\\?"')
 _XML_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-# A parameter's raw text: anything but its closing tag.
-_XML_TEXT = "xml-text ::= ([^<] | " + " | ".join(
-    f'"{"</parameter>"[:k]}" [^{"</parameter>"[k]}]' for k in range(1, len("</parameter>"))) + ")*"
 _HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), re.DOTALL)
-_ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 _MISTRAL_ID = re.compile(r"^[a-zA-Z0-9]{9}$")
 _ALNUM = string.ascii_letters + string.digits
 
@@ -152,119 +147,6 @@ def format_of(template: ChatTemplate, vocab: Vocab) -> NativeFormat | None:
     return detect(template.source, vocab)
 
 
-def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]:
-    """The JSON object of one call to `name` in `fmt` (not mistral-args, whose calls are not objects)."""
-    properties: dict[str, Any] = {"name": {"const": name}, fmt.args_key: parameters}
-    if fmt.name == "mistral":  # the model may write the id its template showed it in earlier calls
-        properties["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
-    return {"type": "object", "properties": properties, "required": ["name", fmt.args_key]}
-
-
-def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> str:
-    """The answer's grammar from that of one call's JSON object (start symbol `root`): one call,
-    or several when `parallel`, in the format's frame. Under `auto` llama3's answer may instead be
-    text that does not begin with `{` (the other formats are free until their lazy trigger)."""
-    calls = _ROOT.sub("call ::= ", call_gbnf, count=1)
-    if fmt.name == "hermes":
-        more = ' ("\\n" tagged-call)*' if parallel else ""
-        return (f"root ::= tagged-call{more}\n"
-                f'tagged-call ::= "{HERMES_OPEN}" "\\n"? call "\\n"? "{HERMES_CLOSE}"\n' + calls)
-    if fmt.name == "mistral":
-        more = ' ("," " "? call)*' if parallel else ""
-        return f'root ::= <[{fmt.open_token}]> "[" call{more} "]"\n' + calls
-    if fmt.name == "llama3":
-        free = ' | ([^{] [^\\x00]*)?' if auto else ""
-        return f"root ::= call{free}\n" + calls
-    raise ValueError(f"{fmt.name} calls are not JSON objects: args_grammar or xml_grammar")
-
-
-def args_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """mistral-args' grammar: `functions` are each callable function's name and parameters
-    schema. A SchemaError's path starts with the function's place in `functions`."""
-    rules, tops = values_gbnf([schema for _, schema in functions], "args")
-    call_id = f"(<[{fmt.call_id_token}]> [a-zA-Z0-9]{{9}})? " if fmt.call_id_token is not None else ""
-    alternatives = " | ".join(f"{literal(name)} args-sep {args}" for (name, _), args in zip(functions, tops))
-    return (f"root ::= call{'+' if parallel else ''}\n"
-            f"call ::= <[{fmt.open_token}]> ({alternatives})\n"
-            f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
-
-
-def _xml_text(schema: Any) -> str | None:
-    """The grammar of a qwen3-coder parameter written as raw text (a string's), None for one
-    written as JSON."""
-    if not isinstance(schema, dict):
-        return None
-    if isinstance(schema.get("const"), str):
-        return literal(schema["const"])
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-        return "(" + " | ".join(literal(v) for v in enum) + ")"
-    return "xml-text" if schema.get("type") == "string" and "enum" not in schema and "const" not in schema else None
-
-
-def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """qwen3-coder's grammar: `functions` are each callable function's name and parameters
-    schema. Its properties come in their declared order, the required ones always; a function
-    whose schema lists no properties takes any. A SchemaError's path starts with the function's
-    place in `functions`."""
-    json_schemas: list[Any] = []
-    json_roots: list[Any] = []
-    json_at: list[str] = []
-    calls = []
-    for k, (name, schema) in enumerate(functions):
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict) or not props:
-            calls.append((name, None))
-            continue
-        required = schema.get("required") or []
-        items = []
-        for param, param_schema in props.items():
-            expr = _xml_text(param_schema)
-            if expr is None:
-                expr = f"{{{len(json_schemas)}}}"  # filled in below
-                json_schemas.append(param_schema)
-                json_roots.append(schema)
-                json_at.append(f"{k}.properties.{param}")
-            items.append((param, param in required, expr))
-        calls.append((name, items))
-    try:
-        rules, tops = values_gbnf(json_schemas, "value", json_roots)
-    except SchemaError as e:
-        i, _, rest = e.path.partition(".")
-        raise SchemaError(json_at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
-    more = ' ("\\n" tagged-call)*' if parallel else ""
-    lines = [f"root ::= tagged-call{more}",
-             f'tagged-call ::= "{HERMES_OPEN}" "\\n" call "\\n" "{HERMES_CLOSE}"',
-             "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls)))]
-    close = '"\\n</parameter>\\n"'
-    for k, (name, items) in enumerate(calls):
-        if items is None:
-            body = "xml-any-parameter*"
-        else:
-            parts = []
-            for param, needed, expr in items:
-                if expr.startswith("{"):
-                    expr = tops[int(expr[1:-1])]
-                part = f"{literal(XML_PARAMETER + param + '>' + chr(10))} {expr} {close}"
-                parts.append(part if needed else f"({part})?")
-            body = " ".join(parts)
-        lines.append(f"call-{k} ::= {literal(XML_FUNCTION + name + '>' + chr(10))} {body} \"</function>\"")
-    lines.append(f'xml-any-parameter ::= "<parameter=" [a-zA-Z0-9_.-]+ ">\\n" xml-text {close}')
-    lines.append(_XML_TEXT)
-    return "\n".join(lines) + "\n" + rules
-
-
-def gemma_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """gemma4's grammar: `functions` are each callable function's name and parameters schema,
-    whose arguments are held to it in Gemma 4's notation. A SchemaError's path starts with the
-    function's place in `functions`."""
-    quote = f"<[{fmt.quote_token}]>" if fmt.quote_token is not None else literal(gemma_notation.QUOTE)
-    rules, tops = gemma_notation.schemas_gbnf([schema for _, schema in functions], "args", quote)
-    alternatives = " | ".join(f"{literal(name)} {args}" for (name, _), args in zip(functions, tops))
-    return (f"root ::= call{'+' if parallel else ''}\n"
-            f'call ::= <[{fmt.open_token}]> "call:" ({alternatives}) <[{fmt.close_token}]>\n' + rules)
-
-
 def template_tools(req: ChatRequest) -> list[dict[str, Any]]:
     """The request's tools as chat templates take them (OpenAI's form, unset fields left out)."""
     out = []
@@ -342,10 +224,20 @@ def _call(fmt: NativeFormat, name: Any, arguments: Any, call_id: Any = None) -> 
     return ToolCall(id=call_id, function=FunctionCall(name, json.dumps(arguments, ensure_ascii=False)))
 
 
+def xml_written_as_text(schema: Any) -> bool:
+    """Whether a qwen3-coder parameter of this schema is written as raw text (a string), not JSON."""
+    if not isinstance(schema, dict):
+        return False
+    if "const" in schema or "enum" in schema:
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        return isinstance(values, list) and bool(values) and all(isinstance(v, str) for v in values)
+    return schema.get("type") == "string"
+
+
 def _xml_value(raw: str, schema: Any) -> Any:
     """A qwen3-coder parameter's value: a string's raw text as it is, else the JSON it holds (or
     Python's spelling of true, false and null, as the template writes them), else the text."""
-    if _xml_text(schema) is not None:
+    if xml_written_as_text(schema):
         return raw
     try:
         return json.loads(raw)

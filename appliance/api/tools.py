@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
-from . import native_tools
+from . import native_grammars, native_tools
 from .errors import ApiError, bad_request
 from .native_tools import NativeFormat
 from .schemas import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall, ToolChoice
@@ -118,8 +118,8 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                  parallel: bool) -> ToolPlan:
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
-    builders = {"qwen3-coder": native_tools.xml_grammar, "gemma4": partial(native_tools.gemma_grammar, native),
-                "mistral-args": partial(native_tools.args_grammar, native)}
+    builders = {"qwen3-coder": native_grammars.xml_grammar, "gemma4": partial(native_grammars.gemma_grammar, native),
+                "mistral-args": partial(native_grammars.args_grammar, native)}
     if native.name in builders:  # calls that are not JSON objects: each function's arguments apart
         try:
             gbnf = builders[native.name]([(req.tools[i].function.name, _parameters(req.tools[i]))
@@ -128,12 +128,12 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
             k, _, rest = e.path.partition(".")
             raise _schema_error(callable_tools[int(k)], rest, e.reason) from None
     else:
-        calls = [native_tools.call_schema(native, req.tools[i].function.name, {OWN_ROOT: _parameters(req.tools[i])})
+        calls = [native_grammars.call_schema(native, req.tools[i].function.name, {OWN_ROOT: _parameters(req.tools[i])})
                  for i in callable_tools]
         one = calls[0] if len(calls) == 1 else {"anyOf": calls}
         where = {(f"anyOf.{k}." if len(calls) > 1 else "") + f"properties.{native.args_key}": i
                  for k, i in enumerate(callable_tools)}
-        gbnf = native_tools.grammar(native, _convert(one, where), parallel, mode == "auto")
+        gbnf = native_grammars.grammar(native, _convert(one, where), parallel, mode == "auto")
     triggers = (native.open_token,) if mode == "auto" and native.open_token is not None else ()
     return ToolPlan(mode, gbnf, "", native, native_tools.template_tools(req), triggers)
 

@@ -1,0 +1,125 @@
+"""The grammars that hold an answer to a model's own tool-call format (api/native_tools.py says
+which formats, and reads the answers back): each built from the callable functions' parameter
+schemas, so that a call's arguments fit its function's schema."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..engine import gemma_notation
+from ..engine.schema_grammar import SchemaError, literal, values_gbnf
+from .native_tools import HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION, XML_PARAMETER, NativeFormat, xml_written_as_text
+
+_ROOT = re.compile(r"^root ::= ", re.MULTILINE)
+# A qwen3-coder parameter's raw text: anything but its closing tag.
+_XML_TEXT = "xml-text ::= ([^<] | " + " | ".join(
+    f'"{"</parameter>"[:k]}" [^{"</parameter>"[k]}]' for k in range(1, len("</parameter>"))) + ")*"
+
+
+def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]:
+    """The JSON object of one call to `name` in `fmt` (not mistral-args, whose calls are not objects)."""
+    properties: dict[str, Any] = {"name": {"const": name}, fmt.args_key: parameters}
+    if fmt.name == "mistral":  # the model may write the id its template showed it in earlier calls
+        properties["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+    return {"type": "object", "properties": properties, "required": ["name", fmt.args_key]}
+
+
+def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> str:
+    """The answer's grammar from that of one call's JSON object (start symbol `root`): one call,
+    or several when `parallel`, in the format's frame. Under `auto` llama3's answer may instead be
+    text that does not begin with `{` (the other formats are free until their lazy trigger)."""
+    calls = _ROOT.sub("call ::= ", call_gbnf, count=1)
+    if fmt.name == "hermes":
+        more = ' ("\\n" tagged-call)*' if parallel else ""
+        return (f"root ::= tagged-call{more}\n"
+                f'tagged-call ::= "{HERMES_OPEN}" "\\n"? call "\\n"? "{HERMES_CLOSE}"\n' + calls)
+    if fmt.name == "mistral":
+        more = ' ("," " "? call)*' if parallel else ""
+        return f'root ::= <[{fmt.open_token}]> "[" call{more} "]"\n' + calls
+    if fmt.name == "llama3":
+        free = ' | ([^{] [^\\x00]*)?' if auto else ""
+        return f"root ::= call{free}\n" + calls
+    raise ValueError(f"{fmt.name} calls are not JSON objects: args_grammar or xml_grammar")
+
+
+def args_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """mistral-args' grammar: `functions` are each callable function's name and parameters
+    schema. A SchemaError's path starts with the function's place in `functions`."""
+    rules, tops = values_gbnf([schema for _, schema in functions], "args")
+    call_id = f"(<[{fmt.call_id_token}]> [a-zA-Z0-9]{{9}})? " if fmt.call_id_token is not None else ""
+    alternatives = " | ".join(f"{literal(name)} args-sep {args}" for (name, _), args in zip(functions, tops))
+    return (f"root ::= call{'+' if parallel else ''}\n"
+            f"call ::= <[{fmt.open_token}]> ({alternatives})\n"
+            f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
+
+
+def _xml_text(schema: Any) -> str | None:
+    """The grammar of a qwen3-coder parameter written as raw text (a string's), None for one
+    written as JSON."""
+    if not xml_written_as_text(schema):
+        return None
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    return "(" + " | ".join(literal(v) for v in values) + ")" if values else "xml-text"
+
+
+def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """qwen3-coder's grammar: `functions` are each callable function's name and parameters
+    schema. Its properties come in their declared order, the required ones always; a function
+    whose schema lists no properties takes any. A SchemaError's path starts with the function's
+    place in `functions`."""
+    json_schemas: list[Any] = []
+    json_roots: list[Any] = []
+    json_at: list[str] = []
+    calls = []
+    for k, (name, schema) in enumerate(functions):
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(props, dict) or not props:
+            calls.append((name, None))
+            continue
+        required = schema.get("required") or []
+        items: list[tuple[str, bool, str | int]] = []  # (name, required, its text's grammar or its JSON's index)
+        for param, param_schema in props.items():
+            expr: str | int | None = _xml_text(param_schema)
+            if expr is None:
+                expr = len(json_schemas)
+                json_schemas.append(param_schema)
+                json_roots.append(schema)
+                json_at.append(f"{k}.properties.{param}")
+            items.append((param, param in required, expr))
+        calls.append((name, items))
+    try:
+        rules, tops = values_gbnf(json_schemas, "value", json_roots)
+    except SchemaError as e:
+        i, _, rest = e.path.partition(".")
+        raise SchemaError(json_at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
+    more = ' ("\\n" tagged-call)*' if parallel else ""
+    lines = [f"root ::= tagged-call{more}",
+             f'tagged-call ::= "{HERMES_OPEN}" "\\n" call "\\n" "{HERMES_CLOSE}"',
+             "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls)))]
+    close = '"\\n</parameter>\\n"'
+    for k, (name, items) in enumerate(calls):
+        if items is None:
+            body = "xml-any-parameter*"
+        else:
+            parts = []
+            for param, needed, expr in items:
+                value = tops[expr] if isinstance(expr, int) else expr
+                part = f"{literal(XML_PARAMETER + param + '>' + chr(10))} {value} {close}"
+                parts.append(part if needed else f"({part})?")
+            body = " ".join(parts)
+        lines.append(f"call-{k} ::= {literal(XML_FUNCTION + name + '>' + chr(10))} {body} \"</function>\"")
+    lines.append(f'xml-any-parameter ::= "<parameter=" [a-zA-Z0-9_.-]+ ">\\n" xml-text {close}')
+    lines.append(_XML_TEXT)
+    return "\n".join(lines) + "\n" + rules
+
+
+def gemma_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """gemma4's grammar: `functions` are each callable function's name and parameters schema,
+    whose arguments are held to it in Gemma 4's notation. A SchemaError's path starts with the
+    function's place in `functions`."""
+    quote = f"<[{fmt.quote_token}]>" if fmt.quote_token is not None else literal(gemma_notation.QUOTE)
+    rules, tops = gemma_notation.schemas_gbnf([schema for _, schema in functions], "args", quote)
+    alternatives = " | ".join(f"{literal(name)} {args}" for (name, _), args in zip(functions, tops))
+    return (f"root ::= call{'+' if parallel else ''}\n"
+            f'call ::= <[{fmt.open_token}]> "call:" ({alternatives}) <[{fmt.close_token}]>\n' + rules)
