@@ -34,10 +34,18 @@ class Tags:
     open: str
     close: str
     forced_close: str
+    # Control tokens that are never answer text, dropped from the content after the block
+    # (Gemma 4 may end its answer with an empty channel or a lone close).
+    stray: tuple[str, ...] = ()
+
+    def clean(self, content: str) -> str:
+        for tag in self.stray:
+            content = content.replace(tag, "")
+        return content
 
 
 THINK = Tags("<think>", "</think>", "\n</think>\n\n")
-GEMMA4 = Tags("<|channel>thought", "<channel|>", "<channel|>")
+GEMMA4 = Tags("<|channel>thought", "<channel|>", "<channel|>", ("<|channel>thought", "<|channel>", "<channel|>"))
 
 
 def tags_of(template_source: str) -> Tags | None:
@@ -181,10 +189,10 @@ def split(text: str, inside: bool, tags: Tags = THINK) -> tuple[str | None, str]
     end = text.find(tags.close)
     if end < 0:
         return text.strip(), ""
-    return text[:end].strip(), text[end + len(tags.close):].lstrip()
+    return text[:end].strip(), tags.clean(text[end + len(tags.close):].lstrip())
 
 
-_AFTER_BLANKS = {"reasoning-start": "reasoning", "content-start": "content"}
+_AFTER_BLANKS = {"reasoning-start": "reasoning", "content-start": "after"}
 
 
 class Splitter:
@@ -227,6 +235,11 @@ class Splitter:
                 reasoning += out
                 self.held = self.held[len(out):]
                 return reasoning, content
+            if self.state == "after":  # after the block: stray tags dropped, a tail that may be one held
+                keep = partial_suffix(self.held, list(self.tags.stray)) if self.tags.stray else 0
+                content += self.tags.clean(self.held[:len(self.held) - keep])
+                self.held = self.held[len(self.held) - keep:]
+                return reasoning, content
             content += self.held
             self.held = ""
             return reasoning, content
@@ -238,7 +251,9 @@ class Splitter:
             return "", held
         if self.state in ("reasoning", "reasoning-start"):
             return held.rstrip(), ""
-        return "", ""  # after the block: push gave out all but the blanks that begin the answer
+        if self.state == "after":
+            return "", self.tags.clean(held)  # a tail that was not a stray tag after all
+        return "", ""  # push gave out all but the blanks that begin the answer
 
 
 def _tail_to_hold(text: str, close: str) -> int:

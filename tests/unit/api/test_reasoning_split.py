@@ -28,6 +28,10 @@ GEMMA4_TEXTS = [
     ("<|channel>thought\ncut short <chan", False, ("cut short <chan", "")),
     ("It is 4.", False, (None, "It is 4.")),
     ("<|channel>", False, (None, "<|channel>")),
+    # an empty channel or a lone close after the answer: control tokens, never answer text
+    ("<|channel>thought\nHm.<channel|>It is 4.<|channel>thought\n<channel|>", False, ("Hm.", "It is 4.\n")),
+    ("<|channel>thought\nHm.<channel|>It is <4>.<channel|>", False, ("Hm.", "It is <4>.")),
+    ("<|channel>thought\nHm.<channel|>Ends in <|chan", False, ("Hm.", "Ends in <|chan")),
 ]
 CASES = [(*t, reasoning.THINK) for t in TEXTS] + [(*t, reasoning.GEMMA4) for t in GEMMA4_TEXTS]
 
