@@ -321,3 +321,30 @@ def test_gemma4s_thought_channel_is_its_reasoning(server):
     assert split["content"] == raw["content"].split("<channel|>", 1)[1].lstrip() and split["content"]
     cards = {c["id"]: c for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards["gemma4"]["reasoning"] is True
+
+
+def test_anthropic_and_responses_clients_round_trip_calls_through_mistrals_ids(server):
+    """The Messages API's `toolu_` ids and the Responses API's call ids go back into a Mistral
+    template as its 9-character kind, the call and its result paired."""
+    weather = {"name": "get_weather", "description": "Current weather in a city",
+               "input_schema": TOOLS[0]["function"]["parameters"]}
+    body = {"model": "mistral-args", "max_tokens": 80, "temperature": 0, "tools": [weather], "messages": WEATHER}
+    r = httpx.post(server.base + "/v1/messages", timeout=300, json={
+        **body, "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}})
+    assert r.status_code == 200, r.text
+    (use,) = r.json()["content"]
+    assert use["type"] == "tool_use" and use["name"] == "get_weather" and set(use["input"]) == {"city", "unit"}
+    history = [*WEATHER, {"role": "assistant", "content": [use]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "18 C"}]}]
+    r = httpx.post(server.base + "/v1/messages", timeout=300, json={**body, "max_tokens": 5, "messages": history})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.base + "/v1/responses", timeout=300, json={
+        "model": "mistral-args", "input": WEATHER[0]["content"], "tools": [{"type": "function", **TOOLS[0]["function"]}],
+        "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0, "max_output_tokens": 80})
+    assert r.status_code == 200, r.text
+    (call,) = [item for item in r.json()["output"] if item["type"] == "function_call"]
+    r = httpx.post(server.base + "/v1/responses", timeout=300, json={
+        "model": "mistral-args", "previous_response_id": r.json()["id"], "max_output_tokens": 5,
+        "tools": [{"type": "function", **TOOLS[0]["function"]}],
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "18 C"}]})
+    assert r.status_code == 200, r.text
