@@ -5,7 +5,7 @@ Qwen 2.5/3/3.5 and Hermes models have `<tool_call>` as one user-defined token of
 Mistral's have `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` as control tokens, Gemma 4's
 `<|tool_call>`, `<tool_call|>`, `<|"|>` and its thought channel's `<|channel>` and `<channel|>`. No such model is installable here, so a copy of
 SmolLM2 gets those tokens in place of unused ones (`<repo_name>`, `<filename>`, `<gh_stars>`,
-`<issue_start>`, ...; weights untouched, the header kept the same length by `general.name`) and the server is given the templates below (`models[].chat_template`),
+`<issue_start>`, ...: tests/retokened_smollm2.py) and the server is given the templates below (`models[].chat_template`),
 written here in each family's form: the ways they list tools, render calls and results, and
 check ids. Llama 3.x's format needs no token of its own. The model was never trained on any of
 them: the tests check the formats, which the grammars guarantee, and the prompts, not judgement.
@@ -13,16 +13,13 @@ them: the tests check the formats, which the grammars guarantee, and the prompts
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
-from conftest import SMOLLM2
+from retokened_smollm2 import CONTROL, USER_DEFINED, retokened_smollm2
 
 TOOL_CALL_TOKEN = 3
 MISTRAL_TOKENS = {8: "[TOOL_CALLS]", 7: "[ARGS]", 6: "[CALL_ID]"}
 GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>', 12: "<|channel>", 13: "<channel|>"}
-USER_DEFINED = 4  # llama.cpp's LLAMA_TOKEN_TYPE_USER_DEFINED: written out in the answer's text
-CONTROL = 3
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -227,53 +224,6 @@ GEMMA4_TEMPLATE = """\
 {%- if add_generation_prompt and ns.prev not in ('response', 'stop') %}<|turn>model
 {% if not enable_thinking %}<|channel>thought
 <channel|>{% endif %}{% endif -%}"""
-
-
-def _string(text: str) -> bytes:
-    raw = text.encode()
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def retokened_smollm2(dst: Path, tokens: dict[int, str], token_type: int) -> Path:
-    """A copy of SmolLM2 whose special tokens `tokens` (id: new text) read as given, with that
-    token type. Their texts may change length: `general.name` takes up the difference, so the
-    header keeps its size and the tensor data its offset."""
-    data = bytearray(SMOLLM2.read_bytes())
-    key = b"tokenizer.ggml.tokens"
-    at = data.find(struct.pack("<Q", len(key)) + key)
-    assert at > 0, "SmolLM2 has no token list"
-    pos = at + 8 + len(key) + 4 + 4 + 8  # value type (array), item type (string), count
-    spans = []
-    for i in range(max(tokens) + 1):
-        n = struct.unpack_from("<Q", data, pos)[0]
-        spans.append((pos, pos + 8 + n))
-        pos += 8 + n
-    delta = 0
-    for i in sorted(tokens, reverse=True):  # from the end, so earlier spans keep their offsets
-        start, end = spans[i]
-        assert data[start + 8:end].startswith(b"<"), "SmolLM2's vocabulary is not the one expected"
-        new = _string(tokens[i])
-        delta += len(new) - (end - start)
-        data[start:end] = new
-    name_key = b"general.name"
-    k = data.find(struct.pack("<Q", len(name_key)) + name_key)
-    assert 0 < k < at, "general.name is not before the token list"
-    start = k + 8 + len(name_key) + 4
-    n = struct.unpack_from("<Q", data, start)[0]
-    name = bytes(data[start + 8:start + 8 + n])
-    assert n - delta > 0
-    name = (name + b" " * max(0, -delta))[:n - delta]
-    data[start:start + 8 + n] = struct.pack("<Q", len(name)) + name
-    key = b"tokenizer.ggml.token_type"
-    k = data.find(struct.pack("<Q", len(key)) + key)
-    assert k > 0
-    items = k + 8 + len(key) + 4 + 4 + 8  # value type (array), item type (int32), count
-    for i in tokens:
-        assert struct.unpack_from("<i", data, items + 4 * i)[0] == CONTROL
-        struct.pack_into("<i", data, items + 4 * i, token_type)
-    assert len(data) == SMOLLM2.stat().st_size
-    dst.write_bytes(data)
-    return dst
 
 
 def write_hermes_smollm2(dst: Path) -> Path:

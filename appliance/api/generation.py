@@ -25,6 +25,7 @@ from . import native_tools, tools
 from .chat_answer import AnswerShape
 from .errors import ApiError, bad_request
 from .http import Request
+from .infill import infill_prompt
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions, TextPart
 from .tools import ToolPlan
 
@@ -254,12 +255,19 @@ def plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
 
 
 def completion_prompts(runner: ModelRunner, req: CompletionRequest) -> list[list[int]]:
-    """Token lists for each prompt (blocking: run it off the event loop)."""
-    if req.suffix:
-        raise bad_request("suffix is not supported", param="suffix")
+    """Token lists for each prompt (blocking: run it off the event loop); with a `suffix`, each
+    (text) prompt and the suffix around the gap the answer fills (api/infill.py)."""
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens 0 asks for no answer: it is allowed only with echo", param="max_tokens")
-    return token_lists(runner.vocab, req.prompt, "prompt", 16)
+    if not req.suffix:
+        return token_lists(runner.vocab, req.prompt, "prompt", 16)
+    if req.echo:
+        raise bad_request("echo is not supported with suffix", param="echo")
+    texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if not texts or len(texts) > 16 or not all(isinstance(t, str) for t in texts):
+        raise bad_request("with suffix, prompt must be a string or a list of at most 16 strings", param="prompt")
+    return [infill_prompt(runner.vocab, t, req.suffix, n_ctx=runner.n_ctx, max_tokens=req.max_tokens or 16,
+                          param="suffix").tokens for t in texts]
 
 
 def token_lists(vocab: Vocab, p: str | list, param: str, most: int) -> list[list[int]]:

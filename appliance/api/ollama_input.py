@@ -54,7 +54,6 @@ def generate_request(req: OllamaGenerateRequest) -> ChatRequest:
 
 def _refuse_generate_fields(req: OllamaGenerateRequest) -> None:
     for field, why in (("template", "a model's template is set in the config (models[].chat_template)"),
-                       ("suffix", "fill-in-the-middle is not supported"),
                        ("images", "the models here read text"),
                        ("context", "send the conversation to /api/chat instead")):
         if getattr(req, field):
@@ -62,11 +61,12 @@ def _refuse_generate_fields(req: OllamaGenerateRequest) -> None:
 
 
 def raw_request(req: OllamaGenerateRequest) -> ChatRequest:
-    """A raw /api/generate request's sampling, format and limits as a chat request would carry
-    them (its prompt is tokenized as it is, not through the template)."""
+    """A raw /api/generate request's (or one with a `suffix`: fill-in-the-middle) sampling, format
+    and limits as a chat request would carry them (its prompt is not rendered by the template)."""
     _refuse_generate_fields(req)
     if req.system:
-        raise bad_request("system does not apply to a raw prompt: write it into the prompt", param="system")
+        why = "the gap's prompt is built from prompt and suffix" if req.suffix else "write it into the prompt"
+        raise bad_request(f"system does not apply to a raw prompt: {why}", param="system")
     return _chat(req, [ChatMessage("user", req.prompt)], None)
 
 

@@ -36,6 +36,7 @@ from .generation import (
     manager_error,
     request_sampling,
 )
+from .infill import infill_prompt
 from .http import Request
 from .ollama_output import OllamaEvents, now
 from .ollama_schemas import (
@@ -157,7 +158,14 @@ class OllamaRoutes:
                 await request.json(200, OllamaAnswer(model=req.model, created_at=now(), response="", done=True,
                                                      done_reason="load"))
                 return
-            if req.raw:
+            if req.suffix:  # fill-in-the-middle (api/infill.py): the model's FIM tokens, not its template
+                chat = ollama_input.raw_request(req)
+                prompt = (await asyncio.to_thread(
+                    infill_prompt, runner.vocab, req.prompt, req.suffix, n_ctx=runner.n_ctx,
+                    max_tokens=chat.max_completion_tokens or runner.n_ctx // 4, param="suffix")).tokens
+                params = await request_sampling(chat, runner.vocab)
+                shape = AnswerShape()
+            elif req.raw:
                 chat = ollama_input.raw_request(req)
                 prompt = await asyncio.to_thread(runner.vocab.tokenize, req.prompt, add_special=True,
                                                  parse_special=True)

@@ -13,6 +13,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import llama_cpp as lc
 import numpy as np
@@ -562,6 +563,20 @@ def _load_error(lines: Capture) -> str | None:
     return _ERROR_PREFIX.sub("", cause.strip(), count=1) or cause.strip()
 
 
+class FimTokens(NamedTuple):
+    """A vocabulary's fill-in-the-middle tokens, as llama.cpp finds them (-1: none)."""
+
+    pre: int
+    suf: int
+    mid: int
+    rep: int
+    sep: int
+
+    @property
+    def usable(self) -> bool:
+        return min(self.pre, self.suf, self.mid) >= 0
+
+
 class Vocab:
     """Tokenization and detokenization for one model."""
 
@@ -578,6 +593,10 @@ class Vocab:
         self._eog = {t for t in range(n_vocab) if lc.llama_vocab_is_eog(vocab, t)} if n_vocab <= 1_000_000 else set()
         self.bos_text = self.piece(self.bos, special=True).decode("utf-8", "replace") if self.bos >= 0 else ""
         self.eos_text = self.piece(self.eos, special=True).decode("utf-8", "replace") if self.eos >= 0 else ""
+        # fill-in-the-middle tokens (-1: none): prefix, suffix, middle, repository, file separator
+        self.fim = FimTokens(*(int(f(vocab)) for f in (lc.llama_vocab_fim_pre, lc.llama_vocab_fim_suf,
+                                                       lc.llama_vocab_fim_mid, lc.llama_vocab_fim_rep,
+                                                       lc.llama_vocab_fim_sep)))
 
     @property
     def handle(self) -> lc.llama_vocab_p:

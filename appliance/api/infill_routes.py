@@ -1,0 +1,145 @@
+"""POST /infill: llama-server's fill-in-the-middle endpoint, as code editors' plugins (llama.vim,
+llama.vscode) call it: the text before and after the cursor, other files as extra context, and
+the answer in llama-server's own shape (`content`, `stop_type`, `timings`, ...; streamed as
+`data:` lines of partial results, the last one whole). The prompt is built by api/infill.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from ..config import Config
+from ..engine.client import Generations, fit_max_tokens
+from ..engine.manager import ModelManager
+from ..engine.runner import Failed, Finished, GenerationRequest, TextDelta
+from .errors import bad_request, decoded
+from .generation import ENGINE_ERRORS, deadline, engine_error, failure_error, generation_runner, request_sampling, serve, stop_list
+from .http import EventStream, Request
+from .infill import InfillPrompt, infill_prompt
+from .schemas import SamplingFields
+
+
+class InfillChunk(Struct, frozen=True, kw_only=True):
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(SamplingFields, frozen=True, kw_only=True):
+    input_prefix: str
+    input_suffix: str
+    input_extra: Annotated[list[InfillChunk], Meta(max_length=256)] = []
+    prompt: str = ""  # text already typed in the gap (after the prefix)
+    n_predict: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None  # llama-server's name; -1: up to the context
+    max_tokens: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
+
+
+class InfillTimings(Struct, frozen=True):
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    cache_n: int
+
+
+class InfillResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    index: int = 0
+    content: str
+    tokens: list[int] = []
+    id_slot: int = -1
+    stop: bool
+    model: str | None = None
+    tokens_predicted: int
+    tokens_evaluated: int
+    has_new_line: bool | None = None
+    truncated: bool | None = None
+    stop_type: Literal["none", "eos", "word", "limit"] | None = None
+    stopping_word: str | None = None
+    tokens_cached: int | None = None
+    timings: InfillTimings | None = None
+
+
+_decoder = msgspec.json.Decoder(InfillRequest)
+
+
+def _timings(prompt: int, cached: int, predicted: int, t0: float, first: float, end: float) -> InfillTimings:
+    prompt_ms, predicted_ms = (first - t0) * 1000, (end - first) * 1000
+    computed = max(prompt - cached, 0)
+    return InfillTimings(computed, prompt_ms, prompt_ms / max(computed, 1), computed / max(prompt_ms / 1000, 1e-9),
+                         predicted, predicted_ms, predicted_ms / max(predicted, 1),
+                         predicted / max(predicted_ms / 1000, 1e-9), cached)
+
+
+class InfillRoutes:
+    def __init__(self, config: Config, manager: ModelManager):
+        self.config = config
+        self.manager = manager
+
+    async def infill(self, request: Request) -> None:
+        try:
+            await self._infill(request)
+        except ENGINE_ERRORS as e:
+            raise engine_error(e) from None
+
+    async def _infill(self, request: Request) -> None:
+        limits = self.config.server.limits
+        req: InfillRequest = decoded(_decoder, await request.body(limits.max_body_bytes))
+        if req.n != 1:
+            raise bad_request("/infill gives one answer: n must be 1", param="n")
+        runner = await generation_runner(self.manager, req.model)
+        requested = req.n_predict if req.n_predict is not None and req.n_predict >= 0 else req.max_tokens
+        params = await request_sampling(req, runner.vocab)
+        prompt: InfillPrompt = await asyncio.to_thread(
+            infill_prompt, runner.vocab, req.input_prefix, req.input_suffix,
+            extra=[(c.filename, c.text) for c in req.input_extra], typed=req.prompt, n_ctx=runner.n_ctx,
+            max_tokens=requested or min(limits.max_tokens or runner.n_ctx, runner.n_ctx // 4), param="input_suffix")
+        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt.tokens), requested, None, limits.max_tokens,
+                                    "input_prefix", limits.max_prompt_tokens)
+        gens = Generations(runner, [GenerationRequest(prompt.tokens, max_tokens, params, stop_list(req),
+                                                      deadline(self.config), speculative=req.speculative)])
+        await serve(request, gens, lambda: self._answer(request, gens, req, prompt))
+
+    async def _answer(self, request: Request, gens: Generations, req: InfillRequest, prompt: InfillPrompt) -> None:
+        t0 = time.monotonic()
+        first: float | None = None
+        parts: list[str] = []
+        pieces = 0
+        sse = EventStream(request) if req.stream else None
+        async for _, ev in gens.events():
+            if isinstance(ev, TextDelta):
+                first = first or time.monotonic()
+                parts.append(ev.text)
+                pieces += 1
+                if sse is not None:  # a piece of text (tokens whose text was held back come together)
+                    await sse.event(InfillResult(content=ev.text, stop=False, tokens_predicted=pieces,
+                                                 tokens_evaluated=len(prompt.tokens)))
+            elif isinstance(ev, Finished):
+                end = time.monotonic()
+                text = "".join(parts)
+                stop_type = "limit" if ev.reason == "length" else "word" if ev.stop_string else "eos"
+                result = InfillResult(
+                    content="" if sse is not None else text, stop=True, model=req.model,
+                    tokens_predicted=ev.completion_tokens, tokens_evaluated=ev.prompt_tokens,
+                    has_new_line="\n" in text, truncated=prompt.truncated, stop_type=stop_type,
+                    stopping_word=ev.stop_string or "", tokens_cached=ev.cached_tokens,
+                    timings=_timings(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, t0, first or end, end))
+                if sse is None:
+                    await request.json(200, result)
+                else:
+                    await sse.event(result)
+                    await sse.close()
+                return
+            elif isinstance(ev, Failed):
+                err = failure_error(ev)
+                if sse is None or not sse.started:
+                    raise err
+                await sse.raw(b"data: " + err.body() + b"\n\n")
+                await sse.close()
+                return

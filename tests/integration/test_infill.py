@@ -1,0 +1,106 @@
+"""Fill-in-the-middle (api/infill.py): OpenAI completions' `suffix` and llama-server's /infill,
+through the real server, on a SmolLM2 copy whose vocabulary has FIM tokens (Granite's names for
+the prefix, suffix and middle, Qwen's file separator; SmolLM2's own `<reponame>` is the
+repository token llama.cpp finds). The model was never trained on them: the tests check the
+prompt's layout (each answer is the plain completion of the prompt written out by hand) and the
+API shapes, not the code written."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import SMOLLM2, model_entry
+from retokened_smollm2 import CONTROL, retokened_smollm2
+
+FIM = {5: "<|file_sep|>", 14: "<fim_prefix>", 15: "<fim_suffix>", 16: "<fim_middle>"}
+PREFIX = "def add(a, b):\n    "
+SUFFIX = "\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, tmp_path_factory):
+    fim = retokened_smollm2(tmp_path_factory.mktemp("fim") / "smollm2-fim.gguf", FIM, CONTROL)
+    return server_factory({"models": [model_entry("coder", fim, n_parallel=2),
+                                      model_entry("plain", SMOLLM2, n_parallel=1)]}, "infill")
+
+
+def written_out(server, *parts: str) -> list[int]:
+    """The prompt written out by hand: each part tokenized on its own (special tokens named in
+    it), as the server tokenizes the prefix, the typed text, the suffix and each file apart."""
+    out = []
+    for part in parts:
+        r = httpx.post(server.base + "/tokenize", timeout=60, json={
+            "model": "coder", "content": part, "parse_special": True, "add_special": False})
+        assert r.status_code == 200, r.text
+        out += [t if isinstance(t, int) else t["id"] for t in r.json()["tokens"]]
+    return out
+
+
+def completion(server, **body) -> dict:
+    r = httpx.post(server.base + "/v1/completions", timeout=300, json={
+        "model": "coder", "temperature": 0, "max_tokens": 12, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_suffix_fills_the_gap_in_the_repository_layout(server):
+    got = completion(server, prompt=PREFIX, suffix=SUFFIX)
+    layout = written_out(server, "<reponame>myproject\n<|file_sep|>filename\n<fim_prefix>", PREFIX,
+                         "<fim_suffix>", SUFFIX, "<fim_middle>")
+    assert got["usage"]["prompt_tokens"] == len(layout)
+    plain = completion(server, prompt=layout)
+    assert got["choices"][0]["text"] == plain["choices"][0]["text"]
+
+
+def test_infill_answers_in_llama_servers_shape_whole_and_streamed(server):
+    body = {"model": "coder", "input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 12, "temperature": 0,
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+            "prompt": "return"}
+    r = httpx.post(server.base + "/infill", timeout=300, json=body)
+    assert r.status_code == 200, r.text
+    whole = r.json()
+    layout = written_out(server, "<reponame>myproject\n<|file_sep|>util.py\n", "def sub(a, b):\n    return a - b\n",
+                         "<|file_sep|>filename\n<fim_prefix>", PREFIX, "return", "<fim_suffix>", SUFFIX, "<fim_middle>")
+    assert whole["tokens_evaluated"] == len(layout) and whole["truncated"] is False
+    assert whole["content"] == completion(server, prompt=layout)["choices"][0]["text"]
+    assert whole["stop"] is True and whole["stop_type"] in ("eos", "limit") and whole["model"] == "coder"
+    assert whole["tokens_predicted"] <= 12 and whole["timings"]["predicted_n"] == whole["tokens_predicted"]
+    events = []
+    with httpx.stream("POST", server.base + "/infill", timeout=300, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert events[-1]["stop_type"] == whole["stop_type"]
+
+
+def test_a_long_prefix_is_cut_to_fit_the_context_and_says_so(server):
+    r = httpx.post(server.base + "/infill", timeout=300, json={
+        "model": "coder", "input_prefix": "x = 1\n" * 1500, "input_suffix": SUFFIX, "n_predict": 8})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["truncated"] is True and out["tokens_evaluated"] + 8 <= 2048
+
+
+def test_ollamas_generate_with_a_suffix_fills_the_same_gap(server):
+    r = httpx.post(server.base + "/api/generate", timeout=300, json={
+        "model": "coder", "prompt": PREFIX, "suffix": SUFFIX, "stream": False,
+        "options": {"temperature": 0, "num_predict": 12}})
+    assert r.status_code == 200, r.text
+    assert r.json()["response"] == completion(server, prompt=PREFIX, suffix=SUFFIX)["choices"][0]["text"]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/infill", {"model": "plain", "input_prefix": "a", "input_suffix": "b"}, "input_suffix"),
+    ("/v1/completions", {"model": "plain", "prompt": "a", "suffix": "b"}, "suffix"),
+    ("/v1/completions", {"model": "coder", "prompt": "a", "suffix": "b", "echo": True}, "echo"),
+    ("/v1/completions", {"model": "coder", "prompt": [1, 2], "suffix": "b"}, "prompt"),
+    ("/infill", {"model": "coder", "input_prefix": "a", "input_suffix": "b", "n": 2}, "n"),
+    ("/infill", {"model": "coder", "input_prefix": "a"}, "input_suffix"),
+])
+def test_what_cannot_be_filled_is_a_400_naming_the_field(server, path, body, param):
+    r = httpx.post(server.base + path, timeout=60, json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
