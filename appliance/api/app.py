@@ -25,7 +25,7 @@ from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
 from .group_chat import GroupChat
 from .group_routes import GroupRoutes
-from .infill_routes import InfillRoutes
+from .llama_server_routes import LlamaServerRoutes
 from .http import Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
 from .anthropic_output import error_body as anthropic_error
@@ -68,7 +68,7 @@ class App:
                                                                         config.responses_dir()))
         self.anthropic = AnthropicRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)
-        self.infill = InfillRoutes(config, manager)
+        self.llama_server = LlamaServerRoutes(config, manager)
         self.embeddings = EmbeddingRoutes(config, manager)
         self.ollama = OllamaRoutes(config, manager, self.embeddings)
         self.groups = GroupRoutes(config, manager)
@@ -87,7 +87,8 @@ class App:
         self.routes: dict[str, dict[str, Route]] = {
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
-            "/infill": {"POST": Route(self.infill.infill, "key", True)},  # llama-server's
+            "/completion": {"POST": Route(self.llama_server.completion, "key", True)},  # llama-server's own
+            "/infill": {"POST": Route(self.llama_server.infill, "key", True)},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
             "/v1/models/{model_id}": {"GET": Route(self.openai.model, "key")},
             "/v1/responses": {"POST": Route(self.responses.create, "key", True)},

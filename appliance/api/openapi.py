@@ -11,7 +11,7 @@ import msgspec
 from .. import __version__
 from . import admin_routes as admin
 from . import anthropic_schemas as an
-from . import infill_routes as ir
+from . import llama_server_routes as ls
 from . import ollama_schemas as ol
 from . import responses_schemas as rs
 from . import schemas as s
@@ -34,8 +34,10 @@ class Op:
 OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/chat/completions", "Chat completion (stream: server-sent events)", s.ChatRequest, s.ChatCompletion),
     Op("post", "/v1/completions", "Text completion (stream: server-sent events)", s.CompletionRequest, s.Completion),
+    Op("post", "/completion", "llama-server's own completion (stream: server-sent events)",
+       ls.NativeCompletionRequest, ls.CompletionResult),
     Op("post", "/infill", "llama-server's fill-in-the-middle for code editors (stream: server-sent events)",
-       ir.InfillRequest, ir.InfillResult),
+       ls.InfillRequest, ls.CompletionResult),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
     Op("get", "/v1/models/{model_id}", "One model or group and its state", None, s.ModelCard),
     Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events)", rs.ResponsesRequest,
@@ -104,7 +106,8 @@ def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dic
     return {
         s.ChatRequest: {"model": model, "messages": msgs, "max_tokens": 4},
         s.CompletionRequest: {"model": model, "prompt": "Hello", "max_tokens": 4},
-        ir.InfillRequest: {"model": model, "input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "n_predict": 4},
+        ls.InfillRequest: {"model": model, "input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "n_predict": 4},
+        ls.NativeCompletionRequest: {"model": model, "prompt": "Hello", "n_predict": 4},
         rs.ResponsesRequest: {"model": model, "input": "Hello", "max_output_tokens": 4},
         "/v1/messages": {"model": model, "max_tokens": 4, "messages": msgs},
         "/v1/messages/count_tokens": {"model": model, "messages": msgs},
@@ -153,7 +156,7 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
             schema = by_type[op.response] if op.response is not None else {"type": "object"}
             ok["content"] = {"application/json": {"schema": schema}}
             if op.path in ("/v1/chat/completions", "/v1/completions", "/v1/batch/execute", "/v1/chain/execute",
-                           "/v1/responses", "/v1/messages", "/infill"):
+                           "/v1/responses", "/v1/messages", "/infill", "/completion"):
                 ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
             if op.path in ("/api/chat", "/api/generate"):
                 ok["content"]["application/x-ndjson"] = {"schema": {"type": "string"}}
@@ -167,7 +170,7 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
         entry["responses"] = responses
         paths.setdefault(op.path, {})[op.method] = entry
     for name, key, values in (("ChatRequest", "model", models), ("CompletionRequest", "model", models),
-                              ("InfillRequest", "model", models),
+                              ("InfillRequest", "model", models), ("NativeCompletionRequest", "model", models),
                               ("ResponsesRequest", "model", models), ("MessagesRequest", "model", models),
                               ("OllamaChatRequest", "model", models), ("OllamaGenerateRequest", "model", models),
                               ("GroupRequest", "group", [n for n, _ in groups or []]),

@@ -1,9 +1,9 @@
-"""Fill-in-the-middle (api/infill.py): OpenAI completions' `suffix` and llama-server's /infill,
-through the real server, on a SmolLM2 copy whose vocabulary has FIM tokens (Granite's names for
-the prefix, suffix and middle, Qwen's file separator; SmolLM2's own `<reponame>` is the
-repository token llama.cpp finds). The model was never trained on them: the tests check the
-prompt's layout (each answer is the plain completion of the prompt written out by hand) and the
-API shapes, not the code written."""
+"""Fill-in-the-middle (api/infill.py: OpenAI completions' `suffix`, Ollama's, llama-server's
+/infill) and llama-server's /completion (api/llama_server_routes.py), through the real server, on
+a SmolLM2 copy whose vocabulary has FIM tokens (Granite's names for the prefix, suffix and middle,
+Qwen's file separator; SmolLM2's own `<reponame>` is the repository token llama.cpp finds). The
+model was never trained on them: the tests check the prompt's layout (each answer is the plain
+completion of the prompt written out by hand) and the API shapes, not the code written."""
 
 from __future__ import annotations
 
@@ -93,6 +93,27 @@ def test_ollamas_generate_with_a_suffix_fills_the_same_gap(server):
     assert r.json()["response"] == completion(server, prompt=PREFIX, suffix=SUFFIX)["choices"][0]["text"]
 
 
+def test_completion_answers_in_llama_servers_shape(server):
+    prompt = "The capital of France is"
+    expected = completion(server, prompt=prompt)
+    r = httpx.post(server.base + "/completion", timeout=300, json={
+        "model": "coder", "prompt": prompt, "n_predict": 12, "temperature": 0})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["content"] == expected["choices"][0]["text"] and out["stop"] is True
+    assert out["tokens_evaluated"] == expected["usage"]["prompt_tokens"]
+    assert out["stop_type"] == ("limit" if expected["choices"][0]["finish_reason"] == "length" else "eos")
+    ids = written_out(server, prompt)
+    by_ids = httpx.post(server.base + "/completion", timeout=300, json={
+        "model": "coder", "prompt": ids, "n_predict": 12, "temperature": 0, "stream": True})
+    events = [json.loads(line[6:]) for line in by_ids.text.splitlines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == out["content"] and events[-1]["stop"] is True
+    stopped = httpx.post(server.base + "/completion", timeout=300, json={
+        "model": "coder", "prompt": prompt, "n_predict": 12, "temperature": 0,
+        "stop": [out["content"][2:6]]}).json()
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == out["content"][2:6]
+
+
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/infill", {"model": "plain", "input_prefix": "a", "input_suffix": "b"}, "input_suffix"),
     ("/v1/completions", {"model": "plain", "prompt": "a", "suffix": "b"}, "suffix"),
@@ -100,6 +121,7 @@ def test_ollamas_generate_with_a_suffix_fills_the_same_gap(server):
     ("/v1/completions", {"model": "coder", "prompt": [1, 2], "suffix": "b"}, "prompt"),
     ("/infill", {"model": "coder", "input_prefix": "a", "input_suffix": "b", "n": 2}, "n"),
     ("/infill", {"model": "coder", "input_prefix": "a"}, "input_suffix"),
+    ("/completion", {"model": "coder", "prompt": [999999]}, "prompt"),
 ])
 def test_what_cannot_be_filled_is_a_400_naming_the_field(server, path, body, param):
     r = httpx.post(server.base + path, timeout=60, json=body)

@@ -1,7 +1,9 @@
-"""POST /infill: llama-server's fill-in-the-middle endpoint, as code editors' plugins (llama.vim,
-llama.vscode) call it: the text before and after the cursor, other files as extra context, and
-the answer in llama-server's own shape (`content`, `stop_type`, `timings`, ...; streamed as
-`data:` lines of partial results, the last one whole). The prompt is built by api/infill.py."""
+"""llama-server's own completion endpoints, for the clients written against it: POST /completion
+(a prompt completed) and POST /infill (fill-in-the-middle, as code editors' plugins such as
+llama.vim and llama.vscode call it: the text before and after the cursor, other files as extra
+context; the prompt is built by api/infill.py). Both answer in llama-server's own shape
+(`content`, `stop_type`, `timings`, ...; streamed as `data:` lines of partial results, the last
+one whole)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from msgspec import Meta, Struct
 from ..config import Config
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
-from ..engine.runner import Failed, Finished, GenerationRequest, TextDelta
+from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from .errors import bad_request, decoded
-from .generation import ENGINE_ERRORS, deadline, engine_error, failure_error, generation_runner, request_sampling, serve, stop_list
+from .generation import (ENGINE_ERRORS, deadline, engine_error, failure_error, generation_runner, request_sampling,
+                         serve, stop_list, token_lists)
 from .http import EventStream, Request
 from .infill import InfillPrompt, infill_prompt
 from .schemas import SamplingFields
@@ -37,7 +40,7 @@ class InfillRequest(SamplingFields, frozen=True, kw_only=True):
     max_tokens: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
 
 
-class InfillTimings(Struct, frozen=True):
+class Timings(Struct, frozen=True):
     prompt_n: int
     prompt_ms: float
     prompt_per_token_ms: float
@@ -49,7 +52,13 @@ class InfillTimings(Struct, frozen=True):
     cache_n: int
 
 
-class InfillResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
+class NativeCompletionRequest(SamplingFields, frozen=True, kw_only=True):
+    prompt: str | Annotated[list[int], Meta(min_length=1)]  # text, or token ids
+    n_predict: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None  # -1: up to the context
+    max_tokens: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
+
+
+class CompletionResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
     index: int = 0
     content: str
     tokens: list[int] = []
@@ -63,21 +72,29 @@ class InfillResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
     stop_type: Literal["none", "eos", "word", "limit"] | None = None
     stopping_word: str | None = None
     tokens_cached: int | None = None
-    timings: InfillTimings | None = None
+    timings: Timings | None = None
 
 
-_decoder = msgspec.json.Decoder(InfillRequest)
+_infill_decoder = msgspec.json.Decoder(InfillRequest)
+_completion_decoder = msgspec.json.Decoder(NativeCompletionRequest)
 
 
-def _timings(prompt: int, cached: int, predicted: int, t0: float, first: float, end: float) -> InfillTimings:
+def _requested(n_predict: int | None, max_tokens: int | None) -> int | None:
+    """The answer's token limit: llama-server's `n_predict` (-1: up to the context), else `max_tokens`."""
+    if n_predict is not None:
+        return n_predict if n_predict >= 0 else None
+    return max_tokens
+
+
+def _timings(prompt: int, cached: int, predicted: int, t0: float, first: float, end: float) -> Timings:
     prompt_ms, predicted_ms = (first - t0) * 1000, (end - first) * 1000
     computed = max(prompt - cached, 0)
-    return InfillTimings(computed, prompt_ms, prompt_ms / max(computed, 1), computed / max(prompt_ms / 1000, 1e-9),
+    return Timings(computed, prompt_ms, prompt_ms / max(computed, 1), computed / max(prompt_ms / 1000, 1e-9),
                          predicted, predicted_ms, predicted_ms / max(predicted, 1),
                          predicted / max(predicted_ms / 1000, 1e-9), cached)
 
 
-class InfillRoutes:
+class LlamaServerRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
         self.manager = manager
@@ -88,25 +105,51 @@ class InfillRoutes:
         except ENGINE_ERRORS as e:
             raise engine_error(e) from None
 
+    async def completion(self, request: Request) -> None:
+        try:
+            await self._completion(request)
+        except ENGINE_ERRORS as e:
+            raise engine_error(e) from None
+
     async def _infill(self, request: Request) -> None:
         limits = self.config.server.limits
-        req: InfillRequest = decoded(_decoder, await request.body(limits.max_body_bytes))
-        if req.n != 1:
-            raise bad_request("/infill gives one answer: n must be 1", param="n")
-        runner = await generation_runner(self.manager, req.model)
-        requested = req.n_predict if req.n_predict is not None and req.n_predict >= 0 else req.max_tokens
-        params = await request_sampling(req, runner.vocab)
+        req: InfillRequest = decoded(_infill_decoder, await request.body(limits.max_body_bytes))
+        runner = await self._runner(req)
+        requested = _requested(req.n_predict, req.max_tokens)
         prompt: InfillPrompt = await asyncio.to_thread(
             infill_prompt, runner.vocab, req.input_prefix, req.input_suffix,
             extra=[(c.filename, c.text) for c in req.input_extra], typed=req.prompt, n_ctx=runner.n_ctx,
             max_tokens=requested or min(limits.max_tokens or runner.n_ctx, runner.n_ctx // 4), param="input_suffix")
-        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt.tokens), requested, None, limits.max_tokens,
-                                    "input_prefix", limits.max_prompt_tokens)
+        await self._generate(request, runner, req, prompt, requested, "input_prefix")
+
+    async def _completion(self, request: Request) -> None:
+        req: NativeCompletionRequest = decoded(_completion_decoder,
+                                               await request.body(self.config.server.limits.max_body_bytes))
+        runner = await self._runner(req)
+        if isinstance(req.prompt, str):
+            tokens = await asyncio.to_thread(runner.vocab.tokenize, req.prompt, add_special=True, parse_special=True)
+        else:
+            tokens = token_lists(runner.vocab, req.prompt, "prompt", 1)[0]
+        await self._generate(request, runner, req, InfillPrompt(tokens, False), _requested(req.n_predict, req.max_tokens),
+                             "prompt")
+
+    async def _runner(self, req: SamplingFields) -> ModelRunner:
+        if req.n != 1:
+            raise bad_request("llama-server's endpoints give one answer: n must be 1", param="n")
+        return await generation_runner(self.manager, req.model)
+
+    async def _generate(self, request: Request, runner: ModelRunner, req: InfillRequest | NativeCompletionRequest,
+                        prompt: InfillPrompt, requested: int | None, param: str) -> None:
+        limits = self.config.server.limits
+        params = await request_sampling(req, runner.vocab)
+        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt.tokens), requested, None, limits.max_tokens, param,
+                                    limits.max_prompt_tokens)
         gens = Generations(runner, [GenerationRequest(prompt.tokens, max_tokens, params, stop_list(req),
                                                       deadline(self.config), speculative=req.speculative)])
         await serve(request, gens, lambda: self._answer(request, gens, req, prompt))
 
-    async def _answer(self, request: Request, gens: Generations, req: InfillRequest, prompt: InfillPrompt) -> None:
+    async def _answer(self, request: Request, gens: Generations, req: InfillRequest | NativeCompletionRequest,
+                      prompt: InfillPrompt) -> None:
         t0 = time.monotonic()
         first: float | None = None
         parts: list[str] = []
@@ -118,13 +161,13 @@ class InfillRoutes:
                 parts.append(ev.text)
                 pieces += 1
                 if sse is not None:  # a piece of text (tokens whose text was held back come together)
-                    await sse.event(InfillResult(content=ev.text, stop=False, tokens_predicted=pieces,
+                    await sse.event(CompletionResult(content=ev.text, stop=False, tokens_predicted=pieces,
                                                  tokens_evaluated=len(prompt.tokens)))
             elif isinstance(ev, Finished):
                 end = time.monotonic()
                 text = "".join(parts)
                 stop_type = "limit" if ev.reason == "length" else "word" if ev.stop_string else "eos"
-                result = InfillResult(
+                result = CompletionResult(
                     content="" if sse is not None else text, stop=True, model=req.model,
                     tokens_predicted=ev.completion_tokens, tokens_evaluated=ev.prompt_tokens,
                     has_new_line="\n" in text, truncated=prompt.truncated, stop_type=stop_type,
