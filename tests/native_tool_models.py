@@ -20,6 +20,7 @@ from retokened_smollm2 import CONTROL, USER_DEFINED, retokened_smollm2
 TOOL_CALL_TOKEN = 3
 MISTRAL_TOKENS = {8: "[TOOL_CALLS]", 7: "[ARGS]", 6: "[CALL_ID]"}
 GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>', 12: "<|channel>", 13: "<channel|>"}
+FUNCTIONGEMMA_TOKENS = {9: "<start_function_call>", 10: "<end_function_call>", 11: "<escape>"}
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -226,12 +227,46 @@ GEMMA4_TEMPLATE = """\
 <channel|>{% endif %}{% endif -%}"""
 
 
+# FunctionGemma's turns as its documentation describes them: declarations in the developer turn,
+# calls and responses in the model's, strings between <escape> marks.
+FUNCTIONGEMMA_TEMPLATE = """\
+{%- macro arg(v) -%}
+{%- if v is string %}<escape>{{ v }}<escape>{% elif v is boolean %}{{ 'true' if v else 'false' }}
+{%- elif v is mapping %}{ {%- for k, x in v | dictsort %}{{ k }}:{{ arg(x) }}{{ ',' if not loop.last }}{% endfor -%} }
+{%- elif v is sequence %}[{% for x in v %}{{ arg(x) }}{{ ',' if not loop.last }}{% endfor %}]
+{%- else %}{{ v }}{% endif -%}
+{%- endmacro -%}
+{{- bos_token -}}
+{%- set loop_messages = messages -%}
+{%- if tools or messages[0].role == 'system' -%}<start_of_turn>developer
+{% if messages[0].role == 'system' %}{{ messages[0].content }}{% set loop_messages = messages[1:] %}{% endif -%}
+{%- for t in tools or [] %}<start_function_declaration>declaration:{{ t.function.name }}{description:<escape>{{ t.function.description }}<escape>,parameters:{{ t.function.parameters | tojson }}}<end_function_declaration>{% endfor -%}
+<end_of_turn>
+{% endif -%}
+{%- for m in loop_messages -%}
+{%- if m.role == 'tool' -%}
+<start_function_response>response:{{ m.name or 'tool' }}{value:<escape>{{ m.content }}<escape>}<end_function_response>
+{%- else -%}
+<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}
+{% for c in m.tool_calls or [] %}<start_function_call>call:{{ c.function.name }}{{ arg(c.function.arguments) }}<end_function_call>{% endfor -%}
+{{ m.content or '' }}{% if not m.tool_calls %}<end_of_turn>
+{% endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt and loop_messages[-1].role != 'tool' %}<start_of_turn>model
+{% endif -%}"""
+
+
 def write_hermes_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, {TOOL_CALL_TOKEN: "<tool_call>"}, USER_DEFINED)
 
 
 def write_mistral_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, MISTRAL_TOKENS, CONTROL)
+
+
+def write_functiongemma_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, FUNCTIONGEMMA_TOKENS, CONTROL)
 
 
 def write_gemma4_smollm2(dst: Path) -> Path:

@@ -8,13 +8,12 @@ import re
 from typing import Any
 
 from ..engine import gemma_notation
-from ..engine.schema_grammar import SchemaError, literal, values_gbnf
+from ..engine.schema_grammar import SchemaError, literal, never_spelling, values_gbnf
 from .native_tools import HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION, XML_PARAMETER, NativeFormat, xml_written_as_text
 
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 # A qwen3-coder parameter's raw text: anything but its closing tag.
-_XML_TEXT = "xml-text ::= ([^<] | " + " | ".join(
-    f'"{"</parameter>"[:k]}" [^{"</parameter>"[k]}]' for k in range(1, len("</parameter>"))) + ")*"
+_XML_TEXT = f"xml-text ::= ({never_spelling('</parameter>')})*"
 
 
 def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]:
@@ -115,11 +114,12 @@ def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
 
 
 def gemma_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """gemma4's grammar: `functions` are each callable function's name and parameters schema,
-    whose arguments are held to it in Gemma 4's notation. A SchemaError's path starts with the
+    """gemma4's and functiongemma's grammar: `functions` are each callable function's name and
+    parameters schema, whose arguments are held to it in Gemma's notation. A SchemaError's path starts with the
     function's place in `functions`."""
-    quote = f"<[{fmt.quote_token}]>" if fmt.quote_token is not None else literal(gemma_notation.QUOTE)
-    rules, tops = gemma_notation.schemas_gbnf([schema for _, schema in functions], "args", quote)
+    mark = fmt.tags.mark
+    quote = f"<[{fmt.quote_token}]>" if fmt.quote_token is not None else literal(mark)
+    rules, tops = gemma_notation.schemas_gbnf([schema for _, schema in functions], "args", quote, mark)
     alternatives = " | ".join(f"{literal(name)} {args}" for (name, _), args in zip(functions, tops))
     return (f"root ::= call{'+' if parallel else ''}\n"
             f'call ::= <[{fmt.open_token}]> "call:" ({alternatives}) <[{fmt.close_token}]>\n' + rules)

@@ -12,9 +12,11 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
   Mistral Small 3.2 may put `[CALL_ID]id` before `[ARGS]`), all three control tokens;
 - qwen3-coder: `<tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>\n</tool_call>`,
   a string parameter's value as raw text, others as JSON (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano);
-- gemma4: `<|tool_call>call:name{key:value,...}<tool_call|>` for each call, in Gemma 4's own
+- gemma4: `<|tool_call>call:name{key:value,...}<tool_call|>` for each call, in Gemma's own
   notation (engine/gemma_notation.py: strings between `<|"|>` marks, bare keys in sorted order),
-  all three tags tokens of their own (the mark may be text);
+  the tags tokens of their own (the mark may be text); functiongemma (FunctionGemma, Gemma 3
+  270M tuned for calls): the same notation between `<start_function_call>` and
+  `<end_function_call>`, strings between `<escape>` marks;
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -52,7 +54,20 @@ from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
-GEMMA_OPEN, GEMMA_CLOSE, GEMMA_SIGN = "<|tool_call>", "<tool_call|>", "<|tool_call>call:"
+
+
+@dataclass(frozen=True)
+class GemmaTags:
+    open: str
+    close: str
+    mark: str  # around a string value
+    sign: str  # what the template writes that says it is this format
+
+
+GEMMA_TAGS = {"gemma4": GemmaTags("<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_call>call:"),
+              "functiongemma": GemmaTags("<start_function_call>", "<end_function_call>", "<escape>",
+                                         "<start_function_call>")}
+
 # What Llama 3.1/3.2/3.3's templates tell the model, in their own words.
 LLAMA3_SIGN = '"parameters": dictionary of argument name'
 # A JSON object with "name" (or "arguments") inside the tags, as Hermes templates show the model
@@ -68,12 +83,12 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # "hermes", "qwen3-coder", "mistral", "mistral-args", "gemma4" or "llama3"
+    name: str  # "hermes", "qwen3-coder", "mistral", "mistral-args", "gemma4", "functiongemma" or "llama3"
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
-    close_token: int | None = None  # gemma4: <tool_call|>
-    quote_token: int | None = None  # gemma4: <|"|>, where the vocabulary has it as one token
+    close_token: int | None = None  # gemma4 and functiongemma: the call's closing tag
+    quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
 
     @property
     def args_key(self) -> str:
@@ -88,8 +103,15 @@ class NativeFormat:
     @property
     def marker(self) -> str | None:
         """The text that opens the calls in the answer (None: the answer is the call)."""
+        if self.tags is not None:
+            return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "mistral": MISTRAL_OPEN,
-                "mistral-args": MISTRAL_OPEN, "gemma4": GEMMA_OPEN}.get(self.name)
+                "mistral-args": MISTRAL_OPEN}.get(self.name)
+
+    @property
+    def tags(self) -> GemmaTags | None:
+        """A Gemma format's tags (None: not one)."""
+        return GEMMA_TAGS.get(self.name)
 
     @property
     def shown_tokens(self) -> tuple[int, ...]:
@@ -131,12 +153,12 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
         args = _one_token(vocab, MISTRAL_ARGS)
         call_id = _one_token(vocab, MISTRAL_CALL_ID) if MISTRAL_CALL_ID in template_source else None
         return NativeFormat("mistral-args", token, args, call_id) if args is not None else None
-    if GEMMA_SIGN in template_source:
-        open_token, close_token = _one_token(vocab, GEMMA_OPEN), _one_token(vocab, GEMMA_CLOSE)
-        if open_token is None or close_token is None:
-            return None
-        return NativeFormat("gemma4", open_token, close_token=close_token,
-                            quote_token=_one_token(vocab, gemma_notation.QUOTE))
+    for name, tags in GEMMA_TAGS.items():
+        if tags.sign in template_source:
+            open_token, close_token = _one_token(vocab, tags.open), _one_token(vocab, tags.close)
+            if open_token is None or close_token is None:
+                return None
+            return NativeFormat(name, open_token, close_token=close_token, quote_token=_one_token(vocab, tags.mark))
     if LLAMA3_SIGN in template_source:
         return NativeFormat("llama3")
     return None
@@ -278,14 +300,14 @@ def _calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None) -> 
         if not isinstance(objs, list):
             raise TypeError("not a list of calls")
         return [_call(fmt, obj["name"], obj["arguments"], obj.get("id")) for obj in objs]
-    if fmt.name == "gemma4":
+    if fmt.tags is not None:
         calls = []
-        for block in text.split(GEMMA_OPEN)[1:]:
-            body, close, rest = block.partition(GEMMA_CLOSE)
+        for block in text.split(fmt.tags.open)[1:]:
+            body, close, rest = block.partition(fmt.tags.close)
             if not close or rest.strip() or not body.startswith("call:") or "{" not in body:
                 raise ValueError("not a call")
             name, brace, args = body[len("call:"):].partition("{")
-            calls.append(_call(fmt, name, gemma_notation.read(brace + args)))
+            calls.append(_call(fmt, name, gemma_notation.read(brace + args, fmt.tags.mark)))
         return calls
     if fmt.name == "mistral-args":
         calls = []

@@ -119,6 +119,7 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
     builders = {"qwen3-coder": native_grammars.xml_grammar, "gemma4": partial(native_grammars.gemma_grammar, native),
+                "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native)}
     if native.name in builders:  # calls that are not JSON objects: each function's arguments apart
         try:

@@ -1,7 +1,8 @@
-"""Gemma 4's tool-call notation: the grammar of a call's arguments for their JSON Schema, and the
-reader that turns written arguments back into JSON values.
+"""Gemma's tool-call notation (Gemma 4's and FunctionGemma's): the grammar of a call's arguments
+for their JSON Schema, and the reader that turns written arguments back into JSON values.
 
-Gemma 4's chat template writes a value (its `format_argument`) as a string between `<|"|>` marks,
+Gemma 4's chat template writes a value (its `format_argument`) as a string between `<|"|>` marks
+(FunctionGemma's between `<escape>` marks),
 a number, `true`/`false`, a list `[a,b]` or an object `{key:value,...}` with bare keys in sorted
 order (its `dictsort`), and no whitespace anywhere; a null comes out as Python's `None`, read here
 as `null` too. The grammar holds a value to its schema: types (and lists of them), `enum` and
@@ -18,7 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .schema_grammar import MAX_RULES, REFUSED_KEYWORDS, SchemaError, integer_bounds, integer_range, literal
+from .schema_grammar import (MAX_RULES, REFUSED_KEYWORDS, SchemaError, integer_bounds, integer_range, literal,
+                             never_spelling)
 
 QUOTE = '<|"|>'
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
@@ -31,7 +33,7 @@ _ANY = {
     "g-string": "{quote} g-char* {quote}",
     # a character of a string: the text of the mark never comes out of these, even where the
     # mark is one token (whose text the characters would otherwise match)
-    "g-char": r'[^<] | "<" [^|] | "<|" [^"] | "<|\"" [^|]',
+    "g-char": "{char}",
     "g-object": '"{{" (g-pair ("," g-pair)*)? "}}"',
     "g-pair": r'[^:{{}}\[\],<]+ ":" g-value',
     "g-list": r'"[" (g-value ("," g-value)*)? "]"',
@@ -45,24 +47,25 @@ class NotationError(ValueError):
     """Text that is not a value in Gemma 4's notation."""
 
 
-def read(text: str) -> Any:
-    """The JSON value `text` writes (all of it); NotationError where it does not read."""
-    value, end = _value(text, 0)
+def read(text: str, mark: str = QUOTE) -> Any:
+    """The JSON value `text` writes (all of it), its strings between `mark`s; NotationError where
+    it does not read."""
+    value, end = _value(text, 0, mark)
     if end != len(text):
         raise NotationError(f"text after the value at {end}")
     return value
 
 
-def _value(text: str, i: int) -> tuple[Any, int]:
-    if text.startswith(QUOTE, i):
-        end = text.find(QUOTE, i + len(QUOTE))
+def _value(text: str, i: int, mark: str) -> tuple[Any, int]:
+    if text.startswith(mark, i):
+        end = text.find(mark, i + len(mark))
         if end < 0:
             raise NotationError("a string without its closing mark")
-        return text[i + len(QUOTE):end], end + len(QUOTE)
+        return text[i + len(mark):end], end + len(mark)
     if text.startswith("{", i):
-        return _object(text, i + 1)
+        return _object(text, i + 1, mark)
     if text.startswith("[", i):
-        return _list(text, i + 1)
+        return _list(text, i + 1, mark)
     for word, value in _WORDS.items():
         if text.startswith(word, i):
             return value, i + len(word)
@@ -73,7 +76,7 @@ def _value(text: str, i: int) -> tuple[Any, int]:
     return (float(number) if any(c in number for c in ".eE") else int(number)), m.end()
 
 
-def _object(text: str, i: int) -> tuple[dict[str, Any], int]:
+def _object(text: str, i: int, mark: str) -> tuple[dict[str, Any], int]:
     out: dict[str, Any] = {}
     if text.startswith("}", i):
         return out, i + 1
@@ -81,7 +84,7 @@ def _object(text: str, i: int) -> tuple[dict[str, Any], int]:
         m = _KEY.match(text, i)
         if m is None or not text.startswith(":", m.end()):
             raise NotationError(f"no key at {i}")
-        out[m.group()], i = _value(text, m.end() + 1)
+        out[m.group()], i = _value(text, m.end() + 1, mark)
         if text.startswith(",", i):
             i += 1
         elif text.startswith("}", i):
@@ -90,12 +93,12 @@ def _object(text: str, i: int) -> tuple[dict[str, Any], int]:
             raise NotationError(f"no ',' or '}}' at {i}")
 
 
-def _list(text: str, i: int) -> tuple[list[Any], int]:
+def _list(text: str, i: int, mark: str) -> tuple[list[Any], int]:
     out: list[Any] = []
     if text.startswith("]", i):
         return out, i + 1
     while True:
-        value, i = _value(text, i)
+        value, i = _value(text, i, mark)
         out.append(value)
         if text.startswith(",", i):
             i += 1
@@ -125,8 +128,9 @@ def _join(path: str, key: str | int) -> str:
 
 
 class _Converter:
-    def __init__(self, quote: str):
+    def __init__(self, quote: str, mark: str):
         self.quote = quote
+        self.mark = mark
         self.rules: dict[str, str] = {}
         self.refs: dict[tuple[int, str], str] = {}
         self.root: Any = None
@@ -269,16 +273,18 @@ class _Converter:
     def lines(self) -> str:
         out = [f"{name} ::= {body}" for name, body in self.rules.items()]
         if self.any_used:
-            out += [f"{name} ::= {body.format(quote=self.quote)}" for name, body in _ANY.items()]
+            char = never_spelling(self.mark)
+            out += [f"{name} ::= {body.format(quote=self.quote, char=char)}" for name, body in _ANY.items()]
         return "\n".join(out) + "\n"
 
 
-def schemas_gbnf(schemas: list[Any], hint: str, quote: str) -> tuple[str, list[str]]:
-    """Rules (no `root`) for the values of several schemas in Gemma 4's notation, each schema a
-    document of its own ($refs resolve in it), and each one's expression. `quote` is the string
-    mark's grammar element: a token reference (`<[id]>`) where the vocabulary has it as one token,
-    else its text. A SchemaError's path starts with the schema's index."""
-    conv = _Converter(quote)
+def schemas_gbnf(schemas: list[Any], hint: str, quote: str, mark: str = QUOTE) -> tuple[str, list[str]]:
+    """Rules (no `root`) for the values of several schemas in Gemma's notation, each schema a
+    document of its own ($refs resolve in it), and each one's expression. `mark` is the string
+    mark's text and `quote` its grammar element: a token reference (`<[id]>`) where the
+    vocabulary has it as one token, else the text. A SchemaError's path starts with the schema's
+    index."""
+    conv = _Converter(quote, mark)
     tops = []
     for i, schema in enumerate(schemas):
         conv.root = schema

@@ -102,6 +102,20 @@ def literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def never_spelling(mark: str) -> str:
+    """A GBNF alternation of one character, or of a proper prefix of `mark` and the character that
+    leaves it, so that text built of them never holds `mark` (it does only where a prefix of the
+    mark runs into the mark itself, as in "</pa</parameter>"). `mark` must not repeat its first
+    character."""
+    alts = [f"[^{_class_char(mark[0])}]"]
+    alts += [f"{literal(mark[:k])} [^{_class_char(mark[k])}]" for k in range(1, len(mark))]
+    return " | ".join(alts)
+
+
+def _class_char(ch: str) -> str:
+    return "\\" + ch if ch in "]\\^-[" else ch
+
+
 def json_literal(value: Any) -> str:
     return literal(json.dumps(value, ensure_ascii=False))
 

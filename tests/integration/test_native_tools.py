@@ -16,9 +16,10 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (GEMMA4_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_ARGS_TEMPLATE,
-                                MISTRAL_TEMPLATE, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN, write_gemma4_smollm2,
-                                write_hermes_smollm2, write_mistral_smollm2)
+from native_tool_models import (FUNCTIONGEMMA_TEMPLATE, GEMMA4_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE,
+                                MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN,
+                                write_functiongemma_smollm2, write_gemma4_smollm2, write_hermes_smollm2,
+                                write_mistral_smollm2)
 from tool_requests import TOOLS, WEATHER
 
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
@@ -29,6 +30,7 @@ def server(server_factory, tmp_path_factory):
     hermes = write_hermes_smollm2(tmp_path_factory.mktemp("hermes") / "smollm2-hermes.gguf")
     mistral = write_mistral_smollm2(tmp_path_factory.mktemp("mistral") / "smollm2-mistral.gguf")
     gemma4 = write_gemma4_smollm2(tmp_path_factory.mktemp("gemma4") / "smollm2-gemma4.gguf")
+    functiongemma = write_functiongemma_smollm2(tmp_path_factory.mktemp("fg") / "smollm2-functiongemma.gguf")
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
@@ -37,7 +39,8 @@ def server(server_factory, tmp_path_factory):
                    model_entry("mistral-args", mistral, n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
                    model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
                    model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE),
-                   model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE)],
+                   model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
+                   model_entry("functiongemma", functiongemma, n_parallel=1, chat_template=FUNCTIONGEMMA_TEMPLATE)],
     }, "native-tools")
 
 
@@ -160,10 +163,11 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "gemma4": "gemma4"}
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "gemma4": "gemma4",
+                     "functiongemma": "functiongemma"}
 
 
-OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "gemma4")
+OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "gemma4", "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -217,7 +221,11 @@ def test_llama3_under_auto_answers_text_or_a_call_from_its_first_character(serve
 @pytest.mark.parametrize("model", OTHER_FORMATS)
 def test_history_renders_in_each_models_format(server, model):
     text = prompt_text(server, model, messages=HISTORY, tools=TOOLS)
-    if model == "gemma4":  # Gemma 4's notation: bare keys, sorted, strings between <|"|> marks
+    if model == "functiongemma":  # the same notation, strings between <escape> marks
+        assert ("<start_function_call>call:get_weather{city:<escape>Paris<escape>,unit:<escape>celsius<escape>}"
+                "<end_function_call>") in text
+        assert "<start_function_response>response:tool{value:<escape>18 degrees, sunny<escape>}" in text
+    elif model == "gemma4":  # Gemma 4's notation: bare keys, sorted, strings between <|"|> marks
         assert ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>'
                 '<|tool_response>response:get_weather{value:<|"|>18 degrees, sunny<|"|>}<tool_response|>') in text
     elif model == "qwen3-coder":  # strings as raw text, other values as JSON

@@ -30,6 +30,7 @@ MISTRAL = NativeFormat("mistral", 8)
 MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
 LLAMA3 = NativeFormat("llama3")
 GEMMA4 = NativeFormat("gemma4", 9, close_token=10, quote_token=11)
+FUNCTIONGEMMA = NativeFormat("functiongemma", 9, close_token=10)  # its <escape> as text
 
 
 class FakeVocab:
@@ -63,6 +64,8 @@ class FakeVocab:
     ("{{ tools }} <|tool_call>call:", FakeVocab("<|tool_call>", "<tool_call|>"),
      NativeFormat("gemma4", 100, close_token=101)),  # the string mark as text
     ("{{ tools }} <|tool_call>call:", FakeVocab("<|tool_call>"), None),
+    ("{{ tools }} <start_function_call>", FakeVocab("<start_function_call>", "<end_function_call>", "<escape>"),
+     NativeFormat("functiongemma", 100, close_token=101, quote_token=102)),
     ("[TOOL_CALLS] <tool_call> </tool_call>", FakeVocab("[TOOL_CALLS]", "<tool_call>"), None),  # no tools variable
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
@@ -79,7 +82,8 @@ def test_the_grammar_compiles_and_is_lazy_only_under_auto():
     grammar.check(None, one.grammar)
 
 
-@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GEMMA4], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GEMMA4, FUNCTIONGEMMA],
+                         ids=lambda f: f.name)
 def test_a_bad_parameter_schema_is_named_under_its_tool(fmt):
     bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
         "n": {"type": "number", "multipleOf": 3}}}}}
@@ -137,6 +141,8 @@ def test_answers_are_read_into_content_and_calls():
     (GEMMA4, 'Sure.<|tool_call>call:w{city:<|"|>Oslo, NO<|"|>}<tool_call|><|tool_call>call:w{city:<|"|>Rome<|"|>}'
              '<tool_call|>', "Sure.", [("w", {"city": "Oslo, NO"}, None), ("w", {"city": "Rome"}, None)]),
     (GEMMA4, "<|tool_call>call:w{city:Oslo}<tool_call|>", "<|tool_call>call:w{city:Oslo}<tool_call|>", None),
+    (FUNCTIONGEMMA, "<start_function_call>call:w{city:<escape>Oslo, NO<escape>,n:[1,2]}<end_function_call>", None,
+     [("w", {"city": "Oslo, NO", "n": [1, 2]}, None)]),
     (MISTRAL, "[TOOL_CALLS][{]", "[TOOL_CALLS][{]", None),  # does not read: the text as it is
     (MISTRAL_ARGS, "[TOOL_CALLS]w{}", "[TOOL_CALLS]w{}", None),
 ])
@@ -151,7 +157,7 @@ def test_each_format_is_read_back(fmt, text, content, calls):
     for call, (_, _, call_id) in zip(got, calls):
         if call_id is not None:
             assert call.id == call_id  # the id the model wrote
-        elif fmt in (LLAMA3, GEMMA4):
+        elif fmt in (LLAMA3, GEMMA4, FUNCTIONGEMMA):
             assert call.id.startswith("call_")
         else:
             assert re.fullmatch("[a-zA-Z0-9]{9}", call.id)  # Mistral's templates take no other
@@ -250,3 +256,12 @@ def test_gemma4_grammar_frames_each_call_with_its_tags():
     lines = plan.grammar.splitlines()
     assert lines[:2] == ["root ::= call+", 'call ::= <[9]> "call:" ("w" args-0 | "add" args-1) <[10]>']
     assert 'args-0 ::= "{" "city:" g-string "}"' in lines and "g-string ::= <[11]> g-char* <[11]>" in lines
+
+
+def test_functiongemmas_grammar_spells_out_its_escape_mark_where_it_is_no_token():
+    plan = tools.plan(request(tools=[WEATHER]), FUNCTIONGEMMA)
+    lines = plan.grammar.splitlines()
+    assert lines[1] == 'call ::= <[9]> "call:" ("w" args-0) <[10]>'
+    assert 'g-string ::= "<escape>" g-char* "<escape>"' in lines
+    assert 'g-char ::= [^<] | "<" [^e] | "<e" [^s] | "<es" [^c] | "<esc" [^a] | "<esca" [^p] | "<escap" [^e] | "<escape" [^>]' in lines
+    grammar.check(None, plan.grammar)
