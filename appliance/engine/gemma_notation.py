@@ -17,10 +17,10 @@ is free between its marks, but for the marks themselves); the keywords the JSON 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from .schema_grammar import (MAX_RULES, REFUSED_KEYWORDS, SchemaError, integer_bounds, integer_range, literal,
-                             never_spelling)
+                             merged_all_of, never_spelling, resolve_ref)
 
 QUOTE = '<|"|>'
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
@@ -78,34 +78,41 @@ def _value(text: str, i: int, mark: str) -> tuple[Any, int]:
 
 def _object(text: str, i: int, mark: str) -> tuple[dict[str, Any], int]:
     out: dict[str, Any] = {}
-    if text.startswith("}", i):
-        return out, i + 1
-    while True:
+
+    def pair(i: int) -> int:
         m = _KEY.match(text, i)
         if m is None or not text.startswith(":", m.end()):
             raise NotationError(f"no key at {i}")
-        out[m.group()], i = _value(text, m.end() + 1, mark)
-        if text.startswith(",", i):
-            i += 1
-        elif text.startswith("}", i):
-            return out, i + 1
-        else:
-            raise NotationError(f"no ',' or '}}' at {i}")
+        out[m.group()], end = _value(text, m.end() + 1, mark)
+        return end
+
+    return out, _items(text, i, "}", pair)
 
 
 def _list(text: str, i: int, mark: str) -> tuple[list[Any], int]:
     out: list[Any] = []
-    if text.startswith("]", i):
-        return out, i + 1
-    while True:
-        value, i = _value(text, i, mark)
+
+    def item(i: int) -> int:
+        value, end = _value(text, i, mark)
         out.append(value)
+        return end
+
+    return out, _items(text, i, "]", item)
+
+
+def _items(text: str, i: int, close: str, read_one: Callable[[int], int]) -> int:
+    """Reads comma-separated items from `i` up to `close` (`read_one` reads one and says where
+    it ends); where the text goes on after `close`."""
+    if text.startswith(close, i):
+        return i + 1
+    while True:
+        i = read_one(i)
         if text.startswith(",", i):
             i += 1
-        elif text.startswith("]", i):
-            return out, i + 1
+        elif text.startswith(close, i):
+            return i + 1
         else:
-            raise NotationError(f"no ',' or ']' at {i}")
+            raise NotationError(f"no ',' or {close!r} at {i}")
 
 
 def write(value: Any) -> str:
@@ -162,11 +169,7 @@ class _Converter:
         if "$ref" in schema:
             return self.ref(schema["$ref"], path)
         if "allOf" in schema:
-            parts = schema["allOf"]
-            if not isinstance(parts, list) or len(parts) != 1:
-                raise SchemaError(_join(path, "allOf"), "only a one-element allOf is supported")
-            rest = {k: v for k, v in schema.items() if k != "allOf"}
-            return self.visit({**rest, **parts[0]} if isinstance(parts[0], dict) else parts[0], path, hint)
+            return self.visit(merged_all_of(schema, path), path, hint)
         alts: list[str]
         for key in ("anyOf", "oneOf"):
             if key in schema:
@@ -255,16 +258,10 @@ class _Converter:
         return self.rule(hint, f'"{{" {head} "}}"')
 
     def ref(self, ref: Any, path: str) -> str:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise SchemaError(_join(path, "$ref"), "only local references (#/...) are supported")
         key = (id(self.root), ref)
         if key in self.refs:
             return self.refs[key]
-        target: Any = self.root
-        for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p]:
-            if not isinstance(target, dict) or part not in target:
-                raise SchemaError(_join(path, "$ref"), f"{ref!r} does not resolve")
-            target = target[part]
+        target = resolve_ref(self.root, ref, path)
         name = self.rule(f"ref-{ref}", "")  # named first: the reference may be recursive
         self.refs[key] = name
         self.rules[name] = self.visit(target, _join(path, "$ref"), name)

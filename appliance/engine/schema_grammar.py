@@ -186,11 +186,7 @@ class _Converter:
         if "$ref" in schema:
             return self.ref(schema, path)
         if "allOf" in schema:
-            parts = schema["allOf"]
-            if not isinstance(parts, list) or len(parts) != 1:
-                raise SchemaError(_join(path, "allOf"), "only a one-element allOf is supported")
-            rest = {k: v for k, v in schema.items() if k != "allOf"}
-            return self.visit({**rest, **parts[0]} if isinstance(parts[0], dict) else parts[0], path, hint)
+            return self.visit(merged_all_of(schema, path), path, hint)
         nullable = schema.get("nullable") is True
         for key in ("anyOf", "oneOf"):
             if key in schema:
@@ -253,15 +249,7 @@ class _Converter:
         key = (id(self.root), ref)
         if key in self.refs:
             return self.refs[key]
-        target: Any = self.root
-        for raw in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = raw.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                raise SchemaError(_join(path, "$ref"), f"{ref!r} does not resolve in this schema")
+        target = resolve_ref(self.root, ref, path)
         name = self.fresh("ref-" + ref.rsplit("/", 1)[-1])
         self.refs[key] = name  # before the visit: a recursive schema refers to itself
         self.rules[name] = ""
@@ -430,6 +418,31 @@ class _Converter:
         lines = [f"{name} ::= {body}" for name, body in self.rules.items()]
         lines += [f"{name} ::= {PRIMITIVES[name]}" for name in PRIMITIVES if name in self.used]
         return "\n".join(lines) + "\n"
+
+
+def merged_all_of(schema: dict, path: str) -> Any:
+    """A schema with a one-element `allOf` as that element with the schema's other keys."""
+    parts = schema["allOf"]
+    if not isinstance(parts, list) or len(parts) != 1:
+        raise SchemaError(_join(path, "allOf"), "only a one-element allOf is supported")
+    rest = {k: v for k, v in schema.items() if k != "allOf"}
+    return {**rest, **parts[0]} if isinstance(parts[0], dict) else parts[0]
+
+
+def resolve_ref(root: Any, ref: Any, path: str) -> Any:
+    """The schema a local `$ref` (a JSON pointer, #/...) names in `root`."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        raise SchemaError(_join(path, "$ref"), "only local references (#/...) are supported")
+    target: Any = root
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            raise SchemaError(_join(path, "$ref"), f"{ref!r} does not resolve in this schema")
+    return target
 
 
 def split_alternatives(body: str) -> list[str]:
