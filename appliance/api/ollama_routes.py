@@ -158,17 +158,15 @@ class OllamaRoutes:
                 await request.json(200, OllamaAnswer(model=req.model, created_at=now(), response="", done=True,
                                                      done_reason="load"))
                 return
-            if req.suffix:  # fill-in-the-middle (api/infill.py): the model's FIM tokens, not its template
+            if req.raw or req.suffix:  # not through the template
                 chat = ollama_input.raw_request(req)
-                prompt = (await asyncio.to_thread(
-                    infill_prompt, runner.vocab, req.prompt, req.suffix, n_ctx=runner.n_ctx,
-                    max_tokens=chat.max_completion_tokens or runner.n_ctx // 4, param="suffix")).tokens
-                params = await request_sampling(chat, runner.vocab)
-                shape = AnswerShape()
-            elif req.raw:
-                chat = ollama_input.raw_request(req)
-                prompt = await asyncio.to_thread(runner.vocab.tokenize, req.prompt, add_special=True,
-                                                 parse_special=True)
+                if req.suffix:  # fill-in-the-middle (api/infill.py): the model's FIM tokens
+                    prompt = (await asyncio.to_thread(
+                        infill_prompt, runner.vocab, req.prompt, req.suffix, n_ctx=runner.n_ctx,
+                        max_tokens=chat.max_completion_tokens or runner.n_ctx // 4, param="suffix")).tokens
+                else:
+                    prompt = await asyncio.to_thread(runner.vocab.tokenize, req.prompt, add_special=True,
+                                                     parse_special=True)
                 params = await request_sampling(chat, runner.vocab)
                 shape = AnswerShape()
             else:
