@@ -13,3 +13,19 @@ TOOLS = [
                        "required": ["a", "b"], "additionalProperties": False}}},
 ]
 WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+
+
+def streamed_calls(choices: list[dict]) -> list[dict]:
+    """The tool calls of one streamed choice (its chunks' `choices[0]`), added up as OpenAI's
+    clients do: a call's first piece has its id, type and name, the rest only more arguments."""
+    calls: list[dict] = []
+    for choice in choices:
+        for piece in choice["delta"].get("tool_calls") or []:
+            if piece["index"] == len(calls):
+                assert piece["id"] and piece["type"] == "function" and piece["function"]["name"], piece
+                calls.append({"id": piece["id"], "type": "function",
+                              "function": {"name": piece["function"]["name"], "arguments": ""}})
+            else:
+                assert set(piece) == {"index", "function"} and set(piece["function"]) == {"arguments"}, piece
+            calls[piece["index"]]["function"]["arguments"] += piece["function"]["arguments"]
+    return calls

@@ -13,6 +13,7 @@ from ..config import Config
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from ..engine.sampling import SamplingParams
+from .call_stream import CallDelta
 from .chat_answer import AnswerShape, Parts
 from .errors import ApiError
 from .generation import deadline, failure_error, serve, stop_list
@@ -35,10 +36,13 @@ class Ending:
 
 class AnswerWriter(Protocol):
     result: Any  # the whole answer, once finish has run
+    streams_calls: bool  # tool calls go out as they are written (`calls`), else whole with `finish`
 
     def start(self) -> list[Event]: ...
 
     def push(self, thought: str, text: str, logprobs: list[ChatTokenLogprob]) -> list[Event]: ...
+
+    def calls(self, deltas: list[CallDelta]) -> list[Event]: ...
 
     def finish(self, ending: Ending) -> list[Event]: ...
 
@@ -64,7 +68,7 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
     """Stream `writer`'s events (`framing` makes each one bytes), or answer its whole result. A
     failure before the first token keeps its HTTP status; after it, the writer says it in-band."""
     sse = EventStream(request, content_type=content_type) if stream else None
-    reader = None if shape.plain else shape.reader()
+    reader = None if shape.plain else shape.reader(writer.streams_calls and stream)
     started = False
 
     async def send(events: list[Event]) -> None:
@@ -82,9 +86,11 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
             if isinstance(ev, TextDelta):
                 thought, text = reader.push(ev.text) if reader else ("", ev.text)
                 logprobs = chat_logprobs(ev.logprobs).content if ev.logprobs else []
-                await send(writer.push(thought, text, logprobs))
+                await send(writer.push(thought, text, logprobs) + (writer.calls(reader.take_calls()) if reader else []))
             elif isinstance(ev, Finished):
                 parts = reader.finish(ev.reason) if reader else Parts(None, None, None, ev.reason)
+                if reader:
+                    await send(writer.calls(reader.take_calls()))
                 await send(writer.finish(Ending(parts, ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens,
                                                 ev.reasoning_tokens, ev.stop_string)))
             elif isinstance(ev, Failed):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
+
 from .answer_relay import Ending, Event
 from .anthropic_schemas import (
     AnthropicErrorBody,
@@ -17,6 +19,7 @@ from .anthropic_schemas import (
     ThinkingBlock,
     ToolUseBlock,
 )
+from .call_stream import CallDelta
 from .errors import ApiError
 from .schemas import ChatTokenLogprob, encoder
 
@@ -49,15 +52,20 @@ def stop_reason(ending: Ending) -> str:
 
 
 class MessageEvents:
-    """The Messages API's writer for answer_relay.relay."""
+    """The Messages API's writer for answer_relay.relay: a tool call's block opens once its name is
+    known, and its input streams as `input_json_delta` pieces."""
+
+    streams_calls = True
 
     def __init__(self, model: str, prompt_tokens: int):
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.blocks: list[ContentBlock] = []
-        self.open: str | None = None  # thinking | text: the block being written
+        self.open: str | None = None  # thinking | text | tool_use: the block being written
         self.text: list[str] = []
+        self.tool: ToolUseBlock | None = None  # the tool_use block being written (its input: {})
+        self.tool_blocks: dict[str, ToolUseBlock] = {}  # by the call's id
         self.result: AnthropicMessage | None = None
 
     def start(self) -> list[Event]:
@@ -82,10 +90,29 @@ class MessageEvents:
                                                                                           "text": piece}
         return events + [{"type": "content_block_delta", "index": index, "delta": delta}]
 
+    def calls(self, deltas: list[CallDelta]) -> list[Event]:
+        """Tool calls as they are written: a block for each, its input in pieces of JSON text."""
+        events: list[Event] = []
+        for d in deltas:
+            if d.id is not None:
+                if self.open is not None:
+                    events += self._close()
+                self.open, self.tool = "tool_use", ToolUseBlock(f"toolu_{uuid.uuid4().hex[:24]}", d.name or "", {})
+                self.tool_blocks[d.id] = self.tool
+                events.append({"type": "content_block_start", "index": len(self.blocks), "content_block": self.tool})
+            if d.arguments:
+                self.text.append(d.arguments)
+                events.append({"type": "content_block_delta", "index": len(self.blocks),
+                               "delta": {"type": "input_json_delta", "partial_json": d.arguments}})
+        return events
+
     def _close(self) -> list[Event]:
         text = "".join(self.text)
-        self.blocks.append(ThinkingBlock(text) if self.open == "thinking" else TextBlock(text))
-        self.open, self.text = None, []
+        if self.open == "tool_use":
+            self.blocks.append(ToolUseBlock(self.tool.id, self.tool.name, _input(text)))
+        else:
+            self.blocks.append(ThinkingBlock(text) if self.open == "thinking" else TextBlock(text))
+        self.open, self.text, self.tool = None, [], None
         return [{"type": "content_block_stop", "index": len(self.blocks) - 1}]
 
     def finish(self, ending: Ending) -> list[Event]:
@@ -94,14 +121,9 @@ class MessageEvents:
         if self.open is not None:
             events += self._close()
         for call in parts.tool_calls or []:
-            index = len(self.blocks)
-            block = ToolUseBlock(f"toolu_{uuid.uuid4().hex[:24]}", call.function.name, json.loads(call.function.arguments))
-            self.blocks.append(block)
-            events += [{"type": "content_block_start", "index": index,
-                        "content_block": ToolUseBlock(block.id, block.name, {})},
-                       {"type": "content_block_delta", "index": index,
-                        "delta": {"type": "input_json_delta", "partial_json": call.function.arguments}},
-                       {"type": "content_block_stop", "index": index}]
+            if call.id in self.tool_blocks:  # it went out as it was written
+                continue
+            events += self.calls([CallDelta(0, call.id, call.function.name, call.function.arguments)]) + self._close()
         usage = AnthropicUsage(ending.prompt_tokens - ending.cached_tokens, ending.completion_tokens,
                                cache_read_input_tokens=ending.cached_tokens)
         reason = stop_reason(ending)
@@ -115,3 +137,12 @@ class MessageEvents:
 
     def failed(self, err: ApiError) -> list[Event]:
         return [{"type": "error", "error": _error(err)}]
+
+
+def _input(arguments: str) -> Any:
+    """A tool_use block's input from its call's arguments; a call cut short, whose JSON text does
+    not read, has an empty input (its stream had the text as far as it went)."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return {}

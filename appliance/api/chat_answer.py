@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine import reasoning
+from .call_stream import CallDelta
 from .schemas import ToolCall
 from .tools import ToolPlan
 
@@ -37,21 +38,28 @@ class AnswerShape:
         content, calls, reason = self.tools.read(text, finish_reason)
         return Parts(thought, content, calls, reason)
 
-    def reader(self) -> "AnswerReader":
-        return AnswerReader(self)
+    def reader(self, stream_calls: bool = False) -> "AnswerReader":
+        """A reader of the answer as it streams (`stream_calls`: tool calls go out as they are
+        written, api/call_stream.py)."""
+        return AnswerReader(self, stream_calls)
 
 
 class AnswerReader:
-    """`AnswerShape.whole` as the text streams: push pieces, get (reasoning, content) deltas; the
-    tool calls, and what was held back, come with `finish`."""
+    """`AnswerShape.whole` as the text streams: push pieces, get (reasoning, content) deltas, and
+    with `stream_calls` the tool calls' deltas from `take_calls`; the tool calls, and what was
+    held back, come with `finish`."""
 
-    def __init__(self, shape: AnswerShape) -> None:
+    def __init__(self, shape: AnswerShape, stream_calls: bool = False) -> None:
         self.splitter = reasoning.Splitter(shape.inside, shape.think) if shape.think else None
-        self.tools = shape.tools.reader() if shape.tools is not None else None
+        self.tools = shape.tools.reader(stream_calls) if shape.tools is not None else None
 
     def push(self, piece: str) -> tuple[str, str]:
         thought, text = self.splitter.push(piece) if self.splitter else ("", piece)
         return thought, (self.tools.push(text) if self.tools and text else text)
+
+    def take_calls(self) -> list[CallDelta]:
+        """What the tool calls gained since last asked (with `stream_calls`)."""
+        return self.tools.take_calls() if self.tools is not None else []
 
     def finish(self, finish_reason: str) -> Parts:
         thought, text = self.splitter.finish() if self.splitter else ("", "")

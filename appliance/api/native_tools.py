@@ -42,14 +42,15 @@ import re
 import secrets
 import string
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..engine import gemma_notation
 from ..engine.chat_template import ChatTemplate
 from ..engine.native import Vocab
 from ..engine.text import partial_suffix
-from .schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
+from .call_stream import READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, skip_blanks, tool_calls, value_end
+from .schemas import ChatMessage, ChatRequest, ToolCall
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -76,6 +77,8 @@ _HERMES_JSON = re.compile(r'<tool_call>(?:\s|\\n)*\{\{?\\?"(?:name|arguments)\\?
                           r'|\{\{?\\?"name\\?": <function-name>, \\?"arguments\\?"')
 _XML_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
+_XML_OPEN_PARAMETER = re.compile(r"<parameter=([^>\n]+)>")
 _HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), re.DOTALL)
 _MISTRAL_ID = re.compile(r"^[a-zA-Z0-9]{9}$")
 _ALNUM = string.ascii_letters + string.digits
@@ -238,14 +241,6 @@ def arguments_value(text: str) -> Any:
         return text
 
 
-def _call(fmt: NativeFormat, name: Any, arguments: Any, call_id: Any = None) -> ToolCall:
-    if not isinstance(name, str) or not isinstance(arguments, dict):
-        raise TypeError("not a call")
-    if not (isinstance(call_id, str) and _MISTRAL_ID.match(call_id) and fmt.name.startswith("mistral")):
-        call_id = fmt.new_id()
-    return ToolCall(id=call_id, function=FunctionCall(name, json.dumps(arguments, ensure_ascii=False)))
-
-
 def xml_written_as_text(schema: Any) -> bool:
     """Whether a qwen3-coder parameter of this schema is written as raw text (a string), not JSON."""
     if not isinstance(schema, dict):
@@ -276,48 +271,165 @@ def _parameters_of(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, An
     return out
 
 
-def _calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None) -> list[ToolCall]:
-    """The calls written in `text`, from the format's marker on (ValueError, KeyError or
-    TypeError where they do not read)."""
-    if fmt.name == "hermes":
-        return [_call(fmt, obj["name"], obj["arguments"])
-                for obj in (json.loads(block.group(1)) for block in _HERMES_CALL.finditer(text))]
-    if fmt.name == "qwen3-coder":
-        schemas = _parameters_of(tools)
-        calls = []
-        for block in _HERMES_CALL.finditer(text):
-            call = _XML_CALL.fullmatch(block.group(1))
-            if call is None:
+def _model_id(fmt: NativeFormat, call_id: Any) -> str | None:
+    """The id a Mistral model wrote for its call, where it is one its templates take."""
+    ok = isinstance(call_id, str) and _MISTRAL_ID.match(call_id) and fmt.name.startswith("mistral")
+    return call_id if ok else None
+
+
+def _closed_by(rest: str, close: str) -> bool:
+    """Whether `rest` (what follows a call's body) is its closing tag; ValueError where it cannot
+    become one."""
+    rest = rest.strip()
+    if rest == close:
+        return True
+    if rest and not close.startswith(rest):
+        raise ValueError("text after a call")
+    return False
+
+
+def _hermes(text: str) -> list[Begun]:
+    out = []
+    for block in text.split(HERMES_OPEN)[1:]:
+        i = skip_blanks(block, 0)
+        if i == len(block):
+            break
+        call, end = json_call(block, i)
+        if call is None:
+            break
+        if end is not None and not _closed_by(block[end:], HERMES_CLOSE):
+            call = replace(call, whole=False)
+        out.append(call)
+        if not call.whole:
+            break
+    return out
+
+
+def _qwen3_coder(text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
+    schemas = _parameters_of(tools)
+    out = []
+    for block in text.split(HERMES_OPEN)[1:]:
+        head = _XML_HEAD.match(block)
+        if head is None:
+            if not XML_FUNCTION.startswith(block.lstrip()[:len(XML_FUNCTION)]) or ">" in block:
                 raise ValueError("not a function block")
-            name = call.group(1).strip()
-            props = schemas.get(name, {})
-            args = {m.group(1).strip(): _xml_value(m.group(2), props.get(m.group(1).strip()))
-                    for m in _XML_PARAMETER.finditer(call.group(2))}
-            calls.append(_call(fmt, name, args))
-        return calls
-    if fmt.name == "mistral":
-        objs = json.loads(text[len(MISTRAL_OPEN):])
-        if not isinstance(objs, list):
-            raise TypeError("not a list of calls")
-        return [_call(fmt, obj["name"], obj["arguments"], obj.get("id")) for obj in objs]
-    if fmt.tags is not None:
-        calls = []
-        for block in text.split(fmt.tags.open)[1:]:
-            body, close, rest = block.partition(fmt.tags.close)
-            if not close or rest.strip() or not body.startswith("call:") or "{" not in body:
+            break
+        name = head.group(1).strip()
+        body, close, rest = block.partition(HERMES_CLOSE)
+        if not close:
+            out.append(Begun(name, _xml_arguments_so_far(block[head.end():], schemas.get(name, {})), False))
+            break
+        call = _XML_CALL.fullmatch(body.strip())
+        if call is None or rest.strip():
+            raise ValueError("not a function block")
+        props = schemas.get(name, {})
+        args = {m.group(1).strip(): _xml_value(m.group(2), props.get(m.group(1).strip()))
+                for m in _XML_PARAMETER.finditer(call.group(2))}
+        out.append(Begun(name, json.dumps(args, ensure_ascii=False), True))
+    return out
+
+
+def _xml_arguments_so_far(body: str, props: dict[str, Any]) -> str:
+    """The JSON text of an open qwen3-coder call's arguments so far: its parameters closed so far,
+    and a string parameter being written up to where its text is sure (not the newline before a
+    closing tag, nor what may be the tag's beginning). It never has its closing brace: it is a
+    prefix of the whole call's arguments, which are json.dumps of the same values."""
+    parts, last = [], 0
+    for m in _XML_PARAMETER.finditer(body):
+        key = m.group(1).strip()
+        parts.append(json.dumps(key, ensure_ascii=False) + ": "
+                     + json.dumps(_xml_value(m.group(2), props.get(key)), ensure_ascii=False))
+        last = m.end()
+    open_param = _XML_OPEN_PARAMETER.search(body, last)
+    text = "{" + ", ".join(parts)
+    if open_param is None or not xml_written_as_text(props.get(open_param.group(1).strip())):
+        return text
+    raw = body[open_param.end():]
+    if not raw:
+        return text
+    raw = raw[1:] if raw.startswith("\n") else raw
+    raw = raw[:len(raw) - partial_suffix(raw, ["\n</parameter>", "</parameter>"])]
+    if parts:
+        text += ", "
+    key = json.dumps(open_param.group(1).strip(), ensure_ascii=False)
+    return text + key + ": " + json.dumps(raw, ensure_ascii=False)[:-1]
+
+
+def _mistral(fmt: NativeFormat, text: str) -> list[Begun]:
+    """Mistral's calls, each once it is whole (the id the model may write comes after the arguments)."""
+    i = skip_blanks(text, len(MISTRAL_OPEN))
+    if i == len(text):
+        return []
+    found, end = elements(text, i)
+    out = []
+    for start, stop in found:
+        if stop is None:
+            break
+        call, _ = json_call(text, start)
+        out.append(replace(call, call_id=_model_id(fmt, call.call_id)))
+    if end is not None and text[end:].strip():
+        raise ValueError("text after the calls")
+    return out
+
+
+def _mistral_args(fmt: NativeFormat, text: str) -> list[Begun]:
+    out = []
+    for block in text.split(MISTRAL_OPEN)[1:]:
+        head, sep, args = block.partition(MISTRAL_ARGS)
+        if not sep:
+            break
+        name, _, call_id = head.partition(MISTRAL_CALL_ID)
+        i = skip_blanks(args, 0)
+        end = value_end(args, i)
+        whole = end is not None
+        if whole and (args[end:].strip() or not isinstance(json.loads(args[i:end]), dict)):
+            raise ValueError("not a call's arguments")
+        out.append(Begun(name.strip(), compact_json(args[i:end]), whole, _model_id(fmt, call_id or None)))
+    return out
+
+
+def _gemma(fmt: NativeFormat, text: str) -> list[Begun]:
+    tags = fmt.tags
+    out = []
+    for block in text.split(tags.open)[1:]:
+        body, close, rest = block.partition(tags.close)
+        if "{" not in body:
+            if not (body.startswith("call:") or "call:".startswith(body)) or close:
                 raise ValueError("not a call")
-            name, brace, args = body[len("call:"):].partition("{")
-            calls.append(_call(fmt, name, gemma_notation.read(brace + args, fmt.tags.mark)))
-        return calls
+            break
+        if not body.startswith("call:"):
+            raise ValueError("not a call")
+        name, brace, args = body[len("call:"):].partition("{")
+        if not close:
+            out.append(Begun(name, "", False))
+            break
+        if rest.strip():
+            raise ValueError("text after a call")
+        out.append(Begun(name, json.dumps(gemma_notation.read(brace + args, tags.mark), ensure_ascii=False), True))
+    return out
+
+
+def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None = None) -> list[Begun]:
+    """The calls written so far in `text`, from the format's marker on, cut anywhere (`tools`: the
+    request's, as templates take them, which say how qwen3-coder's values read). ValueError (or
+    KeyError, TypeError) where they do not read."""
+    if fmt.name == "hermes":
+        return _hermes(text)
+    if fmt.name == "qwen3-coder":
+        return _qwen3_coder(text, tools)
+    if fmt.name == "mistral":
+        return _mistral(fmt, text)
     if fmt.name == "mistral-args":
-        calls = []
-        for block in text.split(MISTRAL_OPEN)[1:]:
-            head, args = block.split(MISTRAL_ARGS, 1)
-            name, _, call_id = head.partition(MISTRAL_CALL_ID)
-            calls.append(_call(fmt, name.strip(), json.loads(args), call_id or None))
-        return calls
-    obj = json.loads(text)  # llama3: the answer is the call
-    return [_call(fmt, obj["name"], obj.get("parameters", obj.get("arguments")))]
+        return _mistral_args(fmt, text)
+    if fmt.tags is not None:
+        return _gemma(fmt, text)
+    i = skip_blanks(text, 0)  # llama3: the answer is the call
+    if i == len(text):
+        return []
+    call, end = json_call(text, i, (fmt.args_key, "arguments"))
+    if end is not None and text[end:].strip():
+        raise ValueError("text after the call")
+    return [call] if call is not None else []
 
 
 def _calls_start(fmt: NativeFormat, text: str) -> int:
@@ -328,30 +440,41 @@ def _calls_start(fmt: NativeFormat, text: str) -> int:
     return len(text) - len(stripped) if stripped.startswith("{") else -1
 
 
+def _whole_calls(fmt: NativeFormat, text: str, finish_reason: str,
+                 tools: list[dict[str, Any]] | None) -> tuple[int, list[Begun] | None]:
+    """Where an answer's calls begin, and the calls, where they read whole (None: they do not, or
+    the answer was cut short)."""
+    start = _calls_start(fmt, text)
+    if start < 0 or finish_reason != "stop":
+        return start, None
+    try:
+        begun = begun_calls(fmt, text[start:].rstrip(), tools)
+    except READ_ERRORS:
+        return start, None
+    return start, (begun if begun and all(c.whole for c in begun) else None)
+
+
 def read_answer(fmt: NativeFormat, text: str, finish_reason: str,
                 tools: list[dict[str, Any]] | None = None) -> tuple[str | None, list[ToolCall] | None, str]:
     """(content, tool_calls, finish_reason) from an answer in the model's format (`tools`: the
     request's, as templates take them, which say how qwen3-coder's values read). Text before the
     calls is the content; an answer cut short (max_tokens, a stop string) inside its calls, or
     whose calls do not read, is its text as it is."""
-    start = _calls_start(fmt, text)
-    if start < 0 or finish_reason != "stop":
+    start, whole = _whole_calls(fmt, text, finish_reason, tools)
+    if whole is None:
         return text, None, finish_reason
-    try:
-        calls = _calls(fmt, text[start:].rstrip(), tools)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return text, None, finish_reason
-    if not calls:
-        return text, None, finish_reason
-    return text[:start].rstrip() or None, calls, "tool_calls"
+    return text[:start].rstrip() or None, tool_calls(whole, fmt.new_id), "tool_calls"
 
 
-class AnswerReader:
+class AnswerReader(CallReader):
     """Reads an answer in the model's format as it streams: text before the calls goes out as it
     comes (a tail that may be the marker's beginning waits for the next piece; a llama3 answer
-    that begins with `{` waits whole); the calls are read whole at the end."""
+    that begins with `{` is a call); the calls go out as they are written (`stream_calls`,
+    call_stream.CallReader) or whole at the end."""
 
-    def __init__(self, fmt: NativeFormat, tools: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, fmt: NativeFormat, tools: list[dict[str, Any]] | None = None,
+                 stream_calls: bool = False) -> None:
+        super().__init__(fmt.new_id, stream_calls)
         self.fmt = fmt
         self.tools = tools
         self.text = ""
@@ -369,10 +492,15 @@ class AnswerReader:
             end = len(self.text[:end].rstrip())  # blanks before a call are not content
         new = self.text[self.sent:end] if end > self.sent else ""
         self.sent += len(new)
+        start = _calls_start(self.fmt, self.text)
+        if self.streaming and start >= 0:
+            self.follow(lambda: begun_calls(self.fmt, self.text[start:], self.tools))
         return new
 
     def finish(self, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
-        content, calls, reason = read_answer(self.fmt, self.text, finish_reason, self.tools)
-        if content is not None:
-            content = content[self.sent:]
-        return content, calls, reason
+        start, whole = _whole_calls(self.fmt, self.text, finish_reason, self.tools)
+        if whole is not None:
+            return self.text[:start].rstrip()[self.sent:] or None, self.settle(whole), "tool_calls"
+        if self.sent_calls is not None:
+            return None, self.sent_calls, finish_reason
+        return self.text[self.sent:], None, finish_reason

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .answer_relay import Ending, Event
+from .call_stream import CallDelta
 from .errors import ApiError
 from .ollama_schemas import (
     OllamaAnswer,
@@ -33,7 +34,10 @@ def error_body(err: ApiError) -> bytes:
 
 
 class OllamaEvents:
-    """The writer for /api/chat (`chat`) and /api/generate."""
+    """The writer for /api/chat (`chat`) and /api/generate. Tool calls come whole at the end, as
+    Ollama's own streams have them (their arguments are objects, not text that can be cut)."""
+
+    streams_calls = False
 
     def __init__(self, model: str, chat: bool, logprobs: bool):
         self.model = model
@@ -67,6 +71,9 @@ class OllamaEvents:
         if not (thought or text or (logprobs and self.with_logprobs)):
             return []
         return [self._answer(thought, text, logprobs=logprobs, done=False)]
+
+    def calls(self, deltas: list[CallDelta]) -> list[Event]:
+        return []
 
     def finish(self, ending: Ending) -> list[Event]:
         parts = ending.parts

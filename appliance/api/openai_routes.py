@@ -34,6 +34,7 @@ from .generation import (
 from ..engine import reasoning
 from . import native_tools
 from .anthropic_schemas import AnthropicModel, AnthropicModelList
+from .call_stream import CallDelta
 from .chat_answer import AnswerReader, AnswerShape
 from .http import EventStream, Request
 from .schemas import (
@@ -51,6 +52,7 @@ from .schemas import (
     CompletionRequest,
     CompletionTokensDetails,
     Delta,
+    FunctionCallDelta,
     ModelCard,
     ModelList,
     PromptTokensDetails,
@@ -285,30 +287,37 @@ class OpenAIRoutes:
                 return None
             return chat_logprobs([*held.pop(i, []), *entries])
 
-        def delta(i: int, ev: TextDelta) -> ChatCompletionChunk | None:
+        def calls(i: int, deltas: list[CallDelta]) -> list[ChatCompletionChunk]:
+            if not deltas:
+                return []
+            return [chunk([ChatChunkChoice(i, Delta(tool_calls=[
+                ToolCallDelta(d.index, FunctionCallDelta(d.arguments, d.name), d.id, "function" if d.id else None)
+                for d in deltas]))])]
+
+        def delta(i: int, ev: TextDelta) -> list[ChatCompletionChunk]:
             if shape.plain:
-                return chunk([ChatChunkChoice(i, Delta(content=ev.text), None, taken(i, ev.logprobs))])
+                return [chunk([ChatChunkChoice(i, Delta(content=ev.text), None, taken(i, ev.logprobs))])]
             if i not in readers:
-                readers[i] = shape.reader()
+                readers[i] = shape.reader(stream_calls=True)
             thought, text = readers[i].push(ev.text)
-            if not (thought or text):
+            out = []
+            if thought or text:
+                out.append(chunk([ChatChunkChoice(i, Delta(content=text or None, reasoning_content=thought or None),
+                                                  None, taken(i, ev.logprobs))]))
+            else:
                 held.setdefault(i, []).extend(ev.logprobs)  # they go with the text when it comes
-                return None  # held back: a tag's start, blanks, or a tool call read whole
-            return chunk([ChatChunkChoice(i, Delta(content=text or None, reasoning_content=thought or None), None,
-                                          taken(i, ev.logprobs))])
+            return out + calls(i, readers[i].take_calls())
 
         def final(i: int, reason: str) -> list[ChatCompletionChunk]:
             if shape.plain:
                 return [chunk([ChatChunkChoice(i, Delta(), reason)])]
-            parts = (readers.pop(i, None) or shape.reader()).finish(reason)
+            reader = readers.pop(i, None) or shape.reader(stream_calls=True)
+            parts = reader.finish(reason)
             out = []
             if parts.reasoning or parts.content or held.get(i):
                 out.append(chunk([ChatChunkChoice(i, Delta(content=parts.content, reasoning_content=parts.reasoning),
                                                   None, taken(i))]))
-            if parts.tool_calls:
-                out.append(chunk([ChatChunkChoice(i, Delta(tool_calls=[
-                    ToolCallDelta(k, c.id, c.type, c.function) for k, c in enumerate(parts.tool_calls)]))]))
-            return out + [chunk([ChatChunkChoice(i, Delta(), parts.finish_reason)])]
+            return out + calls(i, reader.take_calls()) + [chunk([ChatChunkChoice(i, Delta(), parts.finish_reason)])]
 
         await self._stream(
             sse, gens, include_usage,
@@ -350,8 +359,8 @@ class OpenAIRoutes:
             # echo without logprobs: the prompt's text goes first; with them, when it is scored
             first=(lambda i: chunk([CompletionChoice(i, echoes[i][0], None)])) if echoes and not logprobs else None,
             scored=echo if echoes and logprobs else None,
-            delta=lambda i, ev: chunk([CompletionChoice(i, ev.text, None,
-                                                        completion_logprobs(ev.logprobs) if logprobs else None)]),
+            delta=lambda i, ev: [chunk([CompletionChoice(i, ev.text, None,
+                                                        completion_logprobs(ev.logprobs) if logprobs else None)])],
             final=lambda i, reason: [chunk([CompletionChoice(i, "", reason)])],
             usage=lambda u: chunk([], u),
         )
@@ -379,8 +388,7 @@ class OpenAIRoutes:
                     opened.add(i)
                     await sse.event(first(i))
                 if isinstance(ev, TextDelta):
-                    out = delta(i, ev)
-                    if out is not None:  # None: held back (a tool call is read whole)
+                    for out in delta(i, ev):  # none: held back (a tag's start, blanks)
                         await sse.event(out)
                 elif isinstance(ev, PromptScored):
                     if scored is not None:

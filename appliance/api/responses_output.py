@@ -11,6 +11,7 @@ from typing import Any, Callable
 from msgspec.structs import replace
 
 from .answer_relay import Ending, Event
+from .call_stream import CallDelta
 from .errors import ApiError
 from .responses_input import new_id
 from .responses_schemas import (
@@ -27,7 +28,7 @@ from .responses_schemas import (
     ResponseError,
     ResponseUsage,
 )
-from .schemas import ChatTokenLogprob, ToolCall
+from .schemas import ChatTokenLogprob
 
 
 @dataclass
@@ -41,8 +42,20 @@ class _Open:
     logprobs: list[ChatTokenLogprob] = field(default_factory=list)
 
 
+@dataclass
+class _Call:
+    """A function call item being written: its place in the output and its arguments so far."""
+
+    item: FunctionCallItem
+    index: int
+    arguments: list[str] = field(default_factory=list)
+
+
 class ResponseEvents:
-    """The Responses API's writer for answer_relay.relay."""
+    """The Responses API's writer for answer_relay.relay: a function call's item opens once its
+    name is known, and its arguments stream as `function_call_arguments.delta` events."""
+
+    streams_calls = True
 
     def __init__(self, base: Response, logprobs: bool, keep: Callable[[Response], None]):
         self.base = base  # the response as created: status in_progress, no output
@@ -53,6 +66,7 @@ class ResponseEvents:
         self.open: _Open | None = None
         self.pending: list[ChatTokenLogprob] = []  # token logprobs whose text is held back
         self.sequence = 0
+        self.calling: dict[str, _Call] = {}  # the function calls that went out, by call id
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -137,7 +151,9 @@ class ResponseEvents:
         if self.open is not None:
             events += self._close("incomplete" if incomplete else "completed")
         for call in parts.tool_calls or []:
-            events += self._call(call)
+            if call.id not in self.calling:
+                events += self.calls([CallDelta(0, call.id, call.function.name, call.function.arguments)])
+            events += self._call_done(self.calling[call.id], "incomplete" if incomplete else "completed")
         usage = ResponseUsage(ending.prompt_tokens, InputTokensDetails(ending.cached_tokens), ending.completion_tokens,
                               OutputTokensDetails(ending.reasoning_tokens),
                               ending.prompt_tokens + ending.completion_tokens)
@@ -147,19 +163,32 @@ class ResponseEvents:
         self.keep(self.result)
         return events + [self._event(f"response.{self.result.status}", response=self.result)]
 
-    def _call(self, call: ToolCall) -> list[Event]:
-        index = len(self.items)
-        item_id = new_id("fc")
-        added = FunctionCallItem(id=item_id, call_id=call.id or new_id("call"), name=call.function.name,
-                                 arguments="", status="in_progress")
-        done = replace(added, arguments=call.function.arguments, status="completed")
-        self.items.append(done)
-        return [self._event("response.output_item.added", output_index=index, item=added),
-                self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                            delta=done.arguments),
-                self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+    def calls(self, deltas: list[CallDelta]) -> list[Event]:
+        """Function calls as they are written: an item for each, its arguments in pieces."""
+        events: list[Event] = []
+        for d in deltas:
+            if d.id is not None:
+                if self.open is not None:
+                    events += self._close("completed")
+                item = FunctionCallItem(id=new_id("fc"), call_id=d.id, name=d.name or "", arguments="",
+                                        status="in_progress")
+                call = self.calling[d.id] = _Call(item, len(self.items))
+                self.items.append(item)  # its place; the whole item replaces it when it is done
+                events.append(self._event("response.output_item.added", output_index=call.index, item=item))
+            else:
+                call = list(self.calling.values())[d.index]
+            if d.arguments:
+                call.arguments.append(d.arguments)
+                events.append(self._event("response.function_call_arguments.delta", item_id=call.item.id,
+                                          output_index=call.index, delta=d.arguments))
+        return events
+
+    def _call_done(self, call: _Call, status: str) -> list[Event]:
+        done = replace(call.item, arguments="".join(call.arguments), status=status)
+        self.items[call.index] = done
+        return [self._event("response.function_call_arguments.done", item_id=done.id, output_index=call.index,
                             name=done.name, arguments=done.arguments),
-                self._event("response.output_item.done", output_index=index, item=done)]
+                self._event("response.output_item.done", output_index=call.index, item=done)]
 
     def failed(self, err: ApiError) -> list[Event]:
         response = replace(self.base, status="failed", output=list(self.items),

@@ -360,11 +360,18 @@ class ChatCompletion(Struct, frozen=True):
     system_fingerprint: str | None = None
 
 
-class ToolCallDelta(Struct, frozen=True):
+class FunctionCallDelta(Struct, frozen=True, omit_defaults=True):
+    arguments: str  # always there, "" at first: clients add the pieces up
+    name: str | None = None
+
+
+class ToolCallDelta(Struct, frozen=True, omit_defaults=True):
+    """A streamed call's piece: the first has its id, type and name, the rest more arguments."""
+
     index: int
-    id: str
-    type: str
-    function: FunctionCall
+    function: FunctionCallDelta
+    id: str | None = None
+    type: str | None = None
 
 
 class Delta(Struct, frozen=True, omit_defaults=True):

@@ -21,8 +21,9 @@ from typing import Any
 from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
 from . import native_grammars, native_tools
 from .errors import ApiError, bad_request
+from .call_stream import READ_ERRORS, Begun, CallReader, elements, json_call, members, skip_blanks, tool_calls
 from .native_tools import NativeFormat
-from .schemas import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall, ToolChoice
+from .schemas import ChatMessage, ChatRequest, Tool, ToolCall, ToolChoice
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ANY_OBJECT = {"type": "object"}
@@ -42,8 +43,11 @@ class ToolPlan:
         """Tokens the answer's text must show for it to be read back (the format's control tokens)."""
         return self.native.shown_tokens if self.native else ()
 
-    def reader(self) -> "AnswerReader | native_tools.AnswerReader":
-        return native_tools.AnswerReader(self.native, self.template_tools) if self.native else AnswerReader()
+    def reader(self, stream_calls: bool = False) -> "AnswerReader | native_tools.AnswerReader":
+        """A reader of the answer as it streams (`stream_calls`: calls go out as they are written)."""
+        if self.native:
+            return native_tools.AnswerReader(self.native, self.template_tools, stream_calls)
+        return AnswerReader(stream_calls)
 
     def read(self, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
         if self.native:
@@ -245,11 +249,33 @@ def _string_body(raw: str) -> tuple[str, bool]:
     return raw[:i], False
 
 
-class AnswerReader:
-    """Reads an answer held to a ToolPlan's grammar as it streams: a direct answer's text
-    ({"response": "..."}) goes out as it comes, decoded; tool calls are read whole at the end."""
+def begun_calls(text: str) -> list[Begun]:
+    """The calls written so far in an answer held to a ToolPlan's grammar, cut anywhere (none in a
+    direct answer). ValueError where they do not read."""
+    i = skip_blanks(text, 0)
+    if i == len(text):
+        return []
+    found, _ = members(text, i)
+    at = found.get("tool_calls")
+    if at is None:
+        return []
+    listed, _ = elements(text, at[0])
+    out = []
+    for start, _ in listed:
+        call, _ = json_call(text, start)
+        if call is None:
+            break
+        out.append(call)
+    return out
 
-    def __init__(self) -> None:
+
+class AnswerReader(CallReader):
+    """Reads an answer held to a ToolPlan's grammar as it streams: a direct answer's text
+    ({"response": "..."}) goes out as it comes, decoded; tool calls go out as they are written
+    (`stream_calls`, call_stream.CallReader) or whole at the end."""
+
+    def __init__(self, stream_calls: bool = False) -> None:
+        super().__init__(_new_id, stream_calls)
         self.text = ""
         self.sent = 0  # characters of the decoded response already given out
 
@@ -259,6 +285,7 @@ class AnswerReader:
         self.text += piece
         m = RESPONSE_START.match(self.text)
         if not m:
+            self.follow(lambda: begun_calls(self.text))
             return ""
         new = json.loads('"' + _string_body(self.text[m.end() :])[0] + '"')[self.sent :]
         self.sent += len(new)
@@ -266,14 +293,38 @@ class AnswerReader:
 
     def finish(self, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
         """(content not given out yet, tool_calls, finish_reason) once the answer is whole."""
-        content, calls, reason = read_answer(self.text, finish_reason)
-        return (content[self.sent :] if content is not None else None), calls, reason
+        whole = _whole_calls(self.text, finish_reason)
+        if whole is not None:
+            return None, self.settle(whole), "tool_calls"
+        if self.sent_calls is not None:
+            return None, self.sent_calls, finish_reason
+        content, _, reason = read_answer(self.text, finish_reason)
+        return (content[self.sent :] if content is not None else None), None, reason
+
+
+def _new_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _whole_calls(text: str, finish_reason: str) -> list[Begun] | None:
+    """The answer's calls where it is a whole object of them (None: it is not)."""
+    if finish_reason != "stop":
+        return None
+    try:
+        obj = json.loads(text)
+        begun = begun_calls(text) if isinstance(obj, dict) and "tool_calls" in obj else []
+    except READ_ERRORS:
+        return None
+    return begun if begun and all(c.whole for c in begun) else None
 
 
 def read_answer(text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
     """(content, tool_calls, finish_reason) from an answer held to a ToolPlan's grammar. A direct
     answer cut short (max_tokens, a stop string) is the text of its string so far; tool calls cut
     short are the JSON text as it is."""
+    whole = _whole_calls(text, finish_reason)
+    if whole is not None:
+        return None, tool_calls(whole, _new_id), "tool_calls"
     try:
         obj = json.loads(text) if finish_reason == "stop" else None
     except ValueError:
@@ -283,9 +334,4 @@ def read_answer(text: str, finish_reason: str) -> tuple[str | None, list[ToolCal
         if m:
             return json.loads('"' + _string_body(text[m.end():])[0] + '"'), None, finish_reason
         return text, None, finish_reason
-    if "tool_calls" in obj:
-        calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}",
-                          function=FunctionCall(c["name"], json.dumps(c["arguments"], ensure_ascii=False)))
-                 for c in obj["tool_calls"]]
-        return None, calls, "tool_calls"
     return obj.get("response", text), None, finish_reason

@@ -150,11 +150,23 @@ def test_function_calls_and_their_outputs(server, client):
 
     with client.responses.stream(model="smol", input="What is the weather in Paris?", tools=WEATHER,
                                  tool_choice="required", parallel_tool_calls=False, temperature=0) as stream:
-        kinds = [e.type for e in stream]
+        events = list(stream)
         streamed = stream.get_final_response()
     assert [(i.name, i.arguments) for i in streamed.output] == [(calls[0].name, calls[0].arguments)]
-    assert kinds[-5:] == ["response.output_item.added", "response.function_call_arguments.delta",
-                          "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    kinds = [e.type for e in events]  # the item opens, its arguments come in pieces as they are written
+    assert kinds[0:2] == ["response.created", "response.in_progress"] and kinds[2] == "response.output_item.added"
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 1 and "".join(pieces) == calls[0].arguments
+    assert kinds[3:] == ["response.function_call_arguments.delta"] * len(pieces) + [
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+
+    events = list(client.responses.create(model="smol", input="What is the weather in Paris?", tools=WEATHER,
+                                          tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                          max_output_tokens=16, stream=True))  # cut short inside the call
+    assert events[-1].type == "response.incomplete"
+    cut = events[-1].response
+    assert cut.status == "incomplete" and [(i.type, i.status) for i in cut.output] == [("function_call", "incomplete")]
+    assert calls[0].arguments.startswith(cut.output[0].arguments) and cut.output[0].arguments != calls[0].arguments
 
     answered = client.responses.create(
         model="smol", previous_response_id=called.id, tools=WEATHER, max_output_tokens=16, temperature=0,

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import GEMMA3, SMOLLM2, model_entry
 from opshelp import metric
-from tool_requests import TOOLS, WEATHER
+from tool_requests import TOOLS, WEATHER, streamed_calls
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
 PERSON = {
@@ -274,7 +274,7 @@ def test_auto_answers_or_calls_and_none_answers_as_without_tools(server):
         assert none["message"]["content"] == plain  # no instructions, no grammar
 
 
-def test_a_streamed_tool_call_arrives_whole_before_the_finish(server):
+def test_a_streamed_tool_call_goes_out_in_pieces_that_add_up_to_the_whole_call(server):
     body = {"model": "gemma3-270m", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     whole = post(server, "/v1/chat/completions", body).json()["choices"][0]
@@ -284,11 +284,31 @@ def test_a_streamed_tool_call_arrives_whole_before_the_finish(server):
             if line.startswith("data: {"):
                 chunks.append(json.loads(line[6:])["choices"][0])
     assert chunks[0]["delta"]["role"] == "assistant"
-    calls = [c["delta"]["tool_calls"] for c in chunks if c["delta"].get("tool_calls")]
-    assert len(calls) == 1 and chunks[-1]["finish_reason"] == "tool_calls"
-    (call,) = calls[0]
-    assert call["index"] == 0 and call["function"] == whole["message"]["tool_calls"][0]["function"]
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+    pieces = [p for c in chunks for p in c["delta"].get("tool_calls") or []]
+    (call,) = streamed_calls(chunks)
+    assert call["function"] == whole["message"]["tool_calls"][0]["function"]
+    assert len(pieces) > 1 and len(pieces[0]["function"]["arguments"]) < len(call["function"]["arguments"])
     check_call(call)
+
+
+def test_a_streamed_call_cut_short_ends_as_a_call_with_its_arguments_so_far(server):
+    body = {"model": "gemma3-270m", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 18,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    whole = post(server, "/v1/chat/completions", {**body, "max_tokens": 80}).json()["choices"][0]
+    arguments = whole["message"]["tool_calls"][0]["function"]["arguments"]
+    chunks = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    (call,) = streamed_calls(chunks)  # as OpenAI's streams end: the call as far as it was written
+    assert chunks[-1]["finish_reason"] == "length" and call["function"]["name"] == "get_weather"
+    assert arguments.startswith(call["function"]["arguments"]) and call["function"]["arguments"] != arguments
+    assert not any(c["delta"].get("content") for c in chunks)
+    cut = post(server, "/v1/chat/completions", body).json()["choices"][0]  # read whole: the text as it is
+    assert cut["finish_reason"] == "length" and "tool_calls" not in cut["message"]
+    assert '"get_weather"' in cut["message"]["content"]
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -1,0 +1,292 @@
+"""Tool calls as they are written: each call goes out once its name is known, then its arguments
+piece by piece (OpenAI's `tool_calls` deltas, the Responses API's `function_call_arguments.delta`,
+Anthropic's `input_json_delta`), so that a client sees a long call (a file being written) grow
+instead of waiting for the whole answer.
+
+The formats' readers (api/tools.py, api/native_tools.py) say which calls a text holds so far
+(`Begun`); `CallStreamer` turns that into deltas. The arguments are compact JSON text (json.dumps'
+separators), the same whether the answer is read whole or streamed, so the deltas add up to the
+whole call's arguments. The JSON scanners here read a text that may be cut anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from .schemas import FunctionCall, ToolCall
+
+_BLANKS = " \t\n\r"
+
+
+@dataclass(frozen=True)
+class Begun:
+    """A call begun in the answer: its name, its arguments so far (compact JSON text; "" where the
+    format gives them only whole), whether it is closed, and the id the model wrote, if any."""
+
+    name: str
+    arguments: str
+    whole: bool
+    call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """What a call gained: its first delta carries its id and name."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+class CallStreamer:
+    """Turns the calls begun so far into deltas, giving each call an id (`new_id`) when it first
+    shows, unless the model wrote one."""
+
+    def __init__(self, new_id: Callable[[], str]) -> None:
+        self.new_id = new_id
+        self.ids: list[str] = []
+        self.names: list[str] = []
+        self.sent: list[str] = []
+        self.whole: list[bool] = []
+
+    def update(self, begun: list[Begun]) -> list[CallDelta]:
+        out = []
+        for k, call in enumerate(begun):
+            if k == len(self.ids):
+                self.ids.append(call.call_id or self.new_id())
+                self.names.append(call.name)
+                self.sent.append(call.arguments)
+                self.whole.append(call.whole)
+                out.append(CallDelta(k, self.ids[k], call.name, call.arguments))
+                continue
+            self.whole[k] = call.whole
+            new = call.arguments[len(self.sent[k]):]
+            if new:
+                self.sent[k] = call.arguments
+                out.append(CallDelta(k, None, None, new))
+        return out
+
+    @property
+    def started(self) -> bool:
+        return bool(self.ids)
+
+    @property
+    def complete(self) -> bool:
+        """Every call that went out is closed."""
+        return all(self.whole)
+
+    def calls(self) -> list[ToolCall]:
+        """The calls as they went out."""
+        return [ToolCall(id=i, function=FunctionCall(name, args)) for i, name, args in zip(self.ids, self.names, self.sent)]
+
+
+def tool_calls(begun: list[Begun], new_id: Callable[[], str]) -> list[ToolCall]:
+    """Whole calls (read at once) with ids: the model's own, else new ones."""
+    return [ToolCall(id=c.call_id or new_id(), function=FunctionCall(c.name, c.arguments)) for c in begun]
+
+
+def compact_json(raw: str) -> str:
+    """JSON text (or a prefix of it) without its blanks between tokens and with json.dumps'
+    separators: the compact form of a longer prefix extends that of a shorter one."""
+    out = []
+    in_string = escaped = False
+    for ch in raw:
+        if in_string:
+            out.append(ch)
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch in _BLANKS:
+            continue
+        else:
+            out.append(ch)
+            if ch == '"':
+                in_string = True
+            elif ch in ",:":
+                out.append(" ")
+    return "".join(out)
+
+
+def skip_blanks(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _BLANKS:
+        i += 1
+    return i
+
+
+def _string_end(text: str, i: int) -> int | None:
+    """Where the JSON string opened at `i` ends (after its quote); None: not yet."""
+    j = i + 1
+    while j < len(text):
+        if text[j] == "\\":
+            j += 2
+        elif text[j] == '"':
+            return j + 1
+        else:
+            j += 1
+    return None
+
+
+def value_end(text: str, i: int) -> int | None:
+    """Where the JSON value that starts at `i` ends; None: not within `text` (a number or a
+    literal ends only where something follows it)."""
+    if i >= len(text):
+        return None
+    if text[i] == '"':
+        return _string_end(text, i)
+    if text[i] in "{[":
+        depth, j = 0, i
+        while j < len(text):
+            ch = text[j]
+            if ch == '"':
+                end = _string_end(text, j)
+                if end is None:
+                    return None
+                j = end
+                continue
+            if ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return None
+    j = i
+    while j < len(text) and text[j] not in _BLANKS + ",}]":
+        j += 1
+    return j if j < len(text) else None
+
+
+Span = tuple[int, int | None]  # a value's start and end (None: it goes on past the text)
+
+
+def members(text: str, i: int) -> tuple[dict[str, Span], int | None]:
+    """The members of the JSON object opened at `i` found so far (each key's value span), and
+    where the object ends (None: not within `text`). ValueError where it is not an object."""
+    if text[i] != "{":
+        raise ValueError("not an object")
+    found: dict[str, Span] = {}
+    j = skip_blanks(text, i + 1)
+    while j < len(text):
+        if text[j] == "}":
+            return found, j + 1
+        if text[j] == "," and found:
+            j = skip_blanks(text, j + 1)
+            continue
+        if text[j] != '"':
+            raise ValueError("not an object")
+        key_end = _string_end(text, j)
+        if key_end is None:
+            break
+        key = json.loads(text[j:key_end])
+        j = skip_blanks(text, key_end)
+        if j >= len(text):
+            break
+        if text[j] != ":":
+            raise ValueError("not an object")
+        j = skip_blanks(text, j + 1)
+        if j >= len(text):
+            break
+        end = value_end(text, j)
+        found[key] = (j, end)
+        if end is None:
+            break
+        j = skip_blanks(text, end)
+    return found, None
+
+
+def elements(text: str, i: int) -> tuple[list[Span], int | None]:
+    """The elements of the JSON array opened at `i` found so far, and where it ends (None: not
+    within `text`). ValueError where it is not an array."""
+    if text[i] != "[":
+        raise ValueError("not an array")
+    found: list[Span] = []
+    j = skip_blanks(text, i + 1)
+    while j < len(text):
+        if text[j] == "]":
+            return found, j + 1
+        if text[j] == "," and found:
+            j = skip_blanks(text, j + 1)
+            continue
+        end = value_end(text, j)
+        found.append((j, end))
+        if end is None:
+            break
+        j = skip_blanks(text, end)
+    return found, None
+
+
+def json_call(text: str, i: int, args_keys: tuple[str, ...] = ("arguments",)) -> tuple[Begun | None, int | None]:
+    """The call written as a JSON object at `i` ({"name": ..., "arguments": {...}}, the arguments
+    under the first of `args_keys` it has) and where the object ends; None while its name is not
+    whole. ValueError where a closed object is not a call."""
+    found, end = members(text, i)
+    name_at = found.get("name")
+    if name_at is None or name_at[1] is None:
+        if end is not None:
+            raise ValueError("a call without a name")
+        return None, None
+    name = json.loads(text[name_at[0]:name_at[1]])
+    if not isinstance(name, str):
+        raise ValueError("a call's name is not a string")
+    args_key = next((k for k in args_keys if k in found), args_keys[0])
+    args_at = found.get(args_key)
+    arguments = compact_json(text[args_at[0]:args_at[1] or len(text)]) if args_at else ""
+    call_id = None
+    if end is not None:
+        obj = json.loads(text[i:end])
+        if not isinstance(obj.get(args_key), dict):
+            raise ValueError("a call's arguments are not an object")
+        call_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    return Begun(name, arguments, end is not None, call_id), end
+
+
+READ_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
+
+
+class CallReader:
+    """The calls half of an answer reader that streams: with `stream_calls`, the calls begun so far
+    go out as deltas (`take_calls`), and once one has gone out, the answer's end keeps them as
+    calls even where it was cut short (their arguments as far as they were written, as OpenAI's
+    streams end); without it, calls are read whole at the end."""
+
+    def __init__(self, new_id: Callable[[], str], stream_calls: bool) -> None:
+        self.new_id = new_id
+        self.streamer = CallStreamer(new_id) if stream_calls else None
+        self.pending: list[CallDelta] = []
+
+    @property
+    def streaming(self) -> bool:
+        return self.streamer is not None
+
+    def follow(self, begun: Callable[[], list[Begun]]) -> None:
+        """Take in the calls begun so far (a text that does not read as calls is left to the end)."""
+        if self.streamer is None:
+            return
+        try:
+            self.pending += self.streamer.update(begun())
+        except READ_ERRORS:
+            pass
+
+    def take_calls(self) -> list[CallDelta]:
+        out, self.pending = self.pending, []
+        return out
+
+    def settle(self, whole: list[Begun]) -> list[ToolCall]:
+        """The answer's calls, read whole: through the stream where calls go out (the same ids,
+        and the rest of their arguments as deltas)."""
+        if self.streamer is None:
+            return tool_calls(whole, self.new_id)
+        self.pending += self.streamer.update(whole)
+        return self.streamer.calls()
+
+    @property
+    def sent_calls(self) -> list[ToolCall] | None:
+        """The calls that went out (None: none did): an answer cut short inside them ends with them."""
+        return self.streamer.calls() if self.streamer is not None and self.streamer.started else None

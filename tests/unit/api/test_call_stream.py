@@ -1,0 +1,148 @@
+"""api/call_stream.py: tool calls streamed as they are written, in every format, adding up to
+the calls read whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from appliance.api import native_tools, tools
+from appliance.api.call_stream import compact_json, elements, members, value_end
+from appliance.api.native_tools import NativeFormat
+
+HERMES = NativeFormat("hermes", 7)
+QWEN3_CODER = NativeFormat("qwen3-coder", 7)
+MISTRAL = NativeFormat("mistral", 8)
+MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
+LLAMA3 = NativeFormat("llama3")
+GEMMA4 = NativeFormat("gemma4", 9, close_token=10, quote_token=11)
+FUNCTIONGEMMA = NativeFormat("functiongemma", 9, close_token=10)
+WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
+
+ANSWERS = [
+    (None, '{"tool_calls": [{"name": "w", "arguments": {"city": "Oslo", "n": [1, 2]}},\n'
+           ' {"name": "write", "arguments": {"text": "a \\"b\\"\\n"}}]}', None),
+    (HERMES, 'Looking.\n<tool_call>\n{"name": "w", "arguments": {"city":  "Oslo"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "w", "arguments": {"city": "Rome, \\u00e9"}}\n</tool_call>', "Looking."),
+    (MISTRAL, '[TOOL_CALLS][{"name": "w", "arguments": {"city": "Oslo"}}, {"name": "w", "arguments": {}, '
+              '"id": "abcDEF123"}]', None),
+    (MISTRAL_ARGS, '[TOOL_CALLS]w[ARGS]{"city": "Oslo"}[TOOL_CALLS]w[CALL_ID]abcDEF123[ARGS]{"city": "Rome"}', None),
+    (LLAMA3, '{"name": "w", "parameters": {"city": "Oslo"}}', None),
+    (QWEN3_CODER, "Writing.\n<tool_call>\n<function=write>\n<parameter=lines>\n2\n</parameter>\n<parameter=text>\n"
+                  'one "1"\ntwo\n\n</parameter>\n<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call>',
+     "Writing."),
+    (GEMMA4, '<|tool_call>call:w{city:<|"|>Oslo, NO<|"|>}<tool_call|><|tool_call>call:w{city:<|"|>Rome<|"|>}'
+             '<tool_call|>', None),
+    (FUNCTIONGEMMA, "<start_function_call>call:w{city:<escape>Oslo<escape>,n:[1,2]}<end_function_call>", None),
+]
+
+
+def reader_of(fmt: NativeFormat | None, stream_calls: bool = True):
+    if fmt is None:
+        return tools.AnswerReader(stream_calls)
+    return native_tools.AnswerReader(fmt, WRITE, stream_calls)
+
+
+def read(fmt: NativeFormat | None, text: str, reason: str = "stop"):
+    return tools.read_answer(text, reason) if fmt is None else native_tools.read_answer(fmt, text, reason, WRITE)
+
+
+def stream(fmt, text: str, size: int, reason: str = "stop"):
+    reader, content, deltas = reader_of(fmt), "", []
+    for i in range(0, len(text), size):
+        content += reader.push(text[i:i + size])
+        deltas += [(i, d) for d in reader.take_calls()]
+    rest, calls, got_reason = reader.finish(reason)
+    deltas += [(len(text), d) for d in reader.take_calls()]
+    return content + (rest or ""), calls, got_reason, deltas
+
+
+@pytest.mark.parametrize("size", [1, 3, 8])
+@pytest.mark.parametrize(("fmt", "text", "content"), ANSWERS, ids=lambda v: getattr(v, "name", None))
+def test_streamed_calls_add_up_to_the_calls_read_whole(fmt, text, content, size):
+    whole_content, whole_calls, whole_reason = read(fmt, text)
+    got_content, calls, reason, deltas = stream(fmt, text, size)
+    assert whole_reason == reason == "tool_calls" and whole_content == content and (got_content or None) == content
+    assert [c.function.name for c in calls] == [c.function.name for c in whole_calls]
+    assert [c.function.arguments for c in calls] == [c.function.arguments for c in whole_calls]
+    for k, call in enumerate(calls):
+        mine = [d for _, d in deltas if d.index == k]
+        assert mine[0].id == call.id and mine[0].name == call.function.name  # the first names the call
+        assert all(d.id is None and d.name is None for d in mine[1:])
+        assert "".join(d.arguments for d in mine) == call.function.arguments
+        json.loads(call.function.arguments)
+    if fmt is MISTRAL_ARGS:
+        assert calls[1].id == "abcDEF123"
+
+
+@pytest.mark.parametrize(("fmt", "text", "content"),
+                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER)],
+                         ids=lambda v: getattr(v, "name", None))
+def test_arguments_go_out_while_the_call_is_written(fmt, text, content):
+    *_, deltas = stream(fmt, text, 1)
+    first = [(at, d) for at, d in deltas if d.index == 0]
+    assert first[0][0] < text.index("city" if fmt is not QWEN3_CODER else "<parameter=lines")  # named at once
+    assert len({at for at, d in first if d.arguments}) > 3  # the arguments in many pieces, as they come
+
+
+def test_a_qwen3_coder_string_streams_as_its_text_comes_and_never_holds_its_closing_newline():
+    text = ANSWERS[5][1]
+    cut = text.index("two") + 3
+    reader = reader_of(QWEN3_CODER)
+    reader.push(text[:cut])
+    so_far = "".join(d.arguments for d in reader.take_calls())
+    assert so_far == '{"lines": 2, "text": "one \\"1\\"\\ntwo'
+    reader.push("\n")
+    assert reader.take_calls() == []  # this newline may be the one before </parameter>
+    reader.push("\n</para")
+    assert "".join(d.arguments for d in reader.take_calls()) == "\\n"
+
+
+def test_mistral_calls_go_out_once_whole_for_the_id_that_may_follow_their_arguments():
+    text = ANSWERS[2][1]
+    reader = reader_of(MISTRAL)
+    reader.push(text[:text.index('"id"')])
+    out = reader.take_calls()
+    assert [d.index for d in out] == [0] and out[0].arguments == '{"city": "Oslo"}'
+    reader.push(text[text.index('"id"'):])
+    assert reader.take_calls()[0].id == "abcDEF123"
+
+
+def test_a_call_cut_short_stays_a_call_once_it_went_out_and_is_text_when_read_whole():
+    text = '<tool_call>\n{"name": "w", "arguments": {"city": "Os'
+    content, calls, reason, deltas = stream(HERMES, text, 5, reason="length")
+    assert content == "" and reason == "length"
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("w", '{"city": "Os')]
+    assert native_tools.read_answer(HERMES, text, "length") == (text, None, "length")
+    reader = reader_of(HERMES, stream_calls=False)
+    reader.push(text)
+    assert reader.take_calls() == [] and reader.finish("length") == (text, None, "length")
+
+
+def test_a_direct_answer_has_no_calls_and_a_call_before_its_name_is_whole_has_none_yet():
+    reader = reader_of(None)
+    assert reader.push('{"response": "Hi, {\\"name\\": 1}"}') == 'Hi, {"name": 1}'
+    assert reader.take_calls() == [] and reader.finish("stop") == ("", None, "stop")
+    reader = reader_of(None)
+    reader.push('{"tool_calls": [{"name": "wri')
+    assert reader.take_calls() == []
+    reader.push('te", "arguments": {')
+    assert [(d.name, d.arguments) for d in reader.take_calls()] == [("write", "{")]
+
+
+def test_compact_json_is_json_dumps_form_and_grows_with_its_text():
+    raw = '{ "a" :\n [1 ,2],"b":{ }, "c": "x , y\\"" }'
+    assert compact_json(raw) == json.dumps(json.loads(raw))
+    assert all(compact_json(raw).startswith(compact_json(raw[:n])) for n in range(len(raw)))
+
+
+def test_the_scanners_read_a_text_cut_anywhere():
+    text = '{"a": [1, {"b": "]}"}], "c": tru'
+    found, end = members(text, 0)
+    assert end is None and found["a"] == (6, 22) and found["c"] == (29, None)
+    assert value_end(text, 6) == 22 and value_end("12", 0) is None and value_end("12,", 0) == 2
+    assert elements("[1, [2], ", 0) == ([(1, 2), (4, 7)], None)
+    with pytest.raises(ValueError):
+        members("[1]", 0)
