@@ -12,6 +12,7 @@ whole call's arguments. The JSON scanners here read a text that may be cut anywh
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -88,28 +89,23 @@ def tool_calls(begun: list[Begun], new_id: Callable[[], str]) -> list[ToolCall]:
     return [ToolCall(id=c.call_id or new_id(), function=FunctionCall(c.name, c.arguments)) for c in begun]
 
 
+# A JSON string (group 1: its closing quote, absent where the text ends inside it), a bracket,
+# or a run of anything else. The readers rescan a call's text as it grows, so the scans go by
+# these runs (in C) rather than by character.
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(")?|[{\[]|[}\]]|[^"{}\[\]]+', re.DOTALL)
+_BLANK_RUN = re.compile(r"\s+")
+
+
 def compact_json(raw: str) -> str:
     """JSON text (or a prefix of it) without its blanks between tokens and with json.dumps'
     separators: the compact form of a longer prefix extends that of a shorter one."""
     out = []
-    in_string = escaped = False
-    for ch in raw:
-        if in_string:
-            out.append(ch)
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch in _BLANKS:
-            continue
+    for m in _TOKEN.finditer(raw):
+        token = m.group()
+        if token[0] == '"':
+            out.append(token)
         else:
-            out.append(ch)
-            if ch == '"':
-                in_string = True
-            elif ch in ",:":
-                out.append(" ")
+            out.append(_BLANK_RUN.sub("", token).replace(",", ", ").replace(":", ": "))
     return "".join(out)
 
 
@@ -121,15 +117,8 @@ def skip_blanks(text: str, i: int) -> int:
 
 def _string_end(text: str, i: int) -> int | None:
     """Where the JSON string opened at `i` ends (after its quote); None: not yet."""
-    j = i + 1
-    while j < len(text):
-        if text[j] == "\\":
-            j += 2
-        elif text[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return None
+    m = _TOKEN.match(text, i)
+    return m.end() if m.group(1) is not None else None
 
 
 def value_end(text: str, i: int) -> int | None:
@@ -140,22 +129,18 @@ def value_end(text: str, i: int) -> int | None:
     if text[i] == '"':
         return _string_end(text, i)
     if text[i] in "{[":
-        depth, j = 0, i
-        while j < len(text):
-            ch = text[j]
-            if ch == '"':
-                end = _string_end(text, j)
-                if end is None:
+        depth = 0
+        for m in _TOKEN.finditer(text, i):
+            token = m.group()
+            if token[0] == '"':
+                if m.group(1) is None:
                     return None
-                j = end
-                continue
-            if ch in "{[":
+            elif token in "{[":
                 depth += 1
-            elif ch in "}]":
+            elif token in "}]":
                 depth -= 1
                 if depth == 0:
-                    return j + 1
-            j += 1
+                    return m.end()
         return None
     j = i
     while j < len(text) and text[j] not in _BLANKS + ",}]":
