@@ -153,15 +153,13 @@ class LlamaServerRoutes:
         t0 = time.monotonic()
         first: float | None = None
         parts: list[str] = []
-        pieces = 0
         sse = EventStream(request) if req.stream else None
         async for _, ev in gens.events():
             if isinstance(ev, TextDelta):
                 first = first or time.monotonic()
                 parts.append(ev.text)
-                pieces += 1
                 if sse is not None:  # a piece of text (tokens whose text was held back come together)
-                    await sse.event(CompletionResult(content=ev.text, stop=False, tokens_predicted=pieces,
+                    await sse.event(CompletionResult(content=ev.text, stop=False, tokens_predicted=ev.generated,
                                                  tokens_evaluated=len(prompt.tokens)))
             elif isinstance(ev, Finished):
                 end = time.monotonic()

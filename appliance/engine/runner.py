@@ -78,6 +78,7 @@ class TokenLogprob:
 class TextDelta:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    generated: int = 0  # tokens the sequence has generated so far (a delta may hold several)
 
 
 @dataclass(frozen=True)
@@ -1146,7 +1147,7 @@ class ModelRunner:
 
     def _flush(self, seq: _Sequence) -> None:
         if seq.unsent or seq.unsent_logprobs:
-            event = TextDelta("".join(seq.unsent), tuple(seq.unsent_logprobs))
+            event = TextDelta("".join(seq.unsent), tuple(seq.unsent_logprobs), seq.n_generated)
             seq.unsent.clear()
             seq.unsent_logprobs.clear()
             seq.sink(event)

@@ -75,6 +75,9 @@ def test_infill_answers_in_llama_servers_shape_whole_and_streamed(server):
     assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
     assert "".join(e["content"] for e in events) == whole["content"]
     assert events[-1]["stop_type"] == whole["stop_type"]
+    counts = [e["tokens_predicted"] for e in events]  # tokens so far, not pieces of text
+    assert counts == sorted(counts) and counts[-1] == whole["tokens_predicted"]
+    assert counts[-1] - counts[-2] <= 1  # the end of generation may be one token without text
 
 
 def test_a_long_prefix_is_cut_to_fit_the_context_and_says_so(server):
