@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from typing import Callable
-from urllib.parse import parse_qs
 
 import msgspec
 
@@ -265,7 +264,7 @@ class AdminRoutes:
     async def discover(self, request: Request) -> None:
         """GGUF files in model_dir (only inside it), with what loading each would take."""
         base = self.config.model_base()
-        sub = _query(request, "path") or "."
+        sub = request.query("path") or "."
         target = (base / sub).resolve()
         if not target.is_relative_to(base):
             raise ApiError(400, f"path {sub!r} is outside model_dir", param="path", code="path_outside_model_dir")
@@ -291,7 +290,3 @@ class AdminRoutes:
             found.append(entry)
         await request.json(200, {"model_dir": str(base), "models": found})
 
-
-def _query(request: Request, key: str) -> str | None:
-    values = parse_qs(request.scope.get("query_string", b"").decode("latin-1")).get(key)
-    return values[0] if values else None

@@ -89,6 +89,8 @@ class App:
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/completion": {"POST": Route(self.llama_server.completion, "key", True)},  # llama-server's own
             "/infill": {"POST": Route(self.llama_server.infill, "key", True)},
+            "/props": {"GET": Route(self.llama_server.props, "key")},
+            "/apply-template": {"POST": Route(self.llama_server.apply_template, "key")},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
             "/v1/models/{model_id}": {"GET": Route(self.openai.model, "key")},
             "/v1/responses": {"POST": Route(self.responses.create, "key", True)},

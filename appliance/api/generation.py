@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Awaitable, Callable, Iterator
 
 from ..config import Config
-from ..engine.client import GenerationFailed, Generations, PromptError, render_chat
+from ..engine.client import GenerationFailed, Generations, PromptError, chat_text, render_chat
 from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
@@ -202,13 +202,23 @@ async def chat_prompt(runner: ModelRunner, req: ChatRequest) -> tuple[list[int],
     """The prompt tokens of a chat request, as `/v1/chat/completions` renders it and `/tokenize`
     shows it (tools in the model's own format or EIE's, template variables), and its tool plan.
     Raises PromptError when the template cannot render the messages."""
+    prompt, plan = await _rendered(runner, req, render_chat)
+    return prompt, plan
+
+
+async def chat_prompt_text(runner: ModelRunner, req: ChatRequest) -> str:
+    """The text chat_prompt tokenizes (llama-server's /apply-template)."""
+    text, _ = await _rendered(runner, req, chat_text)
+    return text
+
+
+async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> tuple[Any, ToolPlan | None]:
     native = native_tools.format_of(runner.template, runner.vocab)
     # a large schema takes milliseconds: off the loop
     plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)
     messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
     extra = template_kwargs(runner.cfg.chat_template_kwargs, thinking_kwargs(req))
-    prompt = await asyncio.to_thread(render_chat, runner, messages, plan.template_tools if plan else None, extra)
-    return prompt, plan
+    return await asyncio.to_thread(render, runner, messages, plan.template_tools if plan else None, extra), plan
 
 
 async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[int], SamplingParams, AnswerShape]:

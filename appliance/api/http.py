@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import parse_qs
 from typing import Any, Awaitable, Callable
 
 from .errors import ApiError
@@ -28,6 +29,11 @@ class Request:
         self.path_params: dict[str, str] = {}  # the route's {name} segments
         self.template: str | None = None  # the route's path with {name} segments, where it has them
         self.error_body: Callable[[ApiError], bytes] = ApiError.body  # the route's error envelope
+
+    def query(self, key: str) -> str | None:
+        """The first value of a query-string parameter (None: not given)."""
+        values = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get(key)
+        return values[0] if values else None
 
     def header(self, name: str) -> str | None:
         v = self.headers.get(name.lower().encode())

@@ -1,9 +1,10 @@
-"""llama-server's own completion endpoints, for the clients written against it: POST /completion
-(a prompt completed) and POST /infill (fill-in-the-middle, as code editors' plugins such as
-llama.vim and llama.vscode call it: the text before and after the cursor, other files as extra
-context; the prompt is built by api/infill.py). Both answer in llama-server's own shape
-(`content`, `stop_type`, `timings`, ...; streamed as `data:` lines of partial results, the last
-one whole)."""
+"""llama-server's own endpoints, for the clients written against it: POST /completion (a prompt
+completed) and POST /infill (fill-in-the-middle, as code editors' plugins such as llama.vim and
+llama.vscode call it: the text before and after the cursor, other files as extra context; the
+prompt is built by api/infill.py), both in llama-server's own answer shape (`content`,
+`stop_type`, `timings`, ...; streamed as `data:` lines of partial results, the last one whole);
+GET /props (a model's properties, `?model=`; without it, a router's, as llama-server answers when
+it serves several models) and POST /apply-template (a chat's prompt text)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,19 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from llama_cpp import __version__ as llama_cpp_version
+
+from .. import __version__
 from ..config import Config
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from .errors import bad_request, decoded
-from .generation import (ENGINE_ERRORS, deadline, engine_error, failure_error, generation_runner, request_sampling,
-                         serve, stop_list, token_lists)
+from .generation import (ENGINE_ERRORS, chat_prompt_text, deadline, engine_error, failure_error, generation_runner,
+                         request_sampling, resolve_runner, serve, stop_list, token_lists)
 from .http import EventStream, Request
 from .infill import InfillPrompt, infill_prompt
-from .schemas import SamplingFields
+from .schemas import ChatRequest, SamplingFields
 
 
 class InfillChunk(Struct, frozen=True, kw_only=True):
@@ -58,6 +62,10 @@ class NativeCompletionRequest(SamplingFields, frozen=True, kw_only=True):
     max_tokens: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
 
 
+class AppliedTemplate(Struct, frozen=True):
+    prompt: str  # the chat as the model's template renders it (special tokens as text)
+
+
 class CompletionResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
     index: int = 0
     content: str
@@ -75,6 +83,8 @@ class CompletionResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
     timings: Timings | None = None
 
 
+BUILD_INFO = f"eie {__version__} (llama-cpp-python {llama_cpp_version})"
+_chat_decoder = msgspec.json.Decoder(ChatRequest)
 _infill_decoder = msgspec.json.Decoder(InfillRequest)
 _completion_decoder = msgspec.json.Decoder(NativeCompletionRequest)
 
@@ -132,6 +142,35 @@ class LlamaServerRoutes:
             tokens = token_lists(runner.vocab, req.prompt, "prompt", 1)[0]
         await self._generate(request, runner, req, InfillPrompt(tokens, False), _requested(req.n_predict, req.max_tokens),
                              "prompt")
+
+    async def props(self, request: Request) -> None:
+        name = request.query("model")
+        if not name:  # llama-server's router answers so when it serves several models
+            await request.json(200, {"role": "router", "model_alias": "eie", "model_path": "none",
+                                     "default_generation_settings": {"params": {}, "n_ctx": 0},
+                                     "build_info": BUILD_INFO, "models": [m.name for m in self.config.models]})
+            return
+        runner = await resolve_runner(self.manager, name)
+        defaults = msgspec.to_builtins(NativeCompletionRequest(model=name, prompt=""))
+        params = {k: v for k, v in defaults.items() if k not in ("model", "prompt") and v is not None}
+        params.update(n_predict=-1, seed=-1)
+        vocab = runner.vocab
+        await request.json(200, {
+            "default_generation_settings": {"params": params, "n_ctx": runner.n_ctx},
+            "total_slots": runner.cfg.n_parallel, "model_alias": runner.name, "model_path": str(self.config.model_path(runner.cfg)),
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "chat_template": runner.template.source, "bos_token": vocab.bos_text, "eos_token": vocab.eos_text,
+            "build_info": BUILD_INFO, "is_sleeping": False, "endpoint_slots": False, "endpoint_props": False,
+            "endpoint_metrics": True})
+
+    async def apply_template(self, request: Request) -> None:
+        req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        runner = await generation_runner(self.manager, req.model)
+        try:
+            text = await chat_prompt_text(runner, req)
+        except ENGINE_ERRORS as e:
+            raise engine_error(e) from None
+        await request.json(200, AppliedTemplate(text))
 
     async def _runner(self, req: SamplingFields) -> ModelRunner:
         if req.n != 1:

@@ -33,14 +33,20 @@ class GenerationFailed(Exception):
         self.kind = event.kind
 
 
-def render_chat(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                extra: dict[str, Any] | None = None) -> list[int]:
-    """Render with the model's template (with `tools`, for a template that lists them itself, and
-    the template variables `extra`) and tokenize (blocking: run it off the event loop)."""
+def chat_text(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+              extra: dict[str, Any] | None = None) -> str:
+    """The text the model's template renders (with `tools`, for a template that lists them itself,
+    and the template variables `extra`); PromptError where it cannot."""
     try:
-        text = runner.template.render(messages, tools=tools, extra=extra)
+        return runner.template.render(messages, tools=tools, extra=extra)
     except TemplateError as e:
         raise PromptError(f"messages cannot be rendered for model '{runner.name}': {e}", "messages") from e
+
+
+def render_chat(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                extra: dict[str, Any] | None = None) -> list[int]:
+    """chat_text, tokenized (blocking: run it off the event loop)."""
+    text = chat_text(runner, messages, tools, extra)
     vocab = runner.vocab
     if vocab.add_bos and vocab.bos_text and text.startswith(vocab.bos_text):
         text = text[len(vocab.bos_text) :]  # the tokenizer adds BOS itself

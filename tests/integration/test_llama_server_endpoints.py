@@ -129,3 +129,34 @@ def test_completion_answers_in_llama_servers_shape(server):
 def test_what_cannot_be_filled_is_a_400_naming_the_field(server, path, body, param):
     r = httpx.post(server.base + path, timeout=60, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_props_describe_a_model_and_without_one_the_router(server):
+    router = httpx.get(server.base + "/props", timeout=60).json()
+    assert router["role"] == "router" and router["models"] == ["coder", "plain"]
+    assert router["default_generation_settings"] == {"params": {}, "n_ctx": 0}  # what llama-server's router says
+    r = httpx.get(server.base + "/props", params={"model": "plain"}, timeout=60)
+    assert r.status_code == 200, r.text
+    props = r.json()
+    assert props["model_alias"] == "plain" and props["total_slots"] == 1
+    assert props["model_path"] == str(SMOLLM2) and props["default_generation_settings"]["n_ctx"] == 2048
+    params = props["default_generation_settings"]["params"]
+    assert params["n_predict"] == -1 and params["temperature"] == 1.0 and params["top_p"] == 1.0
+    assert "{% for message in messages %}" in props["chat_template"] and props["eos_token"] == "<|im_end|>"
+    assert props["modalities"] == {"vision": False, "video": False, "audio": False}
+    missing = httpx.get(server.base + "/props", params={"model": "nope"}, timeout=60)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+
+
+def test_apply_template_gives_the_text_the_chat_route_tokenizes(server):
+    chat = {"model": "plain", "messages": [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "Hi there"}]}
+    r = httpx.post(server.base + "/apply-template", timeout=60, json=chat)
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert prompt == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+    tokens = httpx.post(server.base + "/tokenize", timeout=60, json=chat).json()["tokens"]
+    assert written_out(server, prompt) == tokens
+    bad = httpx.post(server.base + "/apply-template", timeout=60, json={"model": "plain", "messages": "hi"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
