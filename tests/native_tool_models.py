@@ -58,6 +58,43 @@ For each call, answer a JSON object with the function's name and arguments insid
 {% endif %}"""
 
 
+# GLM 4.5/4.6's form (GLM-4.7 writes the same without the newlines), in ChatML's turns.
+GLM_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}</tools>
+
+For each function call, output the function name and arguments within the following XML format:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+...
+</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'tool' %}<|im_start|>observation
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% for tc in m.tool_calls %}{% if tc.function %}{% set tc = tc.function %}{% endif %}<tool_call>{{ tc.name }}
+{% for k, v in tc.arguments.items() %}<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor %}</tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
 QWEN3_CODER_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
 # Tools

@@ -5,15 +5,44 @@ schemas, so that a call's arguments fit its function's schema."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..engine import gemma_notation
 from ..engine.schema_grammar import SchemaError, literal, never_spelling, values_gbnf
-from .native_tools import HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION, XML_PARAMETER, NativeFormat, xml_written_as_text
+from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
+                           XML_PARAMETER, NativeFormat, xml_written_as_text)
 
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
-# A qwen3-coder parameter's raw text: anything but its closing tag.
-_XML_TEXT = f"xml-text ::= ({never_spelling('</parameter>')})*"
+
+
+@dataclass(frozen=True)
+class XmlFrame:
+    """How qwen3-coder's and GLM's grammars frame calls, in GBNF: `call_open` and `key_open` take
+    a function's name and a parameter's key as GBNF literals."""
+
+    tagged: str  # one call inside its tags (`call` its body)
+    between: str  # between two calls
+    call_open: Callable[[str], str]
+    call_end: str  # after the parameters
+    key_open: Callable[[str], str]  # a parameter up to its value
+    any_key: str  # the same for a parameter of a function whose schema lists none
+    value_end: str  # after a value
+    text_end: str  # what a value written as text cannot hold
+
+
+_NL = '"\\n"'
+XML_FRAMES = {
+    "qwen3-coder": XmlFrame(
+        f'"{HERMES_OPEN}" {_NL} call {_NL} "{HERMES_CLOSE}"', _NL, lambda name: literal(f"{XML_FUNCTION}{name}>\n"),
+        '"</function>"', lambda key: literal(f"{XML_PARAMETER}{key}>\n"), f'"{XML_PARAMETER}" [a-zA-Z0-9_.-]+ ">\\n"',
+        '"\\n</parameter>\\n"', "</parameter>"),
+    "glm": XmlFrame(
+        f'"{HERMES_OPEN}" call "{HERMES_CLOSE}"', f"{_NL}?", lambda name: f"{literal(name)} {_NL}?", "",
+        lambda key: f'{literal(GLM_KEY + key + GLM_KEY_CLOSE)} {_NL}? "{GLM_VALUE}"',
+        f'"{GLM_KEY}" [a-zA-Z0-9_.-]+ "{GLM_KEY_CLOSE}" {_NL}? "{GLM_VALUE}"', f'"{GLM_VALUE_CLOSE}" {_NL}?',
+        GLM_VALUE_CLOSE),
+}
 
 
 def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]:
@@ -62,11 +91,12 @@ def _xml_text(schema: Any) -> str | None:
     return "(" + " | ".join(literal(v) for v in values) + ")" if values else "xml-text"
 
 
-def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """qwen3-coder's grammar: `functions` are each callable function's name and parameters
-    schema. Its properties come in their declared order, the required ones always; a function
-    whose schema lists no properties takes any. A SchemaError's path starts with the function's
-    place in `functions`."""
+def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """qwen3-coder's and GLM's grammar: `functions` are each callable function's name and
+    parameters schema. Its properties come in their declared order, the required ones always; a
+    function whose schema lists no properties takes any. A SchemaError's path starts with the
+    function's place in `functions`."""
+    frame = XML_FRAMES[fmt.name]
     json_schemas: list[Any] = []
     json_roots: list[Any] = []
     json_at: list[str] = []
@@ -92,11 +122,9 @@ def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
     except SchemaError as e:
         i, _, rest = e.path.partition(".")
         raise SchemaError(json_at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
-    more = ' ("\\n" tagged-call)*' if parallel else ""
-    lines = [f"root ::= tagged-call{more}",
-             f'tagged-call ::= "{HERMES_OPEN}" "\\n" call "\\n" "{HERMES_CLOSE}"',
+    more = f" ({frame.between} tagged-call)*" if parallel else ""
+    lines = [f"root ::= tagged-call{more}", f"tagged-call ::= {frame.tagged}",
              "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls)))]
-    close = '"\\n</parameter>\\n"'
     for k, (name, items) in enumerate(calls):
         if items is None:
             body = "xml-any-parameter*"
@@ -104,12 +132,12 @@ def xml_grammar(functions: list[tuple[str, Any]], parallel: bool) -> str:
             parts = []
             for param, needed, expr in items:
                 value = tops[expr] if isinstance(expr, int) else expr
-                part = f"{literal(XML_PARAMETER + param + '>' + chr(10))} {value} {close}"
+                part = f"{frame.key_open(param)} {value} {frame.value_end}"
                 parts.append(part if needed else f"({part})?")
             body = " ".join(parts)
-        lines.append(f"call-{k} ::= {literal(XML_FUNCTION + name + '>' + chr(10))} {body} \"</function>\"")
-    lines.append(f'xml-any-parameter ::= "<parameter=" [a-zA-Z0-9_.-]+ ">\\n" xml-text {close}')
-    lines.append(_XML_TEXT)
+        lines.append(f"call-{k} ::= {frame.call_open(name)} {body} {frame.call_end}".rstrip())
+    lines.append(f"xml-any-parameter ::= {frame.any_key} xml-text {frame.value_end}")
+    lines.append(f"xml-text ::= ({never_spelling(frame.text_end)})*")
     return "\n".join(lines) + "\n" + rules
 
 

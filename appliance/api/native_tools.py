@@ -12,6 +12,9 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
   Mistral Small 3.2 may put `[CALL_ID]id` before `[ARGS]`), all three control tokens;
 - qwen3-coder: `<tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>\n</tool_call>`,
   a string parameter's value as raw text, others as JSON (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano);
+- glm: `<tool_call>name<arg_key>p</arg_key><arg_value>value</arg_value>...</tool_call>`, with or
+  without a newline after the name and each tag (GLM 4.5 to 4.7, Ling 3, Laguna, Spark 2.5), values
+  as qwen3-coder's; its tags are written out where they are tokens;
 - gemma4: `<|tool_call>call:name{key:value,...}<tool_call|>` for each call, in Gemma's own
   notation (engine/gemma_notation.py: strings between `<|"|>` marks, bare keys in sorted order),
   the tags tokens of their own (the mark may be text); functiongemma (FunctionGemma, Gemma 3
@@ -20,8 +23,8 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
-A template with `<tool_call>` tags around another body (GLM's `<arg_key>`, MiniMax's `<invoke>`,
-...) has no format here.
+A template with `<tool_call>` tags around another body (MiniMax's `<invoke>`, ...) has no
+format here.
 
 Where the format opens with a token, that token starts the grammar (api/native_grammars.py): under `auto` the answer is
 free until the model picks it (a lazy grammar, engine/grammar.py), under `required` or a named
@@ -55,6 +58,7 @@ from .schemas import ChatMessage, ChatRequest, ToolCall
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
+GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,6 @@ LLAMA3_SIGN = '"parameters": dictionary of argument name'
 # (written in Jinja strings, so quotes and newlines may be escaped).
 _HERMES_JSON = re.compile(r'<tool_call>(?:\s|\\n)*\{\{?\\?"(?:name|arguments)\\?"'
                           r'|\{\{?\\?"name\\?": <function-name>, \\?"arguments\\?"')
-_XML_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-_XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
-_XML_OPEN_PARAMETER = re.compile(r"<parameter=([^>\n]+)>")
 _HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), re.DOTALL)
 _MISTRAL_ID = re.compile(r"^[a-zA-Z0-9]{9}$")
 _ALNUM = string.ascii_letters + string.digits
@@ -86,12 +86,13 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # "hermes", "qwen3-coder", "mistral", "mistral-args", "gemma4", "functiongemma" or "llama3"
+    name: str  # "hermes", "qwen3-coder", "glm", "mistral", "mistral-args", "gemma4", "functiongemma" or "llama3"
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
     close_token: int | None = None  # gemma4 and functiongemma: the call's closing tag
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
+    tag_tokens: tuple[int, ...] = ()  # glm: its tags that are one token each (written out, as the others)
 
     @property
     def args_key(self) -> str:
@@ -108,7 +109,7 @@ class NativeFormat:
         """The text that opens the calls in the answer (None: the answer is the call)."""
         if self.tags is not None:
             return self.tags.open
-        return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "mistral": MISTRAL_OPEN,
+        return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN}.get(self.name)
 
     @property
@@ -120,7 +121,7 @@ class NativeFormat:
     def shown_tokens(self) -> tuple[int, ...]:
         """The format's tokens, written out in the answer's text although they may be control tokens."""
         return tuple(t for t in (self.open_token, self.args_token, self.call_id_token, self.close_token,
-                                 self.quote_token) if t is not None)
+                                 self.quote_token) if t is not None) + self.tag_tokens
 
     def new_id(self) -> str:
         if self.name.startswith("mistral"):
@@ -141,6 +142,11 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     if HERMES_OPEN in template_source and HERMES_CLOSE in template_source:
         if XML_FUNCTION in template_source and XML_PARAMETER in template_source:
             name = "qwen3-coder"
+        elif GLM_KEY in template_source and GLM_VALUE in template_source:
+            token = _one_token(vocab, HERMES_OPEN)
+            tags = (HERMES_CLOSE, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE)
+            shown = tuple(t for t in (_one_token(vocab, tag) for tag in tags) if t is not None)
+            return NativeFormat("glm", token, tag_tokens=shown) if token is not None else None
         elif _HERMES_JSON.search(template_source):
             name = "hermes"
         else:
@@ -305,50 +311,81 @@ def _hermes(text: str) -> list[Begun]:
     return out
 
 
-def _qwen3_coder(text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
+@dataclass(frozen=True)
+class XmlShape:
+    """How a format writes a call's name and parameters inside `<tool_call>` tags, a string
+    parameter's value as its raw text and other values as JSON."""
+
+    head: re.Pattern  # the call's body up to its name, once the name is whole (group 1)
+    head_start: str  # what the body opens with before the name
+    call: re.Pattern  # a whole call's body (group 1: the name, group 2: its parameters)
+    parameter: re.Pattern  # a closed parameter (group 1: its key, group 2: its value)
+    opened: re.Pattern  # a parameter up to where its value starts
+    value_ends: tuple[str, ...]  # what may close a value (a tail that may be one is held back)
+    framed_newline: bool  # a value's first newline is the frame's, not the value's
+
+
+XML_SHAPES = {
+    "qwen3-coder": XmlShape(re.compile(r"\s*<function=([^>\n]+)>"), XML_FUNCTION,
+                            re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
+                            re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL),
+                            re.compile(r"<parameter=([^>\n]+)>"), ("\n</parameter>", "</parameter>"), True),
+    "glm": XmlShape(re.compile(r"\s*([^<\n]+)(?=[\n<])"), "",
+                    re.compile(r"([^<\n]+?)\s*((?:<arg_key>.*?</arg_value>\s*)*)", re.DOTALL),
+                    re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
+                    re.compile(r"<arg_key>([^<]*)</arg_key>\s*<arg_value>"), (GLM_VALUE_CLOSE,), False),
+}
+
+
+def _xml_calls(shape: XmlShape, text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
+    """Calls in an XML-like format (qwen3-coder's, GLM's): each named once its name is whole,
+    its arguments as they are written (_xml_arguments_so_far), whole when its tag closes."""
     schemas = _parameters_of(tools)
     out = []
     for block in text.split(HERMES_OPEN)[1:]:
-        head = _XML_HEAD.match(block)
+        head = shape.head.match(block)
         if head is None:
-            if not XML_FUNCTION.startswith(block.lstrip()[:len(XML_FUNCTION)]) or ">" in block:
+            begun = block.lstrip()
+            if not (shape.head_start.startswith(begun[:len(shape.head_start)]) and ">" not in begun
+                    and (shape.head_start or "<" not in begun)):
                 raise ValueError("not a function block")
             break
         name = head.group(1).strip()
+        props = schemas.get(name, {})
         body, close, rest = block.partition(HERMES_CLOSE)
         if not close:
-            out.append(Begun(name, _xml_arguments_so_far(block[head.end():], schemas.get(name, {})), False))
+            out.append(Begun(name, _xml_arguments_so_far(shape, block[head.end():], props), False))
             break
-        call = _XML_CALL.fullmatch(body.strip())
+        call = shape.call.fullmatch(body.strip())
         if call is None or rest.strip():
             raise ValueError("not a function block")
-        props = schemas.get(name, {})
         args = {m.group(1).strip(): _xml_value(m.group(2), props.get(m.group(1).strip()))
-                for m in _XML_PARAMETER.finditer(call.group(2))}
+                for m in shape.parameter.finditer(call.group(2))}
         out.append(Begun(name, json.dumps(args, ensure_ascii=False), True))
     return out
 
 
-def _xml_arguments_so_far(body: str, props: dict[str, Any]) -> str:
-    """The JSON text of an open qwen3-coder call's arguments so far: its parameters closed so far,
-    and a string parameter being written up to where its text is sure (not the newline before a
+def _xml_arguments_so_far(shape: XmlShape, body: str, props: dict[str, Any]) -> str:
+    """The JSON text of an open call's arguments so far: its parameters closed so far, and a
+    string parameter being written up to where its text is sure (not the newline before a
     closing tag, nor what may be the tag's beginning). It never has its closing brace: it is a
     prefix of the whole call's arguments, which are json.dumps of the same values."""
     parts, last = [], 0
-    for m in _XML_PARAMETER.finditer(body):
+    for m in shape.parameter.finditer(body):
         key = m.group(1).strip()
         parts.append(json.dumps(key, ensure_ascii=False) + ": "
                      + json.dumps(_xml_value(m.group(2), props.get(key)), ensure_ascii=False))
         last = m.end()
-    open_param = _XML_OPEN_PARAMETER.search(body, last)
+    open_param = shape.opened.search(body, last)
     text = "{" + ", ".join(parts)
     if open_param is None or not xml_written_as_text(props.get(open_param.group(1).strip())):
         return text
     raw = body[open_param.end():]
     if not raw:
         return text
-    raw = raw[1:] if raw.startswith("\n") else raw
-    raw = raw[:len(raw) - partial_suffix(raw, ["\n</parameter>", "</parameter>"])]
+    if shape.framed_newline and raw.startswith("\n"):
+        raw = raw[1:]
+    raw = raw[:len(raw) - partial_suffix(raw, list(shape.value_ends))]
     if parts:
         text += ", "
     key = json.dumps(open_param.group(1).strip(), ensure_ascii=False)
@@ -415,8 +452,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
     KeyError, TypeError) where they do not read."""
     if fmt.name == "hermes":
         return _hermes(text)
-    if fmt.name == "qwen3-coder":
-        return _qwen3_coder(text, tools)
+    if fmt.name in XML_SHAPES:
+        return _xml_calls(XML_SHAPES[fmt.name], text, tools)
     if fmt.name == "mistral":
         return _mistral(fmt, text)
     if fmt.name == "mistral-args":

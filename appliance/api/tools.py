@@ -122,7 +122,8 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                  parallel: bool) -> ToolPlan:
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
-    builders = {"qwen3-coder": native_grammars.xml_grammar, "gemma4": partial(native_grammars.gemma_grammar, native),
+    builders = {"qwen3-coder": partial(native_grammars.xml_grammar, native),
+                "glm": partial(native_grammars.xml_grammar, native), "gemma4": partial(native_grammars.gemma_grammar, native),
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native)}
     if native.name in builders:  # calls that are not JSON objects: each function's arguments apart

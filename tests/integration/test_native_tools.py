@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (FUNCTIONGEMMA_TEMPLATE, GEMMA4_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE,
+from native_tool_models import (FUNCTIONGEMMA_TEMPLATE, GEMMA4_TEMPLATE, GLM_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN,
                                 write_functiongemma_smollm2, write_gemma4_smollm2, write_hermes_smollm2,
                                 write_mistral_smollm2)
@@ -39,6 +39,7 @@ def server(server_factory, tmp_path_factory):
                    model_entry("mistral-args", mistral, n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
                    model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
                    model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE),
+                   model_entry("glm", hermes, n_parallel=1, chat_template=GLM_TEMPLATE),
                    model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
                    model_entry("functiongemma", functiongemma, n_parallel=1, chat_template=FUNCTIONGEMMA_TEMPLATE)],
     }, "native-tools")
@@ -166,11 +167,11 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "gemma4": "gemma4",
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "gemma4": "gemma4",
                      "functiongemma": "functiongemma"}
 
 
-OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "gemma4", "functiongemma")
+OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "gemma4", "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -235,6 +236,10 @@ def test_history_renders_in_each_models_format(server, model):
         assert ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                 "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call><|im_end|>") in text
         assert "<tool_response>\n18 degrees, sunny\n</tool_response>" in text
+    elif model == "glm":  # strings as raw text between the key and value tags
+        assert ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+                "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call><|im_end|>") in text
+        assert "<|im_start|>observation\n<tool_response>\n18 degrees, sunny\n</tool_response>" in text
     elif model == "llama3":
         assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": '
                 '{"city": "Paris", "unit": "celsius"}}<|eot_id|>') in text

@@ -25,6 +25,7 @@ def request(**kw) -> ChatRequest:
 
 HERMES = NativeFormat("hermes", 7)
 QWEN3_CODER = NativeFormat("qwen3-coder", 7)
+GLM = NativeFormat("glm", 7)
 HERMES_SOURCE = '{{ tools }} <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 MISTRAL = NativeFormat("mistral", 8)
 MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
@@ -51,7 +52,13 @@ class FakeVocab:
     ("{{ tools }} <tool_call>\n<function=f>\n<parameter=p>\n1\n</parameter>\n</function>\n</tool_call>",
      FakeVocab("<tool_call>"), NativeFormat("qwen3-coder", 100)),
     ("{{ tools }} <tool_call>f\n<arg_key>p</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
-     FakeVocab("<tool_call>"), None),  # GLM's body inside the tags: not read here
+     FakeVocab("<tool_call>"), NativeFormat("glm", 100)),
+    ("{{ tools }} <tool_call>f<arg_key>p</arg_key><arg_value>1</arg_value></tool_call>",
+     FakeVocab("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+     NativeFormat("glm", 100, tag_tokens=(101, 102, 103, 104, 105))),  # its tags written out where they are tokens
+    ("{{ tools }} <tool_call>f<arg_key>p</arg_key><arg_value>1</arg_value></tool_call>", FakeVocab(), None),
+    ("{{ tools }} <tool_call>f\n<invoke>p</invoke>\n</tool_call>",
+     FakeVocab("<tool_call>"), None),  # another body inside the tags: not read here
     ("{{ tools }} [TOOL_CALLS][", FakeVocab("[TOOL_CALLS]"), NativeFormat("mistral", 100)),
     ("{{ tools }} [TOOL_CALLS] [ARGS]", FakeVocab("[TOOL_CALLS]", "[ARGS]"), NativeFormat("mistral-args", 100, 101)),
     ("{{ tools }} [TOOL_CALLS] [CALL_ID] [ARGS]", FakeVocab("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
@@ -82,7 +89,7 @@ def test_the_grammar_compiles_and_is_lazy_only_under_auto():
     grammar.check(None, one.grammar)
 
 
-@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GEMMA4, FUNCTIONGEMMA],
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, GEMMA4, FUNCTIONGEMMA],
                          ids=lambda f: f.name)
 def test_a_bad_parameter_schema_is_named_under_its_tool(fmt):
     bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
@@ -265,3 +272,44 @@ def test_functiongemmas_grammar_spells_out_its_escape_mark_where_it_is_no_token(
     assert 'g-string ::= "<escape>" g-char* "<escape>"' in lines
     assert 'g-char ::= [^<] | "<" [^e] | "<e" [^s] | "<es" [^c] | "<esc" [^a] | "<esca" [^p] | "<escap" [^e] | "<escape" [^>]' in lines
     grammar.check(None, plan.grammar)
+
+
+def test_glm_grammar_frames_keys_and_values_with_or_without_newlines():
+    plan = tools.plan(request(tools=[WEATHER, ADD, {"type": "function", "function": {"name": "free"}}]), GLM)
+    assert plan.triggers == (7,)
+    lines = plan.grammar.splitlines()
+    assert lines[0] == 'root ::= tagged-call ("\\n"? tagged-call)*'
+    assert lines[1] == 'tagged-call ::= "<tool_call>" call "</tool_call>"'
+    assert lines[3] == ('call-0 ::= "w" "\\n"? "<arg_key>city</arg_key>" "\\n"? "<arg_value>" xml-text '
+                        '"</arg_value>" "\\n"?')
+    assert lines[5] == 'call-2 ::= "free" "\\n"? xml-any-parameter*'
+    assert any(line.startswith("xml-text ::=") for line in lines)
+    grammar.check(None, plan.grammar)
+
+
+@pytest.mark.parametrize("text", [
+    # GLM-4.6's form, and GLM-4.7's without newlines
+    "Adding.\n<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>2</arg_value>\n<arg_key>note</arg_key>\n"
+    "<arg_value>4 2</arg_value>\n</tool_call><tool_call>w\n<arg_key>city</arg_key>\n<arg_value>New\nYork "
+    "</arg_value>\n</tool_call>",
+    "Adding.<tool_call>add<arg_key>a</arg_key><arg_value>2</arg_value><arg_key>note</arg_key><arg_value>4 2"
+    "</arg_value></tool_call>\n<tool_call>w<arg_key>city</arg_key><arg_value>New\nYork </arg_value></tool_call>",
+])
+def test_glm_calls_read_back_by_their_schemas_whole_and_streamed(text):
+    template_tools = native_tools.template_tools(request(tools=[WEATHER, ADD]))
+    content, calls, reason = native_tools.read_answer(GLM, text, "stop", template_tools)
+    assert content == "Adding." and reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("add", {"a": 2, "note": "4 2"}), ("w", {"city": "New\nYork "})]  # a string's text as it is
+    reader = native_tools.AnswerReader(GLM, template_tools, stream_calls=True)
+    out, pieces = "", []
+    for i in range(0, len(text), 3):
+        out += reader.push(text[i:i + 3])
+        pieces += reader.take_calls()
+    rest, streamed, _ = reader.finish("stop")
+    pieces += reader.take_calls()
+    assert out + (rest or "") == "Adding." and [c.function.arguments for c in streamed] == [
+        c.function.arguments for c in calls]
+    assert "".join(p.arguments for p in pieces if p.index == 1) == calls[1].function.arguments
+    assert len([p for p in pieces if p.index == 1]) > 3  # the city's text as it came
+    assert native_tools.read_answer(GLM, "<tool_call><arg_key>a</arg_key></tool_call>", "stop")[1] is None
