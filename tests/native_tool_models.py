@@ -3,7 +3,8 @@ families whose tool-call formats api/native_tools.py reads.
 
 Qwen 2.5/3/3.5 and Hermes models have `<tool_call>` as one user-defined token of their vocabulary;
 Mistral's have `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]` as control tokens, Gemma 4's
-`<|tool_call>`, `<tool_call|>`, `<|"|>` and its thought channel's `<|channel>` and `<channel|>`. No such model is installable here, so a copy of
+`<|tool_call>`, `<tool_call|>`, `<|"|>` and its thought channel's `<|channel>` and `<channel|>`, LFM2's
+`<|tool_call_start|>` and `<|tool_call_end|>`. No such model is installable here, so a copy of
 SmolLM2 gets those tokens in place of unused ones (`<repo_name>`, `<filename>`, `<gh_stars>`,
 `<issue_start>`, ...: tests/retokened_smollm2.py) and the server is given the templates below (`models[].chat_template`),
 written here in each family's form: the ways they list tools, render calls and results, and
@@ -21,6 +22,7 @@ TOOL_CALL_TOKEN = 3
 MISTRAL_TOKENS = {8: "[TOOL_CALLS]", 7: "[ARGS]", 6: "[CALL_ID]"}
 GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>', 12: "<|channel>", 13: "<channel|>"}
 FUNCTIONGEMMA_TOKENS = {9: "<start_function_call>", 10: "<end_function_call>", 11: "<escape>"}
+LFM2_TOKENS = {9: "<|tool_call_start|>", 10: "<|tool_call_end|>"}
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -93,6 +95,41 @@ For each function call, output the function name and arguments within the follow
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+
+
+# LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
+# its content only (a call is written into the assistant's content in Python's notation).
+LFM2_TEMPLATE = """\
+{{- bos_token -}}
+{%- set ns = namespace(system_prompt="") -%}
+{%- if messages[0]["role"] == "system" -%}
+	{%- set ns.system_prompt = messages[0]["content"] -%}
+	{%- set messages = messages[1:] -%}
+{%- endif -%}
+{%- if tools -%}
+	{%- set ns.system_prompt = ns.system_prompt + ("\n" if ns.system_prompt else "") + "List of tools: <|tool_list_start|>[" -%}
+	{%- for tool in tools -%}
+		{%- if tool is not string -%}{%- set tool = tool | tojson -%}{%- endif -%}
+		{%- set ns.system_prompt = ns.system_prompt + tool -%}
+		{%- if not loop.last -%}{%- set ns.system_prompt = ns.system_prompt + ", " -%}{%- endif -%}
+	{%- endfor -%}
+	{%- set ns.system_prompt = ns.system_prompt + "]<|tool_list_end|>" -%}
+{%- endif -%}
+{%- if ns.system_prompt -%}
+	{{- "<|im_start|>system\n" + ns.system_prompt + "<|im_end|>\n" -}}
+{%- endif -%}
+{%- for message in messages -%}
+	{{- "<|im_start|>" + message["role"] + "\n" -}}
+	{%- set content = message["content"] -%}
+	{%- if content is not string -%}{%- set content = content | tojson -%}{%- endif -%}
+	{%- if message["role"] == "tool" -%}
+		{%- set content = "<|tool_response_start|>" + content + "<|tool_response_end|>" -%}
+	{%- endif -%}
+	{{- content + "<|im_end|>\n" -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+	{{- "<|im_start|>assistant\n" -}}
+{%- endif -%}"""
 
 
 QWEN3_CODER_TEMPLATE = """\
@@ -304,6 +341,10 @@ def write_mistral_smollm2(dst: Path) -> Path:
 
 def write_functiongemma_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, FUNCTIONGEMMA_TOKENS, CONTROL)
+
+
+def write_lfm2_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, LFM2_TOKENS, CONTROL)
 
 
 def write_gemma4_smollm2(dst: Path) -> Path:

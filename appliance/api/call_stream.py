@@ -232,7 +232,7 @@ def json_call(text: str, i: int, args_keys: tuple[str, ...] = ("arguments",)) ->
     return Begun(name, arguments, end is not None, call_id), end
 
 
-READ_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
+READ_ERRORS = (ValueError, KeyError, TypeError, AttributeError, SyntaxError, RecursionError)
 
 
 class CallReader:

@@ -20,6 +20,9 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
   the tags tokens of their own (the mark may be text); functiongemma (FunctionGemma, Gemma 3
   270M tuned for calls): the same notation between `<start_function_call>` and
   `<end_function_call>`, strings between `<escape>` marks;
+- lfm2: `<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`, Python's keyword calls
+  of literal values (LFM2, LFM2.5; api/pythonic_calls.py), whose templates render only content:
+  calls in the history are written into the assistant's content;
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -52,10 +55,12 @@ from ..engine import gemma_notation
 from ..engine.chat_template import ChatTemplate
 from ..engine.native import Vocab
 from ..engine.text import partial_suffix
+from . import pythonic_calls
 from .call_stream import READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, skip_blanks, tool_calls, value_end
 from .schemas import ChatMessage, ChatRequest, ToolCall
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2_CLOSE, pythonic_calls.LFM2_SIGN
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
 GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -86,11 +91,11 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # "hermes", "qwen3-coder", "glm", "mistral", "mistral-args", "gemma4", "functiongemma" or "llama3"
+    name: str  # "hermes", "qwen3-coder", "glm", "lfm2", "mistral", "mistral-args", "gemma4", "functiongemma", "llama3"
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
-    close_token: int | None = None  # gemma4 and functiongemma: the call's closing tag
+    close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
     tag_tokens: tuple[int, ...] = ()  # glm: its tags that are one token each (written out, as the others)
 
@@ -109,7 +114,8 @@ class NativeFormat:
         """The text that opens the calls in the answer (None: the answer is the call)."""
         if self.tags is not None:
             return self.tags.open
-        return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "mistral": MISTRAL_OPEN,
+        return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
+                "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN}.get(self.name)
 
     @property
@@ -168,6 +174,11 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
             if open_token is None or close_token is None:
                 return None
             return NativeFormat(name, open_token, close_token=close_token, quote_token=_one_token(vocab, tags.mark))
+    if LFM2_SIGN in template_source:
+        open_token, close_token = _one_token(vocab, LFM2_OPEN), _one_token(vocab, LFM2_CLOSE)
+        if open_token is None or close_token is None:
+            return None
+        return NativeFormat("lfm2", open_token, close_token=close_token)
     if LLAMA3_SIGN in template_source:
         return NativeFormat("llama3")
     return None
@@ -214,7 +225,11 @@ def conversation(fmt: NativeFormat, messages: list[dict[str, str]], raw: list[Ch
     out: list[dict[str, Any]] = []
     unanswered: list[dict[str, Any]] = []
     for msg, plain in zip(raw, messages):
-        if msg.role == "assistant" and msg.tool_calls:
+        if msg.role == "assistant" and msg.tool_calls and fmt.name == "lfm2":  # its template renders content only
+            written = pythonic_calls.written([(c.function.name, arguments_value(c.function.arguments))
+                                              for c in msg.tool_calls])
+            out.append({"role": "assistant", "content": (plain["content"] or "") + written})
+        elif msg.role == "assistant" and msg.tool_calls:
             calls = [{"id": fix_id(c.id or f"call_{k}"), "type": "function",
                       "function": {"name": c.function.name, "arguments": arguments_value(c.function.arguments)}}
                      for k, c in enumerate(msg.tool_calls)]
@@ -446,6 +461,17 @@ def _gemma(fmt: NativeFormat, text: str) -> list[Begun]:
     return out
 
 
+def _lfm2(text: str) -> list[Begun]:
+    """LFM2's calls, all whole once their list closes (its Python notation is read by Python's
+    parser, which takes only a whole list)."""
+    body, close, rest = text[len(LFM2_OPEN):].partition(LFM2_CLOSE)
+    if not close:
+        return []
+    if rest.strip():
+        raise ValueError("text after the calls")
+    return [Begun(name, json.dumps(args, ensure_ascii=False), True) for name, args in pythonic_calls.read(body)]
+
+
 def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None = None) -> list[Begun]:
     """The calls written so far in `text`, from the format's marker on, cut anywhere (`tools`: the
     request's, as templates take them, which say how qwen3-coder's values read). ValueError (or
@@ -460,6 +486,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _mistral_args(fmt, text)
     if fmt.tags is not None:
         return _gemma(fmt, text)
+    if fmt.name == "lfm2":
+        return _lfm2(text)
     i = skip_blanks(text, 0)  # llama3: the answer is the call
     if i == len(text):
         return []

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
-from . import native_grammars, native_tools
+from . import native_grammars, native_tools, pythonic_calls
 from .errors import ApiError, bad_request
 from .call_stream import READ_ERRORS, Begun, CallReader, elements, json_call, members, skip_blanks, tool_calls
 from .native_tools import NativeFormat
@@ -125,7 +125,8 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
     builders = {"qwen3-coder": partial(native_grammars.xml_grammar, native),
                 "glm": partial(native_grammars.xml_grammar, native), "gemma4": partial(native_grammars.gemma_grammar, native),
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
-                "mistral-args": partial(native_grammars.args_grammar, native)}
+                "mistral-args": partial(native_grammars.args_grammar, native),
+                "lfm2": partial(pythonic_calls.grammar, native.open_token, native.close_token)}
     if native.name in builders:  # calls that are not JSON objects: each function's arguments apart
         try:
             gbnf = builders[native.name]([(req.tools[i].function.name, _parameters(req.tools[i]))

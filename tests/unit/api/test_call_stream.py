@@ -18,6 +18,8 @@ MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
 LLAMA3 = NativeFormat("llama3")
 GEMMA4 = NativeFormat("gemma4", 9, close_token=10, quote_token=11)
 FUNCTIONGEMMA = NativeFormat("functiongemma", 9, close_token=10)
+LFM2 = NativeFormat("lfm2", 9, close_token=10)
+GLM = NativeFormat("glm", 7)
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -36,6 +38,9 @@ ANSWERS = [
     (GEMMA4, '<|tool_call>call:w{city:<|"|>Oslo, NO<|"|>}<tool_call|><|tool_call>call:w{city:<|"|>Rome<|"|>}'
              '<tool_call|>', None),
     (FUNCTIONGEMMA, "<start_function_call>call:w{city:<escape>Oslo<escape>,n:[1,2]}<end_function_call>", None),
+    (LFM2, 'Sure.<|tool_call_start|>[w(city="Oslo", n=[1, 2]), write(text="a\\nb")]<|tool_call_end|>', "Sure."),
+    (GLM, "<tool_call>write\n<arg_key>lines</arg_key>\n<arg_value>2</arg_value>\n<arg_key>text</arg_key>\n"
+          "<arg_value>one\ntwo</arg_value>\n</tool_call>", None),
 ]
 
 
@@ -78,12 +83,12 @@ def test_streamed_calls_add_up_to_the_calls_read_whole(fmt, text, content, size)
 
 
 @pytest.mark.parametrize(("fmt", "text", "content"),
-                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER)],
+                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM)],
                          ids=lambda v: getattr(v, "name", None))
 def test_arguments_go_out_while_the_call_is_written(fmt, text, content):
     *_, deltas = stream(fmt, text, 1)
     first = [(at, d) for at, d in deltas if d.index == 0]
-    assert first[0][0] < text.index("city" if fmt is not QWEN3_CODER else "<parameter=lines")  # named at once
+    assert first[0][0] < text.index({QWEN3_CODER: "<parameter=lines", GLM: "<arg_key>lines"}.get(fmt, "city"))
     assert len({at for at, d in first if d.arguments}) > 3  # the arguments in many pieces, as they come
 
 

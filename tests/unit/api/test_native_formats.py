@@ -26,6 +26,7 @@ def request(**kw) -> ChatRequest:
 HERMES = NativeFormat("hermes", 7)
 QWEN3_CODER = NativeFormat("qwen3-coder", 7)
 GLM = NativeFormat("glm", 7)
+LFM2 = NativeFormat("lfm2", 9, close_token=10)
 HERMES_SOURCE = '{{ tools }} <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 MISTRAL = NativeFormat("mistral", 8)
 MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
@@ -74,6 +75,9 @@ class FakeVocab:
     ("{{ tools }} <start_function_call>", FakeVocab("<start_function_call>", "<end_function_call>", "<escape>"),
      NativeFormat("functiongemma", 100, close_token=101, quote_token=102)),
     ("[TOOL_CALLS] <tool_call> </tool_call>", FakeVocab("[TOOL_CALLS]", "<tool_call>"), None),  # no tools variable
+    ('{{ tools }} "List of tools: <|tool_list_start|>["', FakeVocab("<|tool_call_start|>", "<|tool_call_end|>"),
+     NativeFormat("lfm2", 100, close_token=101)),
+    ('{{ tools }} "List of tools: ["', FakeVocab("<|tool_call_start|>"), None),
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
     assert native_tools.detect(template, vocab) == expected
@@ -89,7 +93,7 @@ def test_the_grammar_compiles_and_is_lazy_only_under_auto():
     grammar.check(None, one.grammar)
 
 
-@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, GEMMA4, FUNCTIONGEMMA],
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, LFM2, GEMMA4, FUNCTIONGEMMA],
                          ids=lambda f: f.name)
 def test_a_bad_parameter_schema_is_named_under_its_tool(fmt):
     bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
@@ -313,3 +317,38 @@ def test_glm_calls_read_back_by_their_schemas_whole_and_streamed(text):
     assert "".join(p.arguments for p in pieces if p.index == 1) == calls[1].function.arguments
     assert len([p for p in pieces if p.index == 1]) > 3  # the city's text as it came
     assert native_tools.read_answer(GLM, "<tool_call><arg_key>a</arg_key></tool_call>", "stop")[1] is None
+
+
+def test_lfm2_calls_are_pythons_keyword_calls_held_to_their_schemas():
+    flags = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "on": {"type": "boolean"}, "none": {"type": "null"}, "xs": {"type": "array", "items": {"type": "integer"}}}}}}
+    plan = tools.plan(request(tools=[WEATHER, flags]), LFM2)
+    assert plan.triggers == (9,) and plan.shown_tokens == (9, 10)
+    lines = plan.grammar.splitlines()
+    assert lines[0] == 'root ::= <[9]> "[" call ("," " "? call)* "]" <[10]>'
+    assert '"True" | "False"' in plan.grammar and '"None"' in plan.grammar and '"true"' not in plan.grammar
+    grammar.check(None, plan.grammar)
+    text = 'Checking.<|tool_call_start|>[w(city="Oslo, \\"NO\\""), f(on=True, none=None, xs=[1, 2])]<|tool_call_end|>'
+    content, calls, reason = native_tools.read_answer(LFM2, text, "stop")
+    assert content == "Checking." and reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("w", {"city": 'Oslo, "NO"'}), ("f", {"on": True, "none": None, "xs": [1, 2]})]
+    for bad in ("<|tool_call_start|>[w(1)]<|tool_call_end|>", "<|tool_call_start|>[w(city=x)]<|tool_call_end|>",
+                "<|tool_call_start|>[__import__('os')]<|tool_call_end|>x"):
+        assert native_tools.read_answer(LFM2, bad, "stop")[1] is None  # not keyword calls of literals: text
+    odd = {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {
+        "a-b": {"type": "string"}}}}}
+    with pytest.raises(Exception) as e:
+        tools.plan(request(tools=[odd]), LFM2)
+    assert e.value.param == "tools[0].function.parameters.properties.a-b"
+
+
+def test_lfm2_history_writes_calls_into_the_content():
+    calls = [ToolCall(id="call_1", function=FunctionCall("w", '{"city": "Oslo", "ok": true, "n": null}'))]
+    raw = [ChatMessage("user", "hi"), ChatMessage("assistant", "Looking.", tool_calls=calls),
+           ChatMessage("tool", "cold", tool_call_id="call_1")]
+    plain = [{"role": m.role, "content": m.content or ""} for m in raw]
+    out = native_tools.conversation(LFM2, plain, raw)
+    assert out[1] == {"role": "assistant", "content":
+                      'Looking.<|tool_call_start|>[w(city="Oslo", ok=True, n=None)]<|tool_call_end|>'}
+    assert out[2]["role"] == "tool" and out[2]["content"] == "cold"

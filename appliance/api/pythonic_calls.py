@@ -1,0 +1,124 @@
+"""Tool calls in Python's call notation, as LFM2 and LFM2.5 (Liquid AI's edge models) write them:
+`<|tool_call_start|>[get_weather(city="Paris", days=3), ...]<|tool_call_end|>`, keyword arguments
+whose values are Python literals (JSON's spelling, with True, False and None).
+
+Their templates render only a message's content: a call in the history is written into the
+assistant's content in this notation (`written`). The grammar holds each call's arguments to its
+function's schema (engine/schema_grammar.py's JSON values, respelled); the answer is read back
+with Python's own parser (`ast`, literals only)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from ..engine.schema_grammar import SchemaError, literal, values_gbnf
+
+LFM2_OPEN, LFM2_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
+LFM2_SIGN = "List of tools: "  # how LFM2's templates introduce the tools
+_PYTHON = {"true": "True", "false": "False", "null": "None"}
+_JSON_WORD = re.compile(r'(?<!\\)"(true|false|null)"')
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def python_literal(value: Any) -> str:
+    """A JSON value written as the Python literal that reads back as it."""
+    if value is True or value is False or value is None:
+        return {True: "True", False: "False", None: "None"}[value]
+    if isinstance(value, (str, int, float)):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)}: {python_literal(v)}"
+                               for k, v in value.items()) + "}"
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def written(calls: list[tuple[str, Any]]) -> str:
+    """Calls (name, arguments) as the model writes them, tags included. Arguments that are not an
+    object of identifier keys are passed as `arguments=<the value>`."""
+    parts = []
+    for name, args in calls:
+        if not (isinstance(args, dict) and all(isinstance(k, str) and _KEY.match(k) for k in args)):
+            args = {"arguments": args}
+        parts.append(f"{name}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in args.items()) + ")")
+    return LFM2_OPEN + "[" + ", ".join(parts) + "]" + LFM2_CLOSE
+
+
+def read(body: str) -> list[tuple[str, dict[str, Any]]]:
+    """The calls of `[f(a=1), g()]`: (name, arguments). ValueError, TypeError or SyntaxError
+    where it is not a list of calls with keyword arguments of literal values."""
+    tree = ast.parse(body.strip(), mode="eval").body
+    if not isinstance(tree, ast.List):
+        raise ValueError("not a list of calls")
+    out = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            raise ValueError("not a call with keyword arguments")
+        if any(kw.arg is None for kw in node.keywords):
+            raise ValueError("** in a call")
+        args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+        json.dumps(args)  # a set or bytes cannot be arguments (TypeError)
+        out.append((node.func.id, args))
+    return out
+
+
+def grammar(open_token: int, close_token: int, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """The calls' grammar: `functions` are each callable function's name and parameters schema.
+    Its properties come in their declared order, the required ones always, with commas between
+    those written; a function whose schema lists no properties takes any keywords. A
+    SchemaError's path starts with the function's place in `functions`."""
+    schemas: list[Any] = [{}]  # 0: any value (for functions that list no properties)
+    roots: list[Any] = [{}]
+    at: list[str] = [""]
+    calls: list[tuple[str, list[tuple[str, bool, int]] | None]] = []
+    for k, (name, schema) in enumerate(functions):
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(props, dict) or not props:
+            calls.append((name, None))
+            continue
+        required = schema.get("required") or []
+        items = []
+        for key, param_schema in props.items():
+            if not _KEY.match(key):
+                raise SchemaError(f"{k}.properties.{key}", "a keyword argument's name must be a Python identifier")
+            items.append((key, key in required, len(schemas)))
+            schemas.append(param_schema)
+            roots.append(schema)
+            at.append(f"{k}.properties.{key}")
+        calls.append((name, items))
+    try:
+        rules, tops = values_gbnf(schemas, "value", roots)
+    except SchemaError as e:
+        i, _, rest = e.path.partition(".")
+        raise SchemaError(at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
+    more = ' ("," " "? call)*' if parallel else ""
+    lines = [f'root ::= <[{open_token}]> "[" call{more} "]" <[{close_token}]>',
+             "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls))),
+             'sep ::= "," " "?',
+             "any-keywords ::= (any-keyword (sep any-keyword)*)?",
+             f'any-keyword ::= [a-zA-Z_] [a-zA-Z0-9_]* "=" {tops[0]}']
+    for k, (name, items) in enumerate(calls):
+        if items is None:
+            lines.append(f'call-{k} ::= {literal(name + "(")} any-keywords ")"')
+            continue
+        # from-i: the keywords from the i-th on, the first written without a comma; rest-i: the
+        # same after one was written, each with its comma (i = len(items): nothing)
+        n = len(items)
+        for i, (key, needed, top) in enumerate(items):
+            kv = f"{literal(key + '=')} {tops[top]}"
+            rest = f" rest-{k}-{i + 1}" if i + 1 < n else ""
+            skip = (f"from-{k}-{i + 1}" if i + 1 < n else '""')
+            lines.append(f"from-{k}-{i} ::= {kv}{rest}" + ("" if needed else f" | {skip}"))
+            if i > 0:
+                lines.append(f"rest-{k}-{i} ::= " + (f"sep {kv}{rest}" if needed else f"(sep {kv})?{rest}"))
+        lines.append(f'call-{k} ::= {literal(name + "(")} from-{k}-0 ")"')
+    return python_spelling("\n".join(lines) + "\n" + rules)
+
+
+def python_spelling(gbnf: str) -> str:
+    """JSON's true, false and null in a grammar's literals, spelled as Python's."""
+    return _JSON_WORD.sub(lambda m: f'"{_PYTHON[m.group(1)]}"', gbnf)
