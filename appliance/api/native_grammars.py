@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine import gemma_notation
-from ..engine.schema_grammar import SchemaError, literal, never_spelling, values_gbnf
+from ..engine.schema_grammar import SchemaError, literal, never_spelling, parameters_gbnf, values_gbnf
 from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
                            XML_PARAMETER, NativeFormat, xml_written_as_text)
 
@@ -97,31 +97,8 @@ def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: b
     function whose schema lists no properties takes any. A SchemaError's path starts with the
     function's place in `functions`."""
     frame = XML_FRAMES[fmt.name]
-    json_schemas: list[Any] = []
-    json_roots: list[Any] = []
-    json_at: list[str] = []
-    calls = []
-    for k, (name, schema) in enumerate(functions):
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict) or not props:
-            calls.append((name, None))
-            continue
-        required = schema.get("required") or []
-        items: list[tuple[str, bool, str | int]] = []  # (name, required, its text's grammar or its JSON's index)
-        for param, param_schema in props.items():
-            expr: str | int | None = _xml_text(param_schema)
-            if expr is None:
-                expr = len(json_schemas)
-                json_schemas.append(param_schema)
-                json_roots.append(schema)
-                json_at.append(f"{k}.properties.{param}")
-            items.append((param, param in required, expr))
-        calls.append((name, items))
-    try:
-        rules, tops = values_gbnf(json_schemas, "value", json_roots)
-    except SchemaError as e:
-        i, _, rest = e.path.partition(".")
-        raise SchemaError(json_at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
+    rules, params, _ = parameters_gbnf(functions, lambda _, schema: _xml_text(schema))
+    calls = [(name, items) for (name, _), items in zip(functions, params)]
     more = f" ({frame.between} tagged-call)*" if parallel else ""
     lines = [f"root ::= tagged-call{more}", f"tagged-call ::= {frame.tagged}",
              "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls)))]
@@ -130,8 +107,7 @@ def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: b
             body = "xml-any-parameter*"
         else:
             parts = []
-            for param, needed, expr in items:
-                value = tops[expr] if isinstance(expr, int) else expr
+            for param, needed, value in items:
                 part = f"{frame.key_open(param)} {value} {frame.value_end}"
                 parts.append(part if needed else f"({part})?")
             body = " ".join(parts)

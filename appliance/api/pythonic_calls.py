@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from ..engine.schema_grammar import SchemaError, literal, values_gbnf
+from ..engine.schema_grammar import SchemaError, literal, parameters_gbnf
 
 LFM2_OPEN, LFM2_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 LFM2_SIGN = "List of tools: "  # how LFM2's templates introduce the tools
@@ -71,45 +71,22 @@ def grammar(open_token: int, close_token: int, functions: list[tuple[str, Any]],
     Its properties come in their declared order, the required ones always, with commas between
     those written; a function whose schema lists no properties takes any keywords. A
     SchemaError's path starts with the function's place in `functions`."""
-    schemas: list[Any] = [{}]  # 0: any value (for functions that list no properties)
-    roots: list[Any] = [{}]
-    at: list[str] = [""]
-    calls: list[tuple[str, list[tuple[str, bool, int]] | None]] = []
-    for k, (name, schema) in enumerate(functions):
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict) or not props:
-            calls.append((name, None))
-            continue
-        required = schema.get("required") or []
-        items = []
-        for key, param_schema in props.items():
-            if not _KEY.match(key):
-                raise SchemaError(f"{k}.properties.{key}", "a keyword argument's name must be a Python identifier")
-            items.append((key, key in required, len(schemas)))
-            schemas.append(param_schema)
-            roots.append(schema)
-            at.append(f"{k}.properties.{key}")
-        calls.append((name, items))
-    try:
-        rules, tops = values_gbnf(schemas, "value", roots)
-    except SchemaError as e:
-        i, _, rest = e.path.partition(".")
-        raise SchemaError(at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
+    rules, params, any_value = parameters_gbnf(functions, _keyword, any_value=True)
     more = ' ("," " "? call)*' if parallel else ""
     lines = [f'root ::= <[{open_token}]> "[" call{more} "]" <[{close_token}]>',
-             "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls))),
+             "call ::= " + " | ".join(f"call-{k}" for k in range(len(functions))),
              'sep ::= "," " "?',
              "any-keywords ::= (any-keyword (sep any-keyword)*)?",
-             f'any-keyword ::= [a-zA-Z_] [a-zA-Z0-9_]* "=" {tops[0]}']
-    for k, (name, items) in enumerate(calls):
+             f'any-keyword ::= [a-zA-Z_] [a-zA-Z0-9_]* "=" {any_value}']
+    for k, ((name, _), items) in enumerate(zip(functions, params)):
         if items is None:
             lines.append(f'call-{k} ::= {literal(name + "(")} any-keywords ")"')
             continue
         # from-i: the keywords from the i-th on, the first written without a comma; rest-i: the
         # same after one was written, each with its comma (i = len(items): nothing)
         n = len(items)
-        for i, (key, needed, top) in enumerate(items):
-            kv = f"{literal(key + '=')} {tops[top]}"
+        for i, (key, needed, value) in enumerate(items):
+            kv = f"{literal(key + '=')} {value}"
             rest = f" rest-{k}-{i + 1}" if i + 1 < n else ""
             skip = (f"from-{k}-{i + 1}" if i + 1 < n else '""')
             lines.append(f"from-{k}-{i} ::= {kv}{rest}" + ("" if needed else f" | {skip}"))
@@ -117,6 +94,12 @@ def grammar(open_token: int, close_token: int, functions: list[tuple[str, Any]],
                 lines.append(f"rest-{k}-{i} ::= " + (f"sep {kv}{rest}" if needed else f"(sep {kv})?{rest}"))
         lines.append(f'call-{k} ::= {literal(name + "(")} from-{k}-0 ")"')
     return python_spelling("\n".join(lines) + "\n" + rules)
+
+
+def _keyword(key: str, schema: Any) -> None:
+    """Every value is JSON (respelled); a key must be a keyword argument's name."""
+    if not _KEY.match(key):
+        raise SchemaError("", "a keyword argument's name must be a Python identifier")
 
 
 def python_spelling(gbnf: str) -> str:

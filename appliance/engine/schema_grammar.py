@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 from .regex_grammar import RegexError, pattern_gbnf
 
@@ -574,6 +574,50 @@ def values_gbnf(schemas: list[Any], hint: str, roots: list[Any] | None = None) -
         except RecursionError:
             raise SchemaError(str(i), "the schema is nested too deeply") from None
     return conv.rule_lines(), tops
+
+
+Parameter = tuple[str, bool, str]  # a property's key, whether it is required, its value's expression
+
+
+def parameters_gbnf(functions: list[tuple[str, Any]], own: Callable[[str, Any], str | None] = lambda k, s: None,
+                    any_value: bool = False) -> tuple[str, list[list[Parameter] | None], str | None]:
+    """For formats that write each argument apart (key, then value): the rules of the functions'
+    property values as JSON, each function's properties in their declared order (None where its
+    schema lists none: it takes any), and the expression of any JSON value (`any_value`). `own`
+    gives a property's expression where the format writes it otherwise than as JSON (else None),
+    or raises a SchemaError for a property it cannot take. A SchemaError's path starts with the
+    function's place in `functions`."""
+    schemas: list[Any] = [{}] if any_value else []
+    roots: list[Any] = list(schemas)
+    at: list[str] = [""] if any_value else []
+    found: list[list[tuple[str, bool, str | int]] | None] = []
+    for k, (_, schema) in enumerate(functions):
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(props, dict) or not props:
+            found.append(None)
+            continue
+        required = schema.get("required") or []
+        items: list[tuple[str, bool, str | int]] = []
+        for key, prop in props.items():
+            try:
+                expr: str | int | None = own(key, prop)
+            except SchemaError as e:
+                raise SchemaError(f"{k}.properties.{key}", e.reason) from None
+            if expr is None:
+                expr = len(schemas)
+                schemas.append(prop)
+                roots.append(schema)
+                at.append(f"{k}.properties.{key}")
+            items.append((key, key in required, expr))
+        found.append(items)
+    try:
+        rules, tops = values_gbnf(schemas, "value", roots)
+    except SchemaError as e:
+        i, _, rest = e.path.partition(".")
+        raise SchemaError(at[int(i)] + (f".{rest}" if rest else ""), e.reason) from None
+    calls = [None if items is None else [(key, needed, tops[e] if isinstance(e, int) else e) for key, needed, e in items]
+             for items in found]
+    return rules, calls, (tops[0] if any_value else None)
 
 
 def json_object_gbnf() -> str:
