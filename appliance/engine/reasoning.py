@@ -4,8 +4,9 @@ API and llama-server give it).
 Models whose chat template knows `<think>` ... `</think>` (Qwen3, DeepSeek-R1 and its distills,
 QwQ, and fine-tunes of them) write their reasoning there before the answer; some templates open
 the block in the generation prompt, so the answer starts inside it. Gemma 4 writes its thought
-channel, `<|channel>thought` ... `<channel|>` (control tokens, written out in the answer's text
-for this: SamplingParams.shown_tokens). With `reasoning_format`
+channel, `<|channel>thought` ... `<channel|>`, gpt-oss its analysis channel,
+`<|channel|>analysis<|message|>` ... `<|end|>`, then its answer in the final channel (control
+tokens, written out in the answer's text for this: SamplingParams.shown_tokens). With `reasoning_format`
 `auto` (the default) the block becomes `reasoning_content` and the rest `content`; `none` leaves
 the text as the model wrote it. An answer cut short inside the block is all reasoning.
 
@@ -34,9 +35,11 @@ class Tags:
     open: str
     close: str
     forced_close: str
-    # Control tokens that are never answer text, dropped from the content after the block
-    # (Gemma 4 may end its answer with an empty channel or a lone close).
+    # Control tokens that are never answer text, dropped from the content (Gemma 4 may end its
+    # answer with an empty channel or a lone close; gpt-oss heads its answer with its channel),
+    # the longest first.
     stray: tuple[str, ...] = ()
+    shown: tuple[str, ...] = ()  # tags written out besides open and close (so that they can be dropped)
 
     def clean(self, content: str) -> str:
         for tag in self.stray:
@@ -46,11 +49,16 @@ class Tags:
 
 THINK = Tags("<think>", "</think>", "\n</think>\n\n")
 GEMMA4 = Tags("<|channel>thought", "<channel|>", "<channel|>", ("<|channel>thought", "<|channel>", "<channel|>"))
+# gpt-oss's harmony format: the analysis channel is the reasoning, the final channel the answer.
+_HARMONY_FINAL = "<|start|>assistant<|channel|>final<|message|>"
+HARMONY = Tags("<|channel|>analysis<|message|>", "<|end|>", "<|end|>" + _HARMONY_FINAL,
+               (_HARMONY_FINAL, "<|channel|>final<|message|>", "<|start|>assistant", "<|end|>", "<|return|>"),
+               ("<|start|>", "<|return|>"))
 
 
 def tags_of(template_source: str) -> Tags | None:
     """The think block's tags the chat template knows (None: it has no think block)."""
-    for tags in (THINK, GEMMA4):
+    for tags in (THINK, GEMMA4, HARMONY):
         if tags.open in template_source and tags.close in template_source:
             return tags
     return None
@@ -91,10 +99,16 @@ def _starts_inside(runner: ModelRunner, prompt: list[int], tags: Tags) -> bool:
     return opened_by_prompt(runner.vocab.text(prompt[-8:], special=True), tags)
 
 
-def effort_kwargs(effort: str | None) -> dict[str, bool]:
-    """A reasoning effort (OpenAI's) as the template's `enable_thinking` (Qwen3's variable): none
-    and minimal turn thinking off, the other efforts on; no effort, no variable."""
-    return {} if effort is None else {"enable_thinking": effort not in ("none", "minimal")}
+def effort_kwargs(effort: str | None) -> dict[str, bool | str]:
+    """A reasoning effort (OpenAI's) as the template's variables: `enable_thinking` (Qwen3's),
+    off for none and minimal, on for the others; `reasoning_effort` (gpt-oss's, which knows low,
+    medium and high) for those three. No effort, no variable."""
+    if effort is None:
+        return {}
+    out: dict[str, bool | str] = {"enable_thinking": effort not in ("none", "minimal")}
+    if effort in ("low", "medium", "high"):
+        out["reasoning_effort"] = effort
+    return out
 
 
 def budget_tokens(cfg: ModelConfig, requested: int | None, effort: str | None) -> int:
@@ -122,8 +136,9 @@ def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams
     vocab = runner.vocab
     close = vocab.tokenize(runner.cfg.reasoning_budget_message + tags.forced_close,
                            add_special=False, parse_special=True) if tokens >= 0 else []
-    hidden = tuple(t for tag in (tags.open, tags.close) for t in vocab.tokenize(tag, add_special=False, parse_special=True)
-                   if not vocab.piece(t) and t not in sampling.shown_tokens)
+    hidden = tuple(dict.fromkeys(t for tag in (tags.open, tags.close, *tags.shown)
+                                 for t in vocab.tokenize(tag, add_special=False, parse_special=True)
+                                 if not vocab.piece(t) and t not in sampling.shown_tokens))
     return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), inside, tags.open, tags.close),
                    shown_tokens=sampling.shown_tokens + hidden)
 
@@ -184,7 +199,7 @@ def split(text: str, inside: bool, tags: Tags = THINK) -> tuple[str | None, str]
     if not inside:
         stripped = text.lstrip()
         if not stripped.startswith(tags.open):
-            return None, text
+            return None, tags.clean(text)
         text = stripped[len(tags.open):]
     end = text.find(tags.close)
     if end < 0:
@@ -216,7 +231,7 @@ class Splitter:
                     continue
                 if self.tags.open.startswith(lead):  # still possibly the tag (or only blanks so far)
                     return reasoning, content
-                self.state = "content"
+                self.state = "after" if self.tags.stray else "content"
                 continue
             if self.state in _AFTER_BLANKS:  # blanks that begin the reasoning or the answer are dropped
                 self.held = self.held.lstrip()
@@ -248,7 +263,7 @@ class Splitter:
         """What was held back: (reasoning, content)."""
         held, self.held = self.held, ""
         if self.state == "start":
-            return "", held
+            return "", self.tags.clean(held)
         if self.state in ("reasoning", "reasoning-start"):
             return held.rstrip(), ""
         if self.state == "after":

@@ -1,7 +1,8 @@
 """Reasoning models' think blocks (engine/reasoning.py) and chat template variables, through the real
 server: SmolLM2 served with templates in the two shapes reasoning models have (Qwen3's: the model
 opens `<think>` itself, and `enable_thinking: false` closes an empty block in the prompt;
-DeepSeek-R1's: the prompt opens the block). A grammar makes the untrained model write a block."""
+DeepSeek-R1's: the prompt opens the block), and a SmolLM2 copy given gpt-oss's harmony tokens. A
+grammar makes the untrained model write a block."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ import httpx
 import pytest
 
 from conftest import SMOLLM2, model_entry
-from reasoning_templates import OPENED, QWEN3_STYLE, THINK
+from reasoning_templates import HARMONY, HARMONY_OPENED, HARMONY_STYLE, HARMONY_TOKENS, OPENED, QWEN3_STYLE, THINK
+from retokened_smollm2 import CONTROL, retokened_smollm2
 
 ASK = [{"role": "user", "content": "What is two plus two?"}]
 
 
 @pytest.fixture(scope="module")
-def server(server_factory):
+def server(server_factory, tmp_path_factory):
+    harmony = retokened_smollm2(tmp_path_factory.mktemp("harmony") / "smollm2-harmony.gguf", HARMONY_TOKENS, CONTROL)
     return server_factory({"models": [
+        model_entry("harmony", harmony, n_parallel=1, chat_template=HARMONY_STYLE),
+        model_entry("harmony-opened", harmony, n_parallel=1, chat_template=HARMONY_OPENED),
         model_entry("qwen3-style", SMOLLM2, n_parallel=2, chat_template=QWEN3_STYLE),
         model_entry("opened", SMOLLM2, n_parallel=1, chat_template=OPENED),
         model_entry("no-thinking", SMOLLM2, n_parallel=1, chat_template=QWEN3_STYLE,
@@ -182,3 +187,32 @@ def test_group_members_render_with_their_models_template_variables(server):
         asked = httpx.post(server.base + "/tokenize", json={"model": model, "messages": ASK}).json()["count"]
         assert members[model]["usage"]["prompt_tokens"] == asked
     assert prompt_text(server, "no-thinking").endswith("<think>\n\n</think>\n\n")
+
+
+def test_gpt_oss_analysis_channel_is_the_reasoning_and_its_effort_reaches_the_template(server):
+    """gpt-oss writes `<|channel|>analysis<|message|>...<|end|>` and then its answer after
+    `<|start|>assistant<|channel|>final<|message|>` (control tokens, hidden in plain text): the
+    server writes them out, gives the analysis as reasoning and the final channel as content."""
+    raw = chat(server, "harmony", grammar=HARMONY, reasoning_format="none")["message"]["content"]
+    assert raw.startswith("<|channel|>analysis<|message|>") and "<|end|><|start|>assistant<|channel|>final" in raw
+    thought, answer = raw[len("<|channel|>analysis<|message|>"):].split("<|end|><|start|>assistant<|channel|>final"
+                                                                        "<|message|>")
+    choice = chat(server, "harmony", grammar=HARMONY)
+    assert choice["message"]["reasoning_content"] == thought.strip() and thought.strip()
+    assert choice["message"]["content"] == answer.lstrip() and answer.strip()
+    assert stream(server, "harmony", grammar=HARMONY) == (thought.strip(), answer.lstrip(), "stop")
+    for effort in ("low", "high"):
+        r = httpx.post(server.base + "/apply-template", timeout=60, json={
+            "model": "harmony", "messages": ASK, "reasoning_effort": effort})
+        assert r.status_code == 200 and f"Reasoning: {effort}<|end|>" in r.json()["prompt"], r.text
+
+
+def test_a_budget_closes_gpt_oss_analysis_with_its_final_channels_header(server):
+    body = {"thinking_budget_tokens": 4, "max_tokens": 24,
+            "logit_bias": {str(t): -100 for t in (0, 2, 8, 10, 11)}}  # the untrained model does not stop first
+    raw = chat(server, "harmony-opened", reasoning_format="none", **body)["message"]["content"]
+    assert "<|end|><|start|>assistant<|channel|>final<|message|>" in raw, raw
+    choice = chat(server, "harmony-opened", **body)
+    assert choice["message"]["reasoning_content"] == raw.split("<|end|>")[0].strip()
+    assert choice["message"]["content"] == raw.split("<|channel|>final<|message|>", 1)[1].lstrip()
+    assert "<|" not in choice["message"]["content"]

@@ -27,13 +27,23 @@ GEMMA4_TEXTS = [
     ("<|channel>thought\nFirst, 2 + 2.<channel|>It is 4.", False, ("First, 2 + 2.", "It is 4.")),
     ("<|channel>thought\ncut short <chan", False, ("cut short <chan", "")),
     ("It is 4.", False, (None, "It is 4.")),
-    ("<|channel>", False, (None, "<|channel>")),
+    ("<|channel>", False, (None, "")),  # a control token: never answer text
     # an empty channel or a lone close after the answer: control tokens, never answer text
     ("<|channel>thought\nHm.<channel|>It is 4.<|channel>thought\n<channel|>", False, ("Hm.", "It is 4.\n")),
     ("<|channel>thought\nHm.<channel|>It is <4>.<channel|>", False, ("Hm.", "It is <4>.")),
     ("<|channel>thought\nHm.<channel|>Ends in <|chan", False, ("Hm.", "Ends in <|chan")),
 ]
-CASES = [(*t, reasoning.THINK) for t in TEXTS] + [(*t, reasoning.GEMMA4) for t in GEMMA4_TEXTS]
+# gpt-oss's harmony channels: analysis is the reasoning, final the answer (control tokens, written out)
+HARMONY_TEXTS = [
+    ("<|channel|>analysis<|message|>User asks 2+2.<|end|><|start|>assistant<|channel|>final<|message|>It is 4.", False,
+     ("User asks 2+2.", "It is 4.")),
+    ("<|channel|>final<|message|>It is 4.", False, (None, "It is 4.")),  # no analysis: the answer alone
+    ("<|channel|>analysis<|message|>cut short <|e", False, ("cut short <|e", "")),
+    ("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Ends in <|st", False,
+     ("Hm.", "Ends in <|st")),
+]
+CASES = ([(*t, reasoning.THINK) for t in TEXTS] + [(*t, reasoning.GEMMA4) for t in GEMMA4_TEXTS]
+         + [(*t, reasoning.HARMONY) for t in HARMONY_TEXTS])
 
 
 @pytest.mark.parametrize("text,inside,want,tags", CASES)
