@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reasoning_templates import HARMONY_TOKENS
 from retokened_smollm2 import CONTROL, USER_DEFINED, retokened_smollm2
 
 TOOL_CALL_TOKEN = 3
@@ -130,6 +131,33 @@ LFM2_TEMPLATE = """\
 {%- if add_generation_prompt -%}
 	{{- "<|im_start|>assistant\n" -}}
 {%- endif -%}"""
+
+
+# gpt-oss's harmony form (its template's shape, shortened): tools as TypeScript in a developer
+# message, a call in the commentary channel ending in <|call|>, its result from `functions.name`.
+GPT_OSS_TEMPLATE = """\
+{%- set ns = namespace(last="") -%}
+<|start|>system<|message|>Reasoning: {{ reasoning_effort | default("medium") }}
+
+# Valid channels: analysis, commentary, final.{% if tools %}
+Calls to these tools must go to the commentary channel: 'functions'.{% endif %}<|end|>
+{%- if tools %}<|start|>developer<|message|># Tools
+
+namespace functions {
+{% for t in tools %}
+// {{ t.function.description }}
+type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
+{% endfor %}
+} // namespace functions<|end|>{% endif %}
+{%- for m in messages %}
+{%- if m.role == "assistant" and m.tool_calls %}{% set tc = m.tool_calls[0].function %}{% set ns.last = tc.name -%}
+<|start|>assistant to=functions.{{ tc.name }}<|channel|>commentary json<|message|>{{ tc.arguments | tojson }}<|call|>
+{%- elif m.role == "assistant" %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>
+{%- elif m.role == "tool" %}<|start|>functions.{{ ns.last }} to=assistant<|channel|>commentary<|message|>{{ m.content | tojson }}<|end|>
+{%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}
+{#- earlier thinking: <|start|>assistant<|channel|>analysis<|message|>...<|end|> #}"""
 
 
 QWEN3_CODER_TEMPLATE = """\
@@ -341,6 +369,10 @@ def write_mistral_smollm2(dst: Path) -> Path:
 
 def write_functiongemma_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, FUNCTIONGEMMA_TOKENS, CONTROL)
+
+
+def write_gpt_oss_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, HARMONY_TOKENS, CONTROL)
 
 
 def write_lfm2_smollm2(dst: Path) -> Path:

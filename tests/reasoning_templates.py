@@ -16,7 +16,8 @@ THINK = 'root ::= "<think>" [a-z ]{10,60} "</think>" [A-Za-z ]{10,60}'
 # gpt-oss's harmony shape: the model writes its analysis channel, then its final one; the template
 # takes `reasoning_effort` (HARMONY_TOKENS: a SmolLM2 copy's tokens for its control tokens; with <|return|> and
 # <|call|> there, llama.cpp does not end generation at <|end|>, as for gpt-oss)
-HARMONY_TOKENS = {6: "<|channel|>", 7: "<|message|>", 8: "<|end|>", 9: "<|start|>", 10: "<|return|>", 11: "<|call|>"}
+HARMONY_TOKENS = {6: "<|channel|>", 7: "<|message|>", 8: "<|end|>", 9: "<|start|>", 10: "<|return|>", 11: "<|call|>",
+                  12: "<|constrain|>"}
 HARMONY_STYLE = ("<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>"
                  "{%- for m in messages %}{% if m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>"
                  "{{ m.content }}<|end|>{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}"

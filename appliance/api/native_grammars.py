@@ -82,6 +82,20 @@ def args_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: 
             f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
 
 
+def harmony_grammar(fmt: NativeFormat, auto: bool, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """gpt-oss's grammar, over the whole answer: its analysis channel (any tokens but its end),
+    then the call in its commentary channel or, under `auto`, the final channel's answer.
+    `functions` are each callable function's name and parameters schema; one call a message."""
+    channel, message, start, end, constrain = (f"<[{t}]>" for t in fmt.tag_tokens)
+    rules, tops = values_gbnf([schema for _, schema in functions], "args")
+    calls = " | ".join(f'{literal(name)} " " {constrain} "json" {message} {args}'
+                       for (name, _), args in zip(functions, tops))
+    answer = f" | {channel} \"final\" {message} !{end}*" if auto else ""
+    return (f"root ::= analysis? (call{answer})\n"
+            f'analysis ::= {channel} "analysis" {message} !{end}* {end} {start} "assistant"\n'
+            f'call ::= {channel} "commentary to=functions." ({calls})\n' + rules)
+
+
 def _xml_text(schema: Any) -> str | None:
     """The grammar of a qwen3-coder parameter written as raw text (a string's), None for one
     written as JSON."""

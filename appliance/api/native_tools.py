@@ -23,6 +23,9 @@ answer is held by a grammar to the format and read back into OpenAI's `tool_call
 - lfm2: `<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`, Python's keyword calls
   of literal values (LFM2, LFM2.5; api/pythonic_calls.py), whose templates render only content:
   calls in the history are written into the assistant's content;
+- harmony: gpt-oss's `<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}`
+  after its analysis channel (the reasoning, engine/reasoning.py), one call a message; its grammar
+  holds the whole answer (analysis, then the call or, under `auto`, the final channel);
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -61,6 +64,10 @@ from .schemas import ChatMessage, ChatRequest, ToolCall
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2_CLOSE, pythonic_calls.LFM2_SIGN
+# gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
+HARMONY_TAGS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
+HARMONY_CALL = "<|channel|>commentary to=functions."
+_HARMONY_HEAD = re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>)?\s*json\s*<\|message\|>")
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
 GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -91,13 +98,13 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # "hermes", "qwen3-coder", "glm", "lfm2", "mistral", "mistral-args", "gemma4", "functiongemma", "llama3"
+    name: str  # hermes, qwen3-coder, glm, lfm2, mistral, mistral-args, gemma4, functiongemma, llama3, harmony
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
     close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
-    tag_tokens: tuple[int, ...] = ()  # glm: its tags that are one token each (written out, as the others)
+    tag_tokens: tuple[int, ...] = ()  # glm: its tags that are tokens; harmony: HARMONY_TAGS' (written out)
 
     @property
     def args_key(self) -> str:
@@ -106,8 +113,9 @@ class NativeFormat:
 
     @property
     def parallel(self) -> bool:
-        """Whether one answer may hold several calls (Llama 3.x's templates refuse them)."""
-        return self.name != "llama3"
+        """Whether one answer may hold several calls (Llama 3.x's templates refuse them; gpt-oss's
+        take one a message)."""
+        return self.name not in ("llama3", "harmony")
 
     @property
     def marker(self) -> str | None:
@@ -115,7 +123,7 @@ class NativeFormat:
         if self.tags is not None:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
-                "mistral": MISTRAL_OPEN,
+                "harmony": HARMONY_CALL, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN}.get(self.name)
 
     @property
@@ -174,6 +182,9 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
             if open_token is None or close_token is None:
                 return None
             return NativeFormat(name, open_token, close_token=close_token, quote_token=_one_token(vocab, tags.mark))
+    if "<|channel|>commentary" in template_source and "<|call|>" in template_source:  # gpt-oss
+        tokens = tuple(_one_token(vocab, tag) for tag in HARMONY_TAGS)
+        return NativeFormat("harmony", tag_tokens=tokens) if None not in tokens else None
     if LFM2_SIGN in template_source:
         open_token, close_token = _one_token(vocab, LFM2_OPEN), _one_token(vocab, LFM2_CLOSE)
         if open_token is None or close_token is None:
@@ -472,6 +483,22 @@ def _lfm2(text: str) -> list[Begun]:
     return [Begun(name, json.dumps(args, ensure_ascii=False), True) for name, args in pythonic_calls.read(body)]
 
 
+def _harmony(text: str) -> list[Begun]:
+    """gpt-oss's call: `<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}`
+    (generation ends at its `<|call|>`), named once its header is whole."""
+    rest = text[len(HARMONY_CALL):]
+    head = _HARMONY_HEAD.match(rest)
+    if head is None:
+        name = re.match(r"[^\s<]+(?=[\s<])", rest)
+        return [Begun(name.group(), "", False)] if name else []
+    args = rest[head.end():].removesuffix("<|call|>")
+    i = skip_blanks(args, 0)
+    end = value_end(args, i)
+    if end is not None and (args[end:].strip() or not isinstance(json.loads(args[i:end]), dict)):
+        raise ValueError("not a call's arguments")
+    return [Begun(head.group(1), compact_json(args[i:end]), end is not None)]
+
+
 def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None = None) -> list[Begun]:
     """The calls written so far in `text`, from the format's marker on, cut anywhere (`tools`: the
     request's, as templates take them, which say how qwen3-coder's values read). ValueError (or
@@ -488,6 +515,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _gemma(fmt, text)
     if fmt.name == "lfm2":
         return _lfm2(text)
+    if fmt.name == "harmony":
+        return _harmony(text)
     i = skip_blanks(text, 0)  # llama3: the answer is the call
     if i == len(text):
         return []

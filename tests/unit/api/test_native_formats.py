@@ -78,6 +78,10 @@ class FakeVocab:
     ('{{ tools }} "List of tools: <|tool_list_start|>["', FakeVocab("<|tool_call_start|>", "<|tool_call_end|>"),
      NativeFormat("lfm2", 100, close_token=101)),
     ('{{ tools }} "List of tools: ["', FakeVocab("<|tool_call_start|>"), None),
+    ("{{ tools }} <|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}<|call|>",
+     FakeVocab("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>"),
+     NativeFormat("harmony", tag_tokens=(100, 101, 102, 103, 104))),
+    ("{{ tools }} <|channel|>commentary <|call|>", FakeVocab("<|channel|>", "<|message|>"), None),
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
     assert native_tools.detect(template, vocab) == expected
@@ -352,3 +356,40 @@ def test_lfm2_history_writes_calls_into_the_content():
     assert out[1] == {"role": "assistant", "content":
                       'Looking.<|tool_call_start|>[w(city="Oslo", ok=True, n=None)]<|tool_call_end|>'}
     assert out[2]["role"] == "tool" and out[2]["content"] == "cold"
+
+
+GPT_OSS = NativeFormat("harmony", tag_tokens=(6, 7, 9, 8, 12))
+
+
+@pytest.mark.parametrize(("text", "thought", "content", "call"), [
+    ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.w "
+     '<|constrain|>json<|message|>{"city": "Oslo"}', "Need the weather.", None, ("w", {"city": "Oslo"})),
+    ('<|channel|>commentary to=functions.w <|constrain|>json<|message|>{"city": "Oslo"}', None, None,
+     ("w", {"city": "Oslo"})),
+    ("<|channel|>analysis<|message|>Just greet.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
+     "Just greet.", "Hello!", None),
+])
+def test_gpt_oss_answers_split_into_analysis_and_a_call_or_the_final_answer(text, thought, content, call):
+    from appliance.api.chat_answer import AnswerShape
+    from appliance.engine import reasoning
+
+    plan = tools.plan(request(tools=[WEATHER]), GPT_OSS)
+    assert plan.triggers == () and plan.shown_tokens == (6, 7, 9, 8, 12)  # the grammar holds the whole answer
+    assert plan.grammar.startswith("root ::= analysis? (call | <[6]> \"final\" <[7]> !<[8]>*)\n")
+    grammar.check(None, plan.grammar)
+    shape = AnswerShape(plan, reasoning.HARMONY)
+    whole = shape.whole(text, "stop")
+    assert (whole.reasoning, whole.content) == (thought, content)
+    assert ([(c.function.name, json.loads(c.function.arguments)) for c in whole.tool_calls] if call else None) == (
+        [call] if call else None)
+    reader = shape.reader(stream_calls=True)
+    thoughts, texts, pieces = "", "", []
+    for i in range(0, len(text), 4):
+        t, c = reader.push(text[i:i + 4])
+        thoughts, texts, pieces = thoughts + t, texts + c, pieces + reader.take_calls()
+    parts = reader.finish("stop")
+    pieces += reader.take_calls()
+    assert (thoughts + (parts.reasoning or "") or None, texts + (parts.content or "") or None) == (thought, content)
+    assert "".join(p.arguments for p in pieces) == (whole.tool_calls[0].function.arguments if call else "")
+    named = tools.plan(request(tools=[WEATHER], tool_choice="required"), GPT_OSS)
+    assert named.grammar.startswith("root ::= analysis? (call)\n")
