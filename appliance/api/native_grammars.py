@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 from ..engine import gemma_notation
 from ..engine.schema_grammar import SchemaError, literal, never_spelling, parameters_gbnf, values_gbnf
+from .native_answers import xml_written_as_text
 from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
-                           XML_PARAMETER, NativeFormat, xml_written_as_text)
+                           XML_PARAMETER, NativeFormat)
 
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
-from . import native_grammars, native_tools, pythonic_calls
+from . import native_answers, native_grammars, native_tools, pythonic_calls
 from .errors import ApiError, bad_request
 from .call_stream import READ_ERRORS, Begun, CallReader, elements, json_call, members, skip_blanks, tool_calls
 from .native_tools import NativeFormat
@@ -43,15 +43,15 @@ class ToolPlan:
         """Tokens the answer's text must show for it to be read back (the format's control tokens)."""
         return self.native.shown_tokens if self.native else ()
 
-    def reader(self, stream_calls: bool = False) -> "AnswerReader | native_tools.AnswerReader":
+    def reader(self, stream_calls: bool = False) -> "AnswerReader | native_answers.AnswerReader":
         """A reader of the answer as it streams (`stream_calls`: calls go out as they are written)."""
         if self.native:
-            return native_tools.AnswerReader(self.native, self.template_tools, stream_calls)
+            return native_answers.AnswerReader(self.native, self.template_tools, stream_calls)
         return AnswerReader(stream_calls)
 
     def read(self, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
         if self.native:
-            return native_tools.read_answer(self.native, text, finish_reason, self.template_tools)
+            return native_answers.read_answer(self.native, text, finish_reason, self.template_tools)
         return read_answer(text, finish_reason)
 
 

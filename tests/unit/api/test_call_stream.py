@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from appliance.api import native_tools, tools
+from appliance.api import native_answers, native_tools, tools
 from appliance.api.call_stream import compact_json, elements, members, value_end
 from appliance.api.native_tools import NativeFormat
 
@@ -47,11 +47,11 @@ ANSWERS = [
 def reader_of(fmt: NativeFormat | None, stream_calls: bool = True):
     if fmt is None:
         return tools.AnswerReader(stream_calls)
-    return native_tools.AnswerReader(fmt, WRITE, stream_calls)
+    return native_answers.AnswerReader(fmt, WRITE, stream_calls)
 
 
 def read(fmt: NativeFormat | None, text: str, reason: str = "stop"):
-    return tools.read_answer(text, reason) if fmt is None else native_tools.read_answer(fmt, text, reason, WRITE)
+    return tools.read_answer(text, reason) if fmt is None else native_answers.read_answer(fmt, text, reason, WRITE)
 
 
 def stream(fmt, text: str, size: int, reason: str = "stop"):
@@ -120,7 +120,7 @@ def test_a_call_cut_short_stays_a_call_once_it_went_out_and_is_text_when_read_wh
     content, calls, reason, deltas = stream(HERMES, text, 5, reason="length")
     assert content == "" and reason == "length"
     assert [(c.function.name, c.function.arguments) for c in calls] == [("w", '{"city": "Os')]
-    assert native_tools.read_answer(HERMES, text, "length") == (text, None, "length")
+    assert native_answers.read_answer(HERMES, text, "length") == (text, None, "length")
     reader = reader_of(HERMES, stream_calls=False)
     reader.push(text)
     assert reader.take_calls() == [] and reader.finish("length") == (text, None, "length")

@@ -9,7 +9,7 @@ import re
 import msgspec
 import pytest
 
-from appliance.api import native_tools, tools
+from appliance.api import native_answers, native_tools, tools
 from appliance.api.native_tools import NativeFormat
 from appliance.api.schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 from appliance.engine import grammar
@@ -132,15 +132,15 @@ def test_each_formats_grammar_frames_its_calls():
 
 
 def test_answers_are_read_into_content_and_calls():
-    content, calls, reason = native_tools.read_answer(HERMES, "Let me look.\n" + CALL + "\n" + CALL, "stop")
+    content, calls, reason = native_answers.read_answer(HERMES, "Let me look.\n" + CALL + "\n" + CALL, "stop")
     assert content == "Let me look." and reason == "tool_calls" and len(calls) == 2
     assert calls[0].function.name == "w" and json.loads(calls[0].function.arguments) == {"city": "Oslo"}
     assert calls[0].id.startswith("call_")
-    assert native_tools.read_answer(HERMES, CALL, "stop")[0] is None
-    assert native_tools.read_answer(HERMES, "plain", "stop") == ("plain", None, "stop")
-    assert native_tools.read_answer(HERMES, CALL[:30], "length") == (CALL[:30], None, "length")  # cut short: as it is
+    assert native_answers.read_answer(HERMES, CALL, "stop")[0] is None
+    assert native_answers.read_answer(HERMES, "plain", "stop") == ("plain", None, "stop")
+    assert native_answers.read_answer(HERMES, CALL[:30], "length") == (CALL[:30], None, "length")  # cut short: as it is
     broken = '<tool_call>\n{"name": "w"}\n</tool_call>'  # no arguments: not a call
-    assert native_tools.read_answer(HERMES, broken, "stop") == (broken, None, "stop")
+    assert native_answers.read_answer(HERMES, broken, "stop") == (broken, None, "stop")
 
 
 @pytest.mark.parametrize(("fmt", "text", "content", "calls"), [
@@ -162,7 +162,7 @@ def test_answers_are_read_into_content_and_calls():
     (MISTRAL_ARGS, "[TOOL_CALLS]w{}", "[TOOL_CALLS]w{}", None),
 ])
 def test_each_format_is_read_back(fmt, text, content, calls):
-    got_content, got, reason = native_tools.read_answer(fmt, text, "stop")
+    got_content, got, reason = native_answers.read_answer(fmt, text, "stop")
     assert got_content == content
     if calls is None:
         assert got is None and reason == "stop"
@@ -188,12 +188,12 @@ def test_mistral_ids_are_nine_letters_and_digits_and_stable():
 @pytest.mark.parametrize("cut", [1, 3, 12, 14])
 def test_a_streamed_answer_gives_out_its_text_and_never_the_tag(cut):
     text = "Sure <tool>.\n" + CALL
-    reader = native_tools.AnswerReader(HERMES)
+    reader = native_answers.AnswerReader(HERMES)
     out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
     content, calls, reason = reader.finish("stop")
     assert out + (content or "") == "Sure <tool>."
     assert reason == "tool_calls" and calls[0].function.name == "w"
-    reader = native_tools.AnswerReader(HERMES)
+    reader = native_answers.AnswerReader(HERMES)
     out = "".join(reader.push(p) for p in ("a <tool_c", "at> b\n"))
     assert out + (reader.finish("stop")[0] or "") == "a <tool_cat> b\n"  # not the tag after all
 
@@ -201,7 +201,7 @@ def test_a_streamed_answer_gives_out_its_text_and_never_the_tag(cut):
 @pytest.mark.parametrize("cut", [1, 2, 5])
 def test_a_streamed_mistral_answer_never_gives_out_its_tag(cut):
     text = "Sure [TOOLS].[TOOL_CALLS][{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}]"
-    reader = native_tools.AnswerReader(MISTRAL)
+    reader = native_answers.AnswerReader(MISTRAL)
     out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
     content, calls, reason = reader.finish("stop")
     assert out + (content or "") == "Sure [TOOLS]." and reason == "tool_calls"
@@ -210,11 +210,11 @@ def test_a_streamed_mistral_answer_never_gives_out_its_tag(cut):
 @pytest.mark.parametrize("cut", [1, 3])
 def test_a_streamed_llama3_answer_is_held_only_when_it_begins_as_a_call(cut):
     call = '\n{"name": "w", "parameters": {"city": "Oslo"}}'
-    reader = native_tools.AnswerReader(LLAMA3)
+    reader = native_answers.AnswerReader(LLAMA3)
     assert "".join(reader.push(call[i:i + cut]) for i in range(0, len(call), cut)) == ""
     assert reader.finish("stop")[1][0].function.name == "w"
     text = "\nIt is sunny {really}."
-    reader = native_tools.AnswerReader(LLAMA3)
+    reader = native_answers.AnswerReader(LLAMA3)
     out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
     content, calls, reason = reader.finish("stop")
     assert out == text and content == "" and calls is None and reason == "stop"
@@ -254,12 +254,12 @@ def test_qwen3_coder_values_are_read_by_their_schemas():
     text = ("Adding.\n<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n-3\n</parameter>\n"
             "<parameter=note>\n42\n</parameter>\n<parameter=tags>\n[\"x\"]\n</parameter>\n</function>\n</tool_call>\n"
             "<tool_call>\n<function=w>\n<parameter=city>\nNew\nYork </parameter>\n</function>\n</tool_call>")
-    content, calls, reason = native_tools.read_answer(QWEN3_CODER, text, "stop", native_tools.template_tools(req))
+    content, calls, reason = native_answers.read_answer(QWEN3_CODER, text, "stop", native_tools.template_tools(req))
     assert content == "Adding." and reason == "tool_calls"
     assert json.loads(calls[0].function.arguments) == {"a": 2, "b": -3, "note": "42", "tags": ["x"]}
     assert json.loads(calls[1].function.arguments) == {"city": "New\nYork "}  # a string's text as it is
-    assert native_tools.read_answer(QWEN3_CODER, "<tool_call>\n{}\n</tool_call>", "stop")[1] is None
-    reader = native_tools.AnswerReader(QWEN3_CODER, native_tools.template_tools(req))
+    assert native_answers.read_answer(QWEN3_CODER, "<tool_call>\n{}\n</tool_call>", "stop")[1] is None
+    reader = native_answers.AnswerReader(QWEN3_CODER, native_tools.template_tools(req))
     out = "".join(reader.push(text[i:i + 4]) for i in range(0, len(text), 4))
     rest, calls, _ = reader.finish("stop")
     assert out + (rest or "") == "Adding." and len(calls) == 2
@@ -305,11 +305,11 @@ def test_glm_grammar_frames_keys_and_values_with_or_without_newlines():
 ])
 def test_glm_calls_read_back_by_their_schemas_whole_and_streamed(text):
     template_tools = native_tools.template_tools(request(tools=[WEATHER, ADD]))
-    content, calls, reason = native_tools.read_answer(GLM, text, "stop", template_tools)
+    content, calls, reason = native_answers.read_answer(GLM, text, "stop", template_tools)
     assert content == "Adding." and reason == "tool_calls"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("add", {"a": 2, "note": "4 2"}), ("w", {"city": "New\nYork "})]  # a string's text as it is
-    reader = native_tools.AnswerReader(GLM, template_tools, stream_calls=True)
+    reader = native_answers.AnswerReader(GLM, template_tools, stream_calls=True)
     out, pieces = "", []
     for i in range(0, len(text), 3):
         out += reader.push(text[i:i + 3])
@@ -320,7 +320,7 @@ def test_glm_calls_read_back_by_their_schemas_whole_and_streamed(text):
         c.function.arguments for c in calls]
     assert "".join(p.arguments for p in pieces if p.index == 1) == calls[1].function.arguments
     assert len([p for p in pieces if p.index == 1]) > 3  # the city's text as it came
-    assert native_tools.read_answer(GLM, "<tool_call><arg_key>a</arg_key></tool_call>", "stop")[1] is None
+    assert native_answers.read_answer(GLM, "<tool_call><arg_key>a</arg_key></tool_call>", "stop")[1] is None
 
 
 def test_lfm2_calls_are_pythons_keyword_calls_held_to_their_schemas():
@@ -333,13 +333,13 @@ def test_lfm2_calls_are_pythons_keyword_calls_held_to_their_schemas():
     assert '"True" | "False"' in plan.grammar and '"None"' in plan.grammar and '"true"' not in plan.grammar
     grammar.check(None, plan.grammar)
     text = 'Checking.<|tool_call_start|>[w(city="Oslo, \\"NO\\""), f(on=True, none=None, xs=[1, 2])]<|tool_call_end|>'
-    content, calls, reason = native_tools.read_answer(LFM2, text, "stop")
+    content, calls, reason = native_answers.read_answer(LFM2, text, "stop")
     assert content == "Checking." and reason == "tool_calls"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("w", {"city": 'Oslo, "NO"'}), ("f", {"on": True, "none": None, "xs": [1, 2]})]
     for bad in ("<|tool_call_start|>[w(1)]<|tool_call_end|>", "<|tool_call_start|>[w(city=x)]<|tool_call_end|>",
                 "<|tool_call_start|>[__import__('os')]<|tool_call_end|>x"):
-        assert native_tools.read_answer(LFM2, bad, "stop")[1] is None  # not keyword calls of literals: text
+        assert native_answers.read_answer(LFM2, bad, "stop")[1] is None  # not keyword calls of literals: text
     odd = {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {
         "a-b": {"type": "string"}}}}}
     with pytest.raises(Exception) as e:

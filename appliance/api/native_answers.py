@@ -1,0 +1,348 @@
+"""Answers in a model's own tool-call format (api/native_tools.py says which formats) read back
+into calls: whole (`read_answer`), or as they stream (`AnswerReader`: the calls begun so far,
+`begun_calls`, go out as they are written, api/call_stream.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..engine import gemma_notation
+from ..engine.text import partial_suffix
+from . import pythonic_calls
+from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, skip_blanks, tool_calls,
+                          value_end)
+from .native_tools import (GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, LFM2_CLOSE, LFM2_OPEN,
+                           MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, XML_FUNCTION, NativeFormat)
+from .schemas import ToolCall
+
+_HARMONY_HEAD = re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>)?\s*json\s*<\|message\|>")
+
+
+def xml_written_as_text(schema: Any) -> bool:
+    """Whether a qwen3-coder parameter of this schema is written as raw text (a string), not JSON."""
+    if not isinstance(schema, dict):
+        return False
+    if "const" in schema or "enum" in schema:
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        return isinstance(values, list) and bool(values) and all(isinstance(v, str) for v in values)
+    return schema.get("type") == "string"
+
+
+def _xml_value(raw: str, schema: Any) -> Any:
+    """A qwen3-coder parameter's value: a string's raw text as it is, else the JSON it holds (or
+    Python's spelling of true, false and null, as the template writes them), else the text."""
+    if xml_written_as_text(schema):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"True": True, "False": False, "None": None}.get(raw.strip(), raw)
+
+
+def _parameters_of(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Each function's parameter schemas by name, from tools as templates take them."""
+    out = {}
+    for tool in tools or []:
+        props = tool["function"].get("parameters", {}).get("properties")
+        out[tool["function"]["name"]] = props if isinstance(props, dict) else {}
+    return out
+
+
+def _model_id(fmt: NativeFormat, call_id: Any) -> str | None:
+    """The id a Mistral model wrote for its call, where it is one its templates take."""
+    ok = isinstance(call_id, str) and MISTRAL_ID.match(call_id) and fmt.name.startswith("mistral")
+    return call_id if ok else None
+
+
+def _closed_by(rest: str, close: str) -> bool:
+    """Whether `rest` (what follows a call's body) is its closing tag; ValueError where it cannot
+    become one."""
+    rest = rest.strip()
+    if rest == close:
+        return True
+    if rest and not close.startswith(rest):
+        raise ValueError("text after a call")
+    return False
+
+
+def _hermes(text: str) -> list[Begun]:
+    out = []
+    for block in text.split(HERMES_OPEN)[1:]:
+        i = skip_blanks(block, 0)
+        if i == len(block):
+            break
+        call, end = json_call(block, i)
+        if call is None:
+            break
+        if end is not None and not _closed_by(block[end:], HERMES_CLOSE):
+            call = replace(call, whole=False)
+        out.append(call)
+        if not call.whole:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class XmlShape:
+    """How a format writes a call's name and parameters inside `<tool_call>` tags, a string
+    parameter's value as its raw text and other values as JSON."""
+
+    head: re.Pattern  # the call's body up to its name, once the name is whole (group 1)
+    head_start: str  # what the body opens with before the name
+    call: re.Pattern  # a whole call's body (group 1: the name, group 2: its parameters)
+    parameter: re.Pattern  # a closed parameter (group 1: its key, group 2: its value)
+    opened: re.Pattern  # a parameter up to where its value starts
+    value_ends: tuple[str, ...]  # what may close a value (a tail that may be one is held back)
+    framed_newline: bool  # a value's first newline is the frame's, not the value's
+
+
+XML_SHAPES = {
+    "qwen3-coder": XmlShape(re.compile(r"\s*<function=([^>\n]+)>"), XML_FUNCTION,
+                            re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
+                            re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL),
+                            re.compile(r"<parameter=([^>\n]+)>"), ("\n</parameter>", "</parameter>"), True),
+    "glm": XmlShape(re.compile(r"\s*([^<\n]+)(?=[\n<])"), "",
+                    re.compile(r"([^<\n]+?)\s*((?:<arg_key>.*?</arg_value>\s*)*)", re.DOTALL),
+                    re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
+                    re.compile(r"<arg_key>([^<]*)</arg_key>\s*<arg_value>"), (GLM_VALUE_CLOSE,), False),
+}
+
+
+def _xml_calls(shape: XmlShape, text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
+    """Calls in an XML-like format (qwen3-coder's, GLM's): each named once its name is whole,
+    its arguments as they are written (_xml_arguments_so_far), whole when its tag closes."""
+    schemas = _parameters_of(tools)
+    out = []
+    for block in text.split(HERMES_OPEN)[1:]:
+        head = shape.head.match(block)
+        if head is None:
+            begun = block.lstrip()
+            if not (shape.head_start.startswith(begun[:len(shape.head_start)]) and ">" not in begun
+                    and (shape.head_start or "<" not in begun)):
+                raise ValueError("not a function block")
+            break
+        name = head.group(1).strip()
+        props = schemas.get(name, {})
+        body, close, rest = block.partition(HERMES_CLOSE)
+        if not close:
+            out.append(Begun(name, _xml_arguments_so_far(shape, block[head.end():], props), False))
+            break
+        call = shape.call.fullmatch(body.strip())
+        if call is None or rest.strip():
+            raise ValueError("not a function block")
+        args = {m.group(1).strip(): _xml_value(m.group(2), props.get(m.group(1).strip()))
+                for m in shape.parameter.finditer(call.group(2))}
+        out.append(Begun(name, json.dumps(args, ensure_ascii=False), True))
+    return out
+
+
+def _xml_arguments_so_far(shape: XmlShape, body: str, props: dict[str, Any]) -> str:
+    """The JSON text of an open call's arguments so far: its parameters closed so far, and a
+    string parameter being written up to where its text is sure (not the newline before a
+    closing tag, nor what may be the tag's beginning). It never has its closing brace: it is a
+    prefix of the whole call's arguments, which are json.dumps of the same values."""
+    parts, last = [], 0
+    for m in shape.parameter.finditer(body):
+        key = m.group(1).strip()
+        parts.append(json.dumps(key, ensure_ascii=False) + ": "
+                     + json.dumps(_xml_value(m.group(2), props.get(key)), ensure_ascii=False))
+        last = m.end()
+    open_param = shape.opened.search(body, last)
+    text = "{" + ", ".join(parts)
+    if open_param is None or not xml_written_as_text(props.get(open_param.group(1).strip())):
+        return text
+    raw = body[open_param.end():]
+    if not raw:
+        return text
+    if shape.framed_newline and raw.startswith("\n"):
+        raw = raw[1:]
+    raw = raw[:len(raw) - partial_suffix(raw, list(shape.value_ends))]
+    if parts:
+        text += ", "
+    key = json.dumps(open_param.group(1).strip(), ensure_ascii=False)
+    return text + key + ": " + json.dumps(raw, ensure_ascii=False)[:-1]
+
+
+def _mistral(fmt: NativeFormat, text: str) -> list[Begun]:
+    """Mistral's calls, each once it is whole (the id the model may write comes after the arguments)."""
+    i = skip_blanks(text, len(MISTRAL_OPEN))
+    if i == len(text):
+        return []
+    found, end = elements(text, i)
+    out = []
+    for start, stop in found:
+        if stop is None:
+            break
+        call, _ = json_call(text, start)
+        out.append(replace(call, call_id=_model_id(fmt, call.call_id)))
+    if end is not None and text[end:].strip():
+        raise ValueError("text after the calls")
+    return out
+
+
+def _mistral_args(fmt: NativeFormat, text: str) -> list[Begun]:
+    out = []
+    for block in text.split(MISTRAL_OPEN)[1:]:
+        head, sep, args = block.partition(MISTRAL_ARGS)
+        if not sep:
+            break
+        name, _, call_id = head.partition(MISTRAL_CALL_ID)
+        i = skip_blanks(args, 0)
+        end = value_end(args, i)
+        whole = end is not None
+        if whole and (args[end:].strip() or not isinstance(json.loads(args[i:end]), dict)):
+            raise ValueError("not a call's arguments")
+        out.append(Begun(name.strip(), compact_json(args[i:end]), whole, _model_id(fmt, call_id or None)))
+    return out
+
+
+def _gemma(fmt: NativeFormat, text: str) -> list[Begun]:
+    tags = fmt.tags
+    out = []
+    for block in text.split(tags.open)[1:]:
+        body, close, rest = block.partition(tags.close)
+        if "{" not in body:
+            if not (body.startswith("call:") or "call:".startswith(body)) or close:
+                raise ValueError("not a call")
+            break
+        if not body.startswith("call:"):
+            raise ValueError("not a call")
+        name, brace, args = body[len("call:"):].partition("{")
+        if not close:
+            out.append(Begun(name, "", False))
+            break
+        if rest.strip():
+            raise ValueError("text after a call")
+        out.append(Begun(name, json.dumps(gemma_notation.read(brace + args, tags.mark), ensure_ascii=False), True))
+    return out
+
+
+def _lfm2(text: str) -> list[Begun]:
+    """LFM2's calls, all whole once their list closes (its Python notation is read by Python's
+    parser, which takes only a whole list)."""
+    body, close, rest = text[len(LFM2_OPEN):].partition(LFM2_CLOSE)
+    if not close:
+        return []
+    if rest.strip():
+        raise ValueError("text after the calls")
+    return [Begun(name, json.dumps(args, ensure_ascii=False), True) for name, args in pythonic_calls.read(body)]
+
+
+def _harmony(text: str) -> list[Begun]:
+    """gpt-oss's call: `<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}`
+    (generation ends at its `<|call|>`), named once its header is whole."""
+    rest = text[len(HARMONY_CALL):]
+    head = _HARMONY_HEAD.match(rest)
+    if head is None:
+        name = re.match(r"[^\s<]+(?=[\s<])", rest)
+        return [Begun(name.group(), "", False)] if name else []
+    args = rest[head.end():].removesuffix("<|call|>")
+    i = skip_blanks(args, 0)
+    end = value_end(args, i)
+    if end is not None and (args[end:].strip() or not isinstance(json.loads(args[i:end]), dict)):
+        raise ValueError("not a call's arguments")
+    return [Begun(head.group(1), compact_json(args[i:end]), end is not None)]
+
+
+def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None = None) -> list[Begun]:
+    """The calls written so far in `text`, from the format's marker on, cut anywhere (`tools`: the
+    request's, as templates take them, which say how qwen3-coder's values read). ValueError (or
+    KeyError, TypeError) where they do not read."""
+    if fmt.name == "hermes":
+        return _hermes(text)
+    if fmt.name in XML_SHAPES:
+        return _xml_calls(XML_SHAPES[fmt.name], text, tools)
+    if fmt.name == "mistral":
+        return _mistral(fmt, text)
+    if fmt.name == "mistral-args":
+        return _mistral_args(fmt, text)
+    if fmt.tags is not None:
+        return _gemma(fmt, text)
+    if fmt.name == "lfm2":
+        return _lfm2(text)
+    if fmt.name == "harmony":
+        return _harmony(text)
+    i = skip_blanks(text, 0)  # llama3: the answer is the call
+    if i == len(text):
+        return []
+    call, end = json_call(text, i, (fmt.args_key, "arguments"))
+    if end is not None and text[end:].strip():
+        raise ValueError("text after the call")
+    return [call] if call is not None else []
+
+
+def _calls_start(fmt: NativeFormat, text: str) -> int:
+    """Where the calls begin in an answer (-1: it has none)."""
+    if fmt.marker is not None:
+        return text.find(fmt.marker)
+    stripped = text.lstrip()
+    return len(text) - len(stripped) if stripped.startswith("{") else -1
+
+
+def _whole_calls(fmt: NativeFormat, text: str, finish_reason: str,
+                 tools: list[dict[str, Any]] | None) -> tuple[int, list[Begun] | None]:
+    """Where an answer's calls begin, and the calls, where they read whole (None: they do not, or
+    the answer was cut short)."""
+    start = _calls_start(fmt, text)
+    if start < 0 or finish_reason != "stop":
+        return start, None
+    try:
+        begun = begun_calls(fmt, text[start:].rstrip(), tools)
+    except READ_ERRORS:
+        return start, None
+    return start, (begun if begun and all(c.whole for c in begun) else None)
+
+
+def read_answer(fmt: NativeFormat, text: str, finish_reason: str,
+                tools: list[dict[str, Any]] | None = None) -> tuple[str | None, list[ToolCall] | None, str]:
+    """(content, tool_calls, finish_reason) from an answer in the model's format (`tools`: the
+    request's, as templates take them, which say how qwen3-coder's values read). Text before the
+    calls is the content; an answer cut short (max_tokens, a stop string) inside its calls, or
+    whose calls do not read, is its text as it is."""
+    start, whole = _whole_calls(fmt, text, finish_reason, tools)
+    if whole is None:
+        return text, None, finish_reason
+    return text[:start].rstrip() or None, tool_calls(whole, fmt.new_id), "tool_calls"
+
+
+class AnswerReader(CallReader):
+    """Reads an answer in the model's format as it streams: text before the calls goes out as it
+    comes (a tail that may be the marker's beginning waits for the next piece; a llama3 answer
+    that begins with `{` is a call); the calls go out as they are written (`stream_calls`,
+    call_stream.CallReader) or whole at the end."""
+
+    def __init__(self, fmt: NativeFormat, tools: list[dict[str, Any]] | None = None,
+                 stream_calls: bool = False) -> None:
+        super().__init__(fmt.new_id, stream_calls)
+        self.fmt = fmt
+        self.tools = tools
+        self.text = ""
+        self.sent = 0
+
+    def push(self, piece: str) -> str:
+        self.text += piece
+        marker = self.fmt.marker
+        if marker is None:
+            stripped = self.text.lstrip()
+            end = 0 if not stripped or stripped.startswith("{") else len(self.text)
+        else:
+            start = self.text.find(marker)
+            end = start if start >= 0 else len(self.text) - partial_suffix(self.text, [marker])
+            end = len(self.text[:end].rstrip())  # blanks before a call are not content
+        new = self.text[self.sent:end] if end > self.sent else ""
+        self.sent += len(new)
+        start = _calls_start(self.fmt, self.text)
+        if self.streaming and start >= 0:
+            self.follow(lambda: begun_calls(self.fmt, self.text[start:], self.tools))
+        return new
+
+    def finish(self, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
+        start, whole = _whole_calls(self.fmt, self.text, finish_reason, self.tools)
+        if whole is not None:
+            return self.text[:start].rstrip()[self.sent:] or None, self.settle(whole), "tool_calls"
+        if self.sent_calls is not None:
+            return None, self.sent_calls, finish_reason
+        return self.text[self.sent:], None, finish_reason
