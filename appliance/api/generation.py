@@ -228,6 +228,8 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     params = await request_sampling(req, runner.vocab, plan)
     think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
+    if req.response_format is not None and req.response_format.type != "text":
+        params = reasoning.think_first(runner, prompt, params, budget)
     params = reasoning.with_budget(runner, prompt, params, budget)
     return prompt, params, AnswerShape(plan, think, inside)
 

@@ -18,14 +18,17 @@ and the model goes on with its answer. Without a bound the watch still counts th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .sampling import SamplingParams, ThinkBudget
+from .schema_grammar import never_spelling
 from .text import partial_suffix
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
+    from .native import Vocab
     from .runner import ModelRunner
 
 @dataclass(frozen=True)
@@ -141,6 +144,53 @@ def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams
                                  if not vocab.piece(t) and t not in sampling.shown_tokens))
     return replace(sampling, think_budget=ThinkBudget(tokens, tuple(close), inside, tags.open, tags.close),
                    shown_tokens=sampling.shown_tokens + hidden)
+
+
+# The GBNF identifiers `root` outside literals and classes (to rename a grammar's start symbol).
+_GBNF_ROOT = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])|(?<![\w-])root(?![\w-])')
+MAX_GRAMMAR_REPEAT = 2000  # llama.cpp reads a larger repetition bound as unbounded
+
+
+def think_first(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, budget: int) -> SamplingParams:
+    """A structured answer's grammar (response_format) with room for the think block first, where
+    the model opens the block itself (Qwen3's, gpt-oss's templates) and its vocabulary has the
+    closing tag as one token (a model trained to think): the block, then the answer the grammar
+    holds. A block the prompt opened is waited out instead (runner._grammar_waits); one the prompt
+    closed (thinking turned off) gets none. The grammar bounds the block: `budget` tokens at most
+    (up to 2000; -1: no bound)."""
+    tags = tags_of(runner.template.source)
+    if tags is None or sampling.grammar is None or sampling.grammar_triggers:
+        return sampling
+    if len(runner.vocab.tokenize(tags.close, add_special=False, parse_special=True)) != 1:
+        return sampling
+    tail = runner.vocab.text(prompt[-8:], special=True).rstrip()
+    if tail.endswith(tags.open) or tail.endswith(tags.close):
+        return sampling
+    return replace(sampling, grammar=thinking_grammar(runner.vocab, tags, sampling.grammar, budget))
+
+
+def thinking_grammar(vocab: Vocab, tags: Tags, grammar: str, budget: int = -1) -> str:
+    """`grammar` after an optional think block in `tags`' form (gpt-oss: its analysis channel,
+    then the final channel's header, which its answer always has)."""
+    def tokens(text: str) -> tuple[str, list[int]]:
+        ids = vocab.tokenize(text, add_special=False, parse_special=True)
+        return " ".join(f"<[{t}]>" for t in ids), ids
+
+    open_, _ = tokens(tags.open)
+    close, close_ids = tokens(tags.close)
+    if len(close_ids) == 1:
+        bound = f"{{0,{budget}}}" if 0 <= budget <= MAX_GRAMMAR_REPEAT else "*"
+        body = f"!{close}{bound}"
+    else:  # not one token: anything that does not spell it, unbounded
+        body = f"({never_spelling(tags.close)})*"
+    head = ""
+    if tags is HARMONY:
+        block = f"{open_} {body} {close} {tokens('<|start|>')[0]} \"assistant\""
+        head = tokens("<|channel|>final<|message|>")[0] + " "
+    else:
+        block = f'{open_} {body} {close} [ \\t\\n]{{0,8}}'
+    answer = _GBNF_ROOT.sub(lambda m: m.group(1) or "answer-root", grammar)
+    return f"root ::= think-block? {head}answer-root\nthink-block ::= {block}\n{answer}"
 
 
 class BudgetWatch:

@@ -216,3 +216,30 @@ def test_a_budget_closes_gpt_oss_analysis_with_its_final_channels_header(server)
     assert choice["message"]["reasoning_content"] == raw.split("<|end|>")[0].strip()
     assert choice["message"]["content"] == raw.split("<|channel|>final<|message|>", 1)[1].lstrip()
     assert "<|" not in choice["message"]["content"]
+
+
+ANSWER = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+    "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}}}
+
+
+def test_structured_output_comes_after_the_thinking_a_model_opens_itself(server):
+    """gpt-oss opens its analysis channel itself: the schema's grammar leaves room for it (bounded
+    by the budget, in the grammar) and holds the final channel's answer. The untrained model is
+    pushed into the channel by a bias on its first token."""
+    r = httpx.post(server.base + "/tokenize", timeout=60, json={"model": "harmony", "content": "analysis",
+                                                                  "add_special": False})
+    first = r.json()["tokens"][0]
+    body = {"response_format": ANSWER, "thinking_budget_tokens": 6, "logit_bias": {str(first): 100}}
+    raw = chat(server, "harmony", reasoning_format="none", **body)["message"]["content"]
+    assert raw.startswith("<|channel|>analysis<|message|>"), raw
+    thought, answer = raw[len("<|channel|>analysis<|message|>"):].split(
+        "<|end|><|start|>assistant<|channel|>final<|message|>")
+    choice = chat(server, "harmony", **body)
+    assert choice["message"]["reasoning_content"] == thought.strip() and isinstance(
+        json.loads(choice["message"]["content"])["answer"], int)
+    assert choice["message"]["content"] == answer.lstrip()
+    tokens = httpx.post(server.base + "/tokenize", timeout=60, json={
+        "model": "harmony", "content": thought, "add_special": False, "parse_special": True}).json()["count"]
+    assert tokens <= 6  # the budget, held by the grammar
+    plain = chat(server, "qwen3-style", response_format=ANSWER)  # a <think> model that does not think: the JSON
+    assert isinstance(json.loads(plain["message"]["content"])["answer"], int)

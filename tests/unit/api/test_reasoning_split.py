@@ -3,6 +3,8 @@ cutting the text into pieces gives what the whole text gives)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from appliance.engine import reasoning
@@ -95,3 +97,33 @@ def test_tool_calls_are_read_from_the_content_after_the_block(size):
     assert "".join(r for r, _ in got) + (end.reasoning or "") == whole.reasoning
     assert "".join(c for _, c in got) + (end.content or "") == whole.content
     assert [c.function.name for c in end.tool_calls] == ["w"] and end.finish_reason == "tool_calls"
+
+
+class TagVocab:
+    """Tokenizes the tags below as one token each, anything else as one token a character."""
+
+    TAGS = {"<think>": 900, "</think>": 901, "<|channel|>": 6, "<|message|>": 7, "<|end|>": 8, "<|start|>": 9}
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        out = []
+        for part in re.split("(" + "|".join(map(re.escape, self.TAGS)) + ")", text):
+            out += [self.TAGS[part]] if part in self.TAGS else [ord(c) for c in part]
+        return out
+
+
+def test_a_structured_answers_grammar_leaves_room_for_a_bounded_think_block():
+    from appliance.engine import grammar
+    from appliance.engine.schema_grammar import schema_to_gbnf
+
+    schema = {"$defs": {"node": {"type": "object", "properties": {"root": {"type": "string", "enum": ["root"]},
+                                                                   "next": {"$ref": "#"}}}}, "$ref": "#/$defs/node"}
+    answer = schema_to_gbnf(schema)
+    think = reasoning.thinking_grammar(TagVocab(), reasoning.THINK, answer, budget=50)
+    lines = think.splitlines()
+    assert lines[:2] == ["root ::= think-block? answer-root", "think-block ::= <[900]> !<[901]>{0,50} <[901]> [ \\t\\n]{0,8}"]
+    assert not re.search(r"(?<![\w-])root(?![\w-])", "\n".join(lines[2:]).replace('"root"', "").replace('\\"root\\"', ""))
+    grammar.check(None, think)
+    harmony = reasoning.thinking_grammar(TagVocab(), reasoning.HARMONY, answer)  # no budget: unbounded
+    assert harmony.startswith("root ::= think-block? <[6]> " + " ".join(f"<[{ord(c)}]>" for c in "final") + " <[7]> answer-root\n")
+    assert "!<[8]>* <[8]> <[9]> \"assistant\"" in harmony
+    grammar.check(None, harmony)
