@@ -3,7 +3,7 @@ piece by piece (OpenAI's `tool_calls` deltas, the Responses API's `function_call
 Anthropic's `input_json_delta`), so that a client sees a long call (a file being written) grow
 instead of waiting for the whole answer.
 
-The formats' readers (api/tools.py, api/native_tools.py) say which calls a text holds so far
+The formats' readers (api/tools.py, api/native_answers.py) say which calls a text holds so far
 (`Begun`); `CallStreamer` turns that into deltas. The arguments are compact JSON text (json.dumps'
 separators), the same whether the answer is read whole or streamed, so the deltas add up to the
 whole call's arguments. The JSON scanners here read a text that may be cut anywhere.
@@ -50,8 +50,8 @@ class CallStreamer:
         self.new_id = new_id
         self.ids: list[str] = []
         self.names: list[str] = []
-        self.sent: list[str] = []
-        self.whole: list[bool] = []
+        self.sent: list[str] = []  # each call's arguments as they went out
+        self.latest: list[str] = []  # and as last read (the same, unless a reading did not extend the last)
 
     def update(self, begun: list[Begun]) -> list[CallDelta]:
         out = []
@@ -60,28 +60,23 @@ class CallStreamer:
                 self.ids.append(call.call_id or self.new_id())
                 self.names.append(call.name)
                 self.sent.append(call.arguments)
-                self.whole.append(call.whole)
+                self.latest.append(call.arguments)
                 out.append(CallDelta(k, self.ids[k], call.name, call.arguments))
                 continue
-            self.whole[k] = call.whole
-            new = call.arguments[len(self.sent[k]):]
-            if new:
+            self.latest[k] = call.arguments
+            if call.arguments.startswith(self.sent[k]) and len(call.arguments) > len(self.sent[k]):
+                out.append(CallDelta(k, None, None, call.arguments[len(self.sent[k]):]))
                 self.sent[k] = call.arguments
-                out.append(CallDelta(k, None, None, new))
         return out
 
     @property
     def started(self) -> bool:
         return bool(self.ids)
 
-    @property
-    def complete(self) -> bool:
-        """Every call that went out is closed."""
-        return all(self.whole)
-
     def calls(self) -> list[ToolCall]:
-        """The calls as they went out."""
-        return [ToolCall(id=i, function=FunctionCall(name, args)) for i, name, args in zip(self.ids, self.names, self.sent)]
+        """The calls that went out, with their arguments as last read."""
+        return [ToolCall(id=i, function=FunctionCall(name, args))
+                for i, name, args in zip(self.ids, self.names, self.latest)]
 
 
 def tool_calls(begun: list[Begun], new_id: Callable[[], str]) -> list[ToolCall]:
