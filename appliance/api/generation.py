@@ -215,7 +215,8 @@ async def chat_prompt_text(runner: ModelRunner, req: ChatRequest) -> str:
 async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> tuple[Any, ToolPlan | None]:
     native = native_tools.format_of(runner.template, runner.vocab)
     # a large schema takes milliseconds: off the loop
-    plan = await asyncio.to_thread(tools.plan, req, native) if req.tools else tools.plan(req)
+    budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
+    plan = await asyncio.to_thread(tools.plan, req, native, budget) if req.tools else tools.plan(req)
     messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
     extra = template_kwargs(runner.cfg.chat_template_kwargs, thinking_kwargs(req))
     return await asyncio.to_thread(render, runner, messages, plan.template_tools if plan else None, extra), plan

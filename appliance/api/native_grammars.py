@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine import gemma_notation
-from ..engine.schema_grammar import SchemaError, literal, never_spelling, parameters_gbnf, values_gbnf
+from ..engine.schema_grammar import MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, values_gbnf
 from .native_answers import xml_written_as_text
 from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
                            XML_PARAMETER, NativeFormat)
@@ -83,17 +83,20 @@ def args_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: 
             f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
 
 
-def harmony_grammar(fmt: NativeFormat, auto: bool, functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """gpt-oss's grammar, over the whole answer: its analysis channel (any tokens but its end),
-    then the call in its commentary channel or, under `auto`, the final channel's answer.
-    `functions` are each callable function's name and parameters schema; one call a message."""
+def harmony_grammar(fmt: NativeFormat, auto: bool, think_budget: int, functions: list[tuple[str, Any]],
+                    parallel: bool) -> str:
+    """gpt-oss's grammar, over the whole answer: its analysis channel (any tokens but its end, at
+    most `think_budget` of them where it is 0..2000), then the call in its commentary channel or,
+    under `auto`, the final channel's answer. `functions` are each callable function's name and
+    parameters schema; one call a message."""
     channel, message, start, end, constrain = (f"<[{t}]>" for t in fmt.tag_tokens)
+    bound = f"{{0,{think_budget}}}" if 0 <= think_budget <= MAX_REPEAT else "*"
     rules, tops = values_gbnf([schema for _, schema in functions], "args")
     calls = " | ".join(f'{literal(name)} " " {constrain} "json" {message} {args}'
                        for (name, _), args in zip(functions, tops))
     answer = f" | {channel} \"final\" {message} !{end}*" if auto else ""
     return (f"root ::= analysis? (call{answer})\n"
-            f'analysis ::= {channel} "analysis" {message} !{end}* {end} {start} "assistant"\n'
+            f'analysis ::= {channel} "analysis" {message} !{end}{bound} {end} {start} "assistant"\n'
             f'call ::= {channel} "commentary to=functions." ({calls})\n' + rules)
 
 

@@ -55,9 +55,10 @@ class ToolPlan:
         return read_answer(text, finish_reason)
 
 
-def plan(req: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | None:
+def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int = -1) -> ToolPlan | None:
     """What the request's tools ask of the answer; None when no tool may be called. With `native`
-    the answer is held to the model's own format, else to EIE's."""
+    the answer is held to the model's own format, else to EIE's (`think_budget`: the tokens a
+    format whose grammar holds the thinking, gpt-oss's, lets it have; -1: no bound)."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
@@ -101,7 +102,7 @@ def plan(req: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | Non
         if i not in callable_tools and tool.function.parameters is not None:
             _convert(tool.function.parameters, {"": i})
     if native is not None:
-        return _native_plan(req, native, mode, callable_tools, req.parallel_tool_calls and named is None)
+        return _native_plan(req, native, mode, callable_tools, req.parallel_tool_calls and named is None, think_budget)
     calls = [{"type": "object", "properties": {"name": {"const": req.tools[i].function.name},
                                                 "arguments": {OWN_ROOT: _parameters(req.tools[i])}},
               "required": ["name", "arguments"]} for i in callable_tools]
@@ -119,7 +120,7 @@ def plan(req: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | Non
 
 
 def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_tools: list[int],
-                 parallel: bool) -> ToolPlan:
+                 parallel: bool, think_budget: int) -> ToolPlan:
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
     builders = {"qwen3-coder": partial(native_grammars.xml_grammar, native),
@@ -127,7 +128,7 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native),
                 "lfm2": partial(pythonic_calls.grammar, native.open_token, native.close_token),
-                "harmony": partial(native_grammars.harmony_grammar, native, mode == "auto")}
+                "harmony": partial(native_grammars.harmony_grammar, native, mode == "auto", think_budget)}
     if native.name in builders:  # calls that are not JSON objects: each function's arguments apart
         try:
             gbnf = builders[native.name]([(req.tools[i].function.name, _parameters(req.tools[i]))

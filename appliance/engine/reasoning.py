@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .sampling import SamplingParams, ThinkBudget
-from .schema_grammar import never_spelling
+from .schema_grammar import MAX_REPEAT, never_spelling
 from .text import partial_suffix
 
 if TYPE_CHECKING:
@@ -148,7 +148,6 @@ def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams
 
 # The GBNF identifiers `root` outside literals and classes (to rename a grammar's start symbol).
 _GBNF_ROOT = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])|(?<![\w-])root(?![\w-])')
-MAX_GRAMMAR_REPEAT = 2000  # llama.cpp reads a larger repetition bound as unbounded
 
 
 def think_first(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, budget: int) -> SamplingParams:
@@ -179,7 +178,7 @@ def thinking_grammar(vocab: Vocab, tags: Tags, grammar: str, budget: int = -1) -
     open_, _ = tokens(tags.open)
     close, close_ids = tokens(tags.close)
     if len(close_ids) == 1:
-        bound = f"{{0,{budget}}}" if 0 <= budget <= MAX_GRAMMAR_REPEAT else "*"
+        bound = f"{{0,{budget}}}" if 0 <= budget <= MAX_REPEAT else "*"
         body = f"!{close}{bound}"
     else:  # not one token: anything that does not spell it, unbounded
         body = f"({never_spelling(tags.close)})*"

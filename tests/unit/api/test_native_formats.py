@@ -391,5 +391,7 @@ def test_gpt_oss_answers_split_into_analysis_and_a_call_or_the_final_answer(text
     pieces += reader.take_calls()
     assert (thoughts + (parts.reasoning or "") or None, texts + (parts.content or "") or None) == (thought, content)
     assert "".join(p.arguments for p in pieces) == (whole.tool_calls[0].function.arguments if call else "")
-    named = tools.plan(request(tools=[WEATHER], tool_choice="required"), GPT_OSS)
+    named = tools.plan(request(tools=[WEATHER], tool_choice="required"), GPT_OSS, think_budget=64)
     assert named.grammar.startswith("root ::= analysis? (call)\n")
+    assert 'analysis ::= <[6]> "analysis" <[7]> !<[8]>{0,64} <[8]> <[9]> "assistant"' in named.grammar  # the budget
+    grammar.check(None, named.grammar)
