@@ -24,6 +24,7 @@ MISTRAL_TOKENS = {8: "[TOOL_CALLS]", 7: "[ARGS]", 6: "[CALL_ID]"}
 GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>', 12: "<|channel>", 13: "<channel|>"}
 FUNCTIONGEMMA_TOKENS = {9: "<start_function_call>", 10: "<end_function_call>", 11: "<escape>"}
 LFM2_TOKENS = {9: "<|tool_call_start|>", 10: "<|tool_call_end|>"}
+GRANITE_TOKENS = {9: "<|tool_call|>"}
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -158,6 +159,22 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {%- endfor %}
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}
 {#- earlier thinking: <|start|>assistant<|channel|>analysis<|message|>...<|end|> #}"""
+
+
+# Granite 3.x's form (IBM): the tools listed in their own turn, every message its content only (a
+# call is written into the assistant's content as <|tool_call|> and a JSON list).
+GRANITE_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+You are a helpful assistant with access to the following tools. When a tool is required to answer \
+the user's query, respond only with <|tool_call|> followed by a JSON list of tools used.<|im_end|>
+<|im_start|>available_tools
+{{ tools | tojson(indent=4) }}<|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
 
 
 QWEN3_CODER_TEMPLATE = """\
@@ -373,6 +390,10 @@ def write_functiongemma_smollm2(dst: Path) -> Path:
 
 def write_gpt_oss_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, HARMONY_TOKENS, CONTROL)
+
+
+def write_granite_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, GRANITE_TOKENS, CONTROL)
 
 
 def write_lfm2_smollm2(dst: Path) -> Path:

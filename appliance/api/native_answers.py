@@ -166,17 +166,20 @@ def _xml_arguments_so_far(shape: XmlShape, body: str, props: dict[str, Any]) -> 
     return text + key + ": " + json.dumps(raw, ensure_ascii=False)[:-1]
 
 
-def _mistral(fmt: NativeFormat, text: str) -> list[Begun]:
-    """Mistral's calls, each once it is whole (the id the model may write comes after the arguments)."""
-    i = skip_blanks(text, len(MISTRAL_OPEN))
+def _json_list(fmt: NativeFormat, text: str) -> list[Begun]:
+    """Calls in a JSON list after the format's marker (Mistral's, Granite's). Mistral's each go out
+    once whole: the id the model may write comes after the arguments."""
+    i = skip_blanks(text, len(fmt.marker))
     if i == len(text):
         return []
     found, end = elements(text, i)
     out = []
     for start, stop in found:
-        if stop is None:
+        if stop is None and fmt.name == "mistral":
             break
         call, _ = json_call(text, start)
+        if call is None:
+            break
         out.append(replace(call, call_id=_model_id(fmt, call.call_id)))
     if end is not None and text[end:].strip():
         raise ValueError("text after the calls")
@@ -255,8 +258,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _hermes(text)
     if fmt.name in XML_SHAPES:
         return _xml_calls(XML_SHAPES[fmt.name], text, tools)
-    if fmt.name == "mistral":
-        return _mistral(fmt, text)
+    if fmt.name in ("mistral", "granite"):
+        return _json_list(fmt, text)
     if fmt.name == "mistral-args":
         return _mistral_args(fmt, text)
     if fmt.tags is not None:

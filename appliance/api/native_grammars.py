@@ -63,7 +63,7 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
         more = ' ("\\n" tagged-call)*' if parallel else ""
         return (f"root ::= tagged-call{more}\n"
                 f'tagged-call ::= "{HERMES_OPEN}" "\\n"? call "\\n"? "{HERMES_CLOSE}"\n' + calls)
-    if fmt.name == "mistral":
+    if fmt.name in ("mistral", "granite"):
         more = ' ("," " "? call)*' if parallel else ""
         return f'root ::= <[{fmt.open_token}]> "[" call{more} "]"\n' + calls
     if fmt.name == "llama3":

@@ -27,6 +27,8 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
 - harmony: gpt-oss's `<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}`
   after its analysis channel (the reasoning, engine/reasoning.py), one call a message; its grammar
   holds the whole answer (analysis, then the call or, under `auto`, the final channel);
+- granite: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]` (Granite 3.x), whose
+  templates render only content, as LFM2's;
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -63,6 +65,7 @@ from .schemas import ChatMessage, ChatRequest
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2_CLOSE, pythonic_calls.LFM2_SIGN
 # gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
+GRANITE_OPEN = "<|tool_call|>"  # Granite 3.x: a JSON list of calls after it
 HARMONY_TAGS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
 HARMONY_CALL = "<|channel|>commentary to=functions."
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -94,7 +97,7 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    name: str  # hermes, qwen3-coder, glm, lfm2, mistral, mistral-args, gemma4, functiongemma, llama3, harmony
+    name: str  # hermes, qwen3-coder, glm, lfm2, granite, mistral, mistral-args, gemma4, functiongemma, llama3, harmony
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
@@ -119,7 +122,7 @@ class NativeFormat:
         if self.tags is not None:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
-                "harmony": HARMONY_CALL, "mistral": MISTRAL_OPEN,
+                "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN}.get(self.name)
 
     @property
@@ -181,6 +184,9 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     if "<|channel|>commentary" in template_source and "<|call|>" in template_source:  # gpt-oss
         tokens = tuple(_one_token(vocab, tag) for tag in HARMONY_TAGS)
         return NativeFormat("harmony", tag_tokens=tokens) if None not in tokens else None
+    if GRANITE_OPEN in template_source:
+        token = _one_token(vocab, GRANITE_OPEN)
+        return NativeFormat("granite", token) if token is not None else None
     if LFM2_SIGN in template_source:
         open_token, close_token = _one_token(vocab, LFM2_OPEN), _one_token(vocab, LFM2_CLOSE)
         if open_token is None or close_token is None:
@@ -232,10 +238,9 @@ def conversation(fmt: NativeFormat, messages: list[dict[str, str]], raw: list[Ch
     out: list[dict[str, Any]] = []
     unanswered: list[dict[str, Any]] = []
     for msg, plain in zip(raw, messages):
-        if msg.role == "assistant" and msg.tool_calls and fmt.name == "lfm2":  # its template renders content only
-            written = pythonic_calls.written([(c.function.name, arguments_value(c.function.arguments))
-                                              for c in msg.tool_calls])
-            out.append({"role": "assistant", "content": (plain["content"] or "") + written})
+        if msg.role == "assistant" and msg.tool_calls and fmt.name in CONTENT_ONLY:  # calls written into the content
+            calls = [(c.function.name, arguments_value(c.function.arguments)) for c in msg.tool_calls]
+            out.append({"role": "assistant", "content": (plain["content"] or "") + CONTENT_ONLY[fmt.name](calls)})
         elif msg.role == "assistant" and msg.tool_calls:
             calls = [{"id": fix_id(c.id or f"call_{k}"), "type": "function",
                       "function": {"name": c.function.name, "arguments": arguments_value(c.function.arguments)}}
@@ -251,6 +256,15 @@ def conversation(fmt: NativeFormat, messages: list[dict[str, str]], raw: list[Ch
         else:
             out.append(plain)
     return out
+
+
+def _granite_written(calls: list[tuple[str, Any]]) -> str:
+    return GRANITE_OPEN + json.dumps([{"name": name, "arguments": args} for name, args in calls], ensure_ascii=False)
+
+
+# Formats whose templates render only a message's content: earlier calls are written into it, as
+# the model writes them.
+CONTENT_ONLY = {"lfm2": pythonic_calls.written, "granite": _granite_written}
 
 
 def _answered(unanswered: list[dict[str, Any]], name: str | None) -> str | None:

@@ -20,6 +20,7 @@ GEMMA4 = NativeFormat("gemma4", 9, close_token=10, quote_token=11)
 FUNCTIONGEMMA = NativeFormat("functiongemma", 9, close_token=10)
 LFM2 = NativeFormat("lfm2", 9, close_token=10)
 GLM = NativeFormat("glm", 7)
+GRANITE = NativeFormat("granite", 9)
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -39,6 +40,8 @@ ANSWERS = [
              '<tool_call|>', None),
     (FUNCTIONGEMMA, "<start_function_call>call:w{city:<escape>Oslo<escape>,n:[1,2]}<end_function_call>", None),
     (LFM2, 'Sure.<|tool_call_start|>[w(city="Oslo", n=[1, 2]), write(text="a\\nb")]<|tool_call_end|>', "Sure."),
+    (GRANITE, 'Sure.<|tool_call|>[{"name": "w", "arguments": {"city": "Oslo"}}, {"name": "write", "arguments": '
+              '{"text": "a"}}]', "Sure."),
     (GLM, "<tool_call>write\n<arg_key>lines</arg_key>\n<arg_value>2</arg_value>\n<arg_key>text</arg_key>\n"
           "<arg_value>one\ntwo</arg_value>\n</tool_call>", None),
 ]
@@ -83,7 +86,7 @@ def test_streamed_calls_add_up_to_the_calls_read_whole(fmt, text, content, size)
 
 
 @pytest.mark.parametrize(("fmt", "text", "content"),
-                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM)],
+                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, GRANITE)],
                          ids=lambda v: getattr(v, "name", None))
 def test_arguments_go_out_while_the_call_is_written(fmt, text, content):
     *_, deltas = stream(fmt, text, 1)

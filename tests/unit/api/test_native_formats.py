@@ -82,6 +82,8 @@ class FakeVocab:
      FakeVocab("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>"),
      NativeFormat("harmony", tag_tokens=(100, 101, 102, 103, 104))),
     ("{{ tools }} <|channel|>commentary <|call|>", FakeVocab("<|channel|>", "<|message|>"), None),
+    ("{{ tools }} respond only with <|tool_call|> followed by a JSON list", FakeVocab("<|tool_call|>"),
+     NativeFormat("granite", 100)),
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
     assert native_tools.detect(template, vocab) == expected
@@ -395,3 +397,15 @@ def test_gpt_oss_answers_split_into_analysis_and_a_call_or_the_final_answer(text
     assert named.grammar.startswith("root ::= analysis? (call)\n")
     assert 'analysis ::= <[6]> "analysis" <[7]> !<[8]>{0,64} <[8]> <[9]> "assistant"' in named.grammar  # the budget
     grammar.check(None, named.grammar)
+
+
+def test_granite_history_writes_calls_into_the_content_as_its_json_list():
+    calls = [ToolCall(id="call_1", function=FunctionCall("w", '{"city": "Oslo"}'))]
+    raw = [ChatMessage("user", "hi"), ChatMessage("assistant", None, tool_calls=calls), ChatMessage("tool", "cold")]
+    plain = [{"role": m.role, "content": m.content or ""} for m in raw]
+    out = native_tools.conversation(NativeFormat("granite", 9), plain, raw)
+    assert out[1] == {"role": "assistant", "content": '<|tool_call|>[{"name": "w", "arguments": {"city": "Oslo"}}]'}
+    plan = tools.plan(request(tools=[WEATHER]), NativeFormat("granite", 9))
+    assert plan.grammar.startswith('root ::= <[9]> "[" call ("," " "? call)* "]"\n') and plan.triggers == (9,)
+    assert '"\\"id\\""' not in plan.grammar  # Mistral's calls may carry an id; Granite's do not
+    grammar.check(None, plan.grammar)
