@@ -25,6 +25,7 @@ GEMMA4_TOKENS = {9: "<|tool_call>", 10: "<tool_call|>", 11: '<|"|>', 12: "<|chan
 FUNCTIONGEMMA_TOKENS = {9: "<start_function_call>", 10: "<end_function_call>", 11: "<escape>"}
 LFM2_TOKENS = {9: "<|tool_call_start|>", 10: "<|tool_call_end|>"}
 GRANITE_TOKENS = {9: "<|tool_call|>"}
+NEMOTRON_TOKENS = {9: "<TOOLCALL>", 10: "</TOOLCALL>"}
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -173,6 +174,28 @@ the user's query, respond only with <|tool_call|> followed by a JSON list of too
 {%- for m in messages %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
 {% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+# Nemotron Nano 2's form (NVIDIA): the tools in the system turn, calls as a JSON list between its tags.
+NEMOTRON_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+<AVAILABLE_TOOLS>[{% for t in tools %}{{ t | tojson }}{{ ", " if not loop.last }}{% endfor %}]</AVAILABLE_TOOLS>
+
+If you decide to call any tool(s), use the following format:
+<TOOLCALL>[{"name": "tool_name1", "arguments": "tool_args1"}]</TOOLCALL><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+<TOOLCALL>[{% for c in m.tool_calls %}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\
+{{ ", " if not loop.last }}{% endfor %}]</TOOLCALL><|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>user
+<TOOL_RESPONSE>[{{ m.content }}]</TOOL_RESPONSE><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
@@ -394,6 +417,10 @@ def write_gpt_oss_smollm2(dst: Path) -> Path:
 
 def write_granite_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, GRANITE_TOKENS, CONTROL)
+
+
+def write_nemotron_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, NEMOTRON_TOKENS, CONTROL)
 
 
 def write_lfm2_smollm2(dst: Path) -> Path:

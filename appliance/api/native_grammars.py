@@ -11,8 +11,8 @@ from typing import Any, Callable
 from ..engine import gemma_notation
 from ..engine.schema_grammar import MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, values_gbnf
 from .native_answers import xml_written_as_text
-from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
-                           XML_PARAMETER, NativeFormat)
+from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN,
+                           NEMOTRON_CLOSE, XML_FUNCTION, XML_PARAMETER, NativeFormat)
 
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 
@@ -63,9 +63,12 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
         more = ' ("\\n" tagged-call)*' if parallel else ""
         return (f"root ::= tagged-call{more}\n"
                 f'tagged-call ::= "{HERMES_OPEN}" "\\n"? call "\\n"? "{HERMES_CLOSE}"\n' + calls)
-    if fmt.name in ("mistral", "granite"):
+    if fmt.name in ("mistral", "granite", "nemotron"):
         more = ' ("," " "? call)*' if parallel else ""
-        return f'root ::= <[{fmt.open_token}]> "[" call{more} "]"\n' + calls
+        close = ""
+        if fmt.name == "nemotron":
+            close = f" <[{fmt.close_token}]>" if fmt.close_token is not None else f' "{NEMOTRON_CLOSE}"'
+        return f'root ::= <[{fmt.open_token}]> "[" call{more} "]"{close}\n' + calls
     if fmt.name == "llama3":
         free = ' | ([^{] [^\\x00]*)?' if auto else ""
         return f"root ::= call{free}\n" + calls

@@ -21,6 +21,7 @@ FUNCTIONGEMMA = NativeFormat("functiongemma", 9, close_token=10)
 LFM2 = NativeFormat("lfm2", 9, close_token=10)
 GLM = NativeFormat("glm", 7)
 GRANITE = NativeFormat("granite", 9)
+NEMOTRON = NativeFormat("nemotron", 9, close_token=10)
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -42,6 +43,8 @@ ANSWERS = [
     (LFM2, 'Sure.<|tool_call_start|>[w(city="Oslo", n=[1, 2]), write(text="a\\nb")]<|tool_call_end|>', "Sure."),
     (GRANITE, 'Sure.<|tool_call|>[{"name": "w", "arguments": {"city": "Oslo"}}, {"name": "write", "arguments": '
               '{"text": "a"}}]', "Sure."),
+    (NEMOTRON, 'On it.\n<TOOLCALL>[{"name": "w", "arguments": {"city": "Oslo"}}, {"name": "write", "arguments": '
+               '{"text": "a"}}]</TOOLCALL>', "On it."),
     (GLM, "<tool_call>write\n<arg_key>lines</arg_key>\n<arg_value>2</arg_value>\n<arg_key>text</arg_key>\n"
           "<arg_value>one\ntwo</arg_value>\n</tool_call>", None),
 ]

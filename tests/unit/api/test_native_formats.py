@@ -84,6 +84,9 @@ class FakeVocab:
     ("{{ tools }} <|channel|>commentary <|call|>", FakeVocab("<|channel|>", "<|message|>"), None),
     ("{{ tools }} respond only with <|tool_call|> followed by a JSON list", FakeVocab("<|tool_call|>"),
      NativeFormat("granite", 100)),
+    ("{{ tools }} <TOOLCALL>[...]</TOOLCALL>", FakeVocab("<TOOLCALL>", "</TOOLCALL>"),
+     NativeFormat("nemotron", 100, close_token=101)),
+    ("{{ tools }} <TOOLCALL>[...]</TOOLCALL>", FakeVocab("<TOOLCALL>"), NativeFormat("nemotron", 100)),
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
     assert native_tools.detect(template, vocab) == expected
