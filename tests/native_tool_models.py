@@ -26,6 +26,8 @@ FUNCTIONGEMMA_TOKENS = {9: "<start_function_call>", 10: "<end_function_call>", 1
 LFM2_TOKENS = {9: "<|tool_call_start|>", 10: "<|tool_call_end|>"}
 GRANITE_TOKENS = {9: "<|tool_call|>"}
 NEMOTRON_TOKENS = {9: "<TOOLCALL>", 10: "</TOOLCALL>"}
+COMMAND_R_TOKENS = {9: "<|START_ACTION|>", 10: "<|END_ACTION|>", 11: "<|START_THINKING|>", 12: "<|END_THINKING|>",
+                    13: "<|START_RESPONSE|>", 14: "<|END_RESPONSE|>"}
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -192,6 +194,41 @@ If you decide to call any tool(s), use the following format:
 {{ ", " if not loop.last }}{% endfor %}]</TOOLCALL><|im_end|>
 {% elif m.role == 'tool' %}<|im_start|>user
 <TOOL_RESPONSE>[{{ m.content }}]</TOOL_RESPONSE><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+# Command R7B's form (Cohere): a plan in <|START_THINKING|>, calls as a JSON list of numbered
+# {tool_call_id, tool_name, parameters} in <|START_ACTION|>, an answer in <|START_RESPONSE|>.
+COMMAND_R_TEMPLATE = """\
+{%- set ns = namespace(idx=0) -%}
+{%- if tools %}<|im_start|>system
+## Available Tools
+```json
+[{% for t in tools %}{{ t | tojson }}{{ ", " if not loop.last }}{% endfor %}]
+```
+0. Start by writing <|START_THINKING|> followed by a plan. When you finish, close it out with <|END_THINKING|>.
+1. Action: write <|START_ACTION|> followed by a list of JSON-formatted tool calls, with each one containing \
+"tool_name" and "parameters" fields. When you finish, close it out with <|END_ACTION|>.
+4. Response: write <|START_RESPONSE|> followed by the answer, closed with <|END_RESPONSE|>.<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+<|START_THINKING|>{{ m.reasoning_content }}<|END_THINKING|><|START_ACTION|>[
+{%- for tc in m.tool_calls %}
+    {"tool_call_id": "{{ ns.idx }}", "tool_name": "{{ tc['function']['name'] }}", "parameters": \
+{{ tc['function']['arguments'] | tojson }}}{% if not loop.last %},{% endif %}{% set ns.idx = ns.idx + 1 %}
+{%- endfor %}
+]<|END_ACTION|><|im_end|>
+{% elif m.role == 'assistant' %}<|im_start|>assistant
+<|START_RESPONSE|>{{ m.content }}<|END_RESPONSE|><|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>system
+<|START_TOOL_RESULT|>[{"tool_call_id": "{{ m.tool_call_id }}", "results": {"0": {{ m.content | tojson }}}}]\
+<|END_TOOL_RESULT|><|im_end|>
 {% else %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
 {% endif %}
@@ -421,6 +458,10 @@ def write_granite_smollm2(dst: Path) -> Path:
 
 def write_nemotron_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, NEMOTRON_TOKENS, CONTROL)
+
+
+def write_command_r_smollm2(dst: Path) -> Path:
+    return retokened_smollm2(dst, COMMAND_R_TOKENS, CONTROL)
 
 
 def write_lfm2_smollm2(dst: Path) -> Path:

@@ -202,12 +202,13 @@ def elements(text: str, i: int) -> tuple[list[Span], int | None]:
     return found, None
 
 
-def json_call(text: str, i: int, args_keys: tuple[str, ...] = ("arguments",)) -> tuple[Begun | None, int | None]:
-    """The call written as a JSON object at `i` ({"name": ..., "arguments": {...}}, the arguments
-    under the first of `args_keys` it has) and where the object ends; None while its name is not
-    whole. ValueError where a closed object is not a call."""
+def json_call(text: str, i: int, args_keys: tuple[str, ...] = ("arguments",),
+              name_key: str = "name") -> tuple[Begun | None, int | None]:
+    """The call written as a JSON object at `i` ({"name": ..., "arguments": {...}}, the name under
+    `name_key`, the arguments under the first of `args_keys` it has) and where the object ends;
+    None while its name is not whole. ValueError where a closed object is not a call."""
     found, end = members(text, i)
-    name_at = found.get("name")
+    name_at = found.get(name_key)
     if name_at is None or name_at[1] is None:
         if end is not None:
             raise ValueError("a call without a name")

@@ -15,8 +15,7 @@ from . import pythonic_calls
 from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, skip_blanks, tool_calls,
                           value_end)
 from .native_tools import (GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, LFM2_CLOSE, LFM2_OPEN,
-                           MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, NEMOTRON_CLOSE, XML_FUNCTION,
-                           NativeFormat)
+                           MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, XML_FUNCTION, NativeFormat)
 from .schemas import ToolCall
 
 _HARMONY_HEAD = re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>)?\s*json\s*<\|message\|>")
@@ -168,8 +167,8 @@ def _xml_arguments_so_far(shape: XmlShape, body: str, props: dict[str, Any]) -> 
 
 
 def _json_list(fmt: NativeFormat, text: str) -> list[Begun]:
-    """Calls in a JSON list after the format's marker (Mistral's, Granite's, Nemotron's, which
-    closes it with its tag). Mistral's each go out
+    """Calls in a JSON list after the format's marker (Mistral's, Granite's; Nemotron's and Command
+    R's, which close it with their tag). Mistral's each go out
     once whole: the id the model may write comes after the arguments."""
     i = skip_blanks(text, len(fmt.marker))
     if i == len(text):
@@ -179,12 +178,12 @@ def _json_list(fmt: NativeFormat, text: str) -> list[Begun]:
     for start, stop in found:
         if stop is None and fmt.name == "mistral":
             break
-        call, _ = json_call(text, start)
+        call, _ = json_call(text, start, (fmt.args_key,), fmt.name_key)
         if call is None:
             break
         out.append(replace(call, call_id=_model_id(fmt, call.call_id)))
-    if end is not None and text[end:].strip() and not (fmt.name == "nemotron" and NEMOTRON_CLOSE.startswith(
-            text[end:].strip())):
+    rest = text[end:].strip() if end is not None else ""
+    if rest and not (fmt.list_close is not None and fmt.list_close.startswith(rest)):
         raise ValueError("text after the calls")
     return out
 
@@ -261,7 +260,7 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _hermes(text)
     if fmt.name in XML_SHAPES:
         return _xml_calls(XML_SHAPES[fmt.name], text, tools)
-    if fmt.name in ("mistral", "granite", "nemotron"):
+    if fmt.name in ("mistral", "granite", "nemotron", "command-r"):
         return _json_list(fmt, text)
     if fmt.name == "mistral-args":
         return _mistral_args(fmt, text)

@@ -11,8 +11,8 @@ from typing import Any, Callable
 from ..engine import gemma_notation
 from ..engine.schema_grammar import MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, values_gbnf
 from .native_answers import xml_written_as_text
-from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN,
-                           NEMOTRON_CLOSE, XML_FUNCTION, XML_PARAMETER, NativeFormat)
+from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
+                           XML_PARAMETER, NativeFormat)
 
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 
@@ -48,10 +48,14 @@ XML_FRAMES = {
 
 def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]:
     """The JSON object of one call to `name` in `fmt` (not mistral-args, whose calls are not objects)."""
-    properties: dict[str, Any] = {"name": {"const": name}, fmt.args_key: parameters}
+    properties: dict[str, Any] = {fmt.name_key: {"const": name}, fmt.args_key: parameters}
     if fmt.name == "mistral":  # the model may write the id its template showed it in earlier calls
         properties["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
-    return {"type": "object", "properties": properties, "required": ["name", fmt.args_key]}
+    required = [fmt.name_key, fmt.args_key]
+    if fmt.name == "command-r":  # its calls are numbered first, as its template writes them
+        properties = {"tool_call_id": {"type": "string", "pattern": "^[0-9]{1,3}$"}, **properties}
+        required.insert(0, "tool_call_id")
+    return {"type": "object", "properties": properties, "required": required}
 
 
 def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> str:
@@ -63,12 +67,14 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
         more = ' ("\\n" tagged-call)*' if parallel else ""
         return (f"root ::= tagged-call{more}\n"
                 f'tagged-call ::= "{HERMES_OPEN}" "\\n"? call "\\n"? "{HERMES_CLOSE}"\n' + calls)
-    if fmt.name in ("mistral", "granite", "nemotron"):
-        more = ' ("," " "? call)*' if parallel else ""
+    if fmt.name in ("mistral", "granite", "nemotron", "command-r"):
+        space = ' "\\n"{0,2} " "{0,8}' if fmt.name == "command-r" else ""  # its template writes the list on lines
+        between = space.strip() or '" "?'
+        more = f' ("," {between} call)*' if parallel else ""
         close = ""
-        if fmt.name == "nemotron":
-            close = f" <[{fmt.close_token}]>" if fmt.close_token is not None else f' "{NEMOTRON_CLOSE}"'
-        return f'root ::= <[{fmt.open_token}]> "[" call{more} "]"{close}\n' + calls
+        if fmt.list_close is not None:
+            close = f" <[{fmt.close_token}]>" if fmt.close_token is not None else f" {literal(fmt.list_close)}"
+        return f'root ::= <[{fmt.open_token}]> "["{space} call{more}{space} "]"{close}\n' + calls
     if fmt.name == "llama3":
         free = ' | ([^{] [^\\x00]*)?' if auto else ""
         return f"root ::= call{free}\n" + calls

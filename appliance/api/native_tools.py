@@ -30,6 +30,8 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
 - granite: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]` (Granite 3.x), whose
   templates render only content, as LFM2's;
 - nemotron: `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>` (Nemotron Nano 2);
+- command-r: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`
+  (Command R7B), after its plan in `<|START_THINKING|>` (its reasoning, engine/reasoning.py);
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -68,6 +70,7 @@ LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2
 # gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
 GRANITE_OPEN = "<|tool_call|>"  # Granite 3.x: a JSON list of calls after it
 NEMOTRON_OPEN, NEMOTRON_CLOSE = "<TOOLCALL>", "</TOOLCALL>"  # Nemotron Nano 2: a JSON list between them
+COMMAND_R_OPEN, COMMAND_R_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"  # Command R7B: the same, its own keys
 HARMONY_TAGS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
 HARMONY_CALL = "<|channel|>commentary to=functions."
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -99,19 +102,30 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    # hermes, qwen3-coder, glm, lfm2, granite, nemotron, mistral, mistral-args, gemma4, functiongemma, llama3, harmony
+    # hermes, qwen3-coder, glm, lfm2, granite, nemotron, command-r, mistral, mistral-args, gemma4, functiongemma,
+    # llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
-    close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron: the calls' one
+    close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
     tag_tokens: tuple[int, ...] = ()  # glm: its tags that are tokens; harmony: HARMONY_TAGS' (written out)
 
     @property
     def args_key(self) -> str:
         """The key of a call's arguments in its JSON object."""
-        return "parameters" if self.name == "llama3" else "arguments"
+        return "parameters" if self.name in ("llama3", "command-r") else "arguments"
+
+    @property
+    def name_key(self) -> str:
+        """The key of a call's function name in its JSON object."""
+        return "tool_name" if self.name == "command-r" else "name"
+
+    @property
+    def list_close(self) -> str | None:
+        """The tag that closes a JSON list of calls (Nemotron's, Command R's; None: none does)."""
+        return {"nemotron": NEMOTRON_CLOSE, "command-r": COMMAND_R_CLOSE}.get(self.name)
 
     @property
     def parallel(self) -> bool:
@@ -125,7 +139,8 @@ class NativeFormat:
         if self.tags is not None:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
-                "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN, "mistral": MISTRAL_OPEN,
+                "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
+                "command-r": COMMAND_R_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN}.get(self.name)
 
     @property
@@ -187,6 +202,9 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     if "<|channel|>commentary" in template_source and "<|call|>" in template_source:  # gpt-oss
         tokens = tuple(_one_token(vocab, tag) for tag in HARMONY_TAGS)
         return NativeFormat("harmony", tag_tokens=tokens) if None not in tokens else None
+    if COMMAND_R_OPEN in template_source and COMMAND_R_CLOSE in template_source:
+        token, close = _one_token(vocab, COMMAND_R_OPEN), _one_token(vocab, COMMAND_R_CLOSE)
+        return NativeFormat("command-r", token, close_token=close) if token is not None else None
     if NEMOTRON_OPEN in template_source and NEMOTRON_CLOSE in template_source:
         token = _one_token(vocab, NEMOTRON_OPEN)
         close = _one_token(vocab, NEMOTRON_CLOSE)

@@ -54,6 +54,9 @@ THINK = Tags("<think>", "</think>", "\n</think>\n\n")
 GEMMA4 = Tags("<|channel>thought", "<channel|>", "<channel|>", ("<|channel>thought", "<|channel>", "<channel|>"))
 # gpt-oss's harmony format: the analysis channel is the reasoning, the final channel the answer.
 _HARMONY_FINAL = "<|start|>assistant<|channel|>final<|message|>"
+# Command R7B plans in a thinking block, and answers in a response block whose tags are not text.
+COMMAND_R = Tags("<|START_THINKING|>", "<|END_THINKING|>", "<|END_THINKING|>", ("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+                 ("<|START_RESPONSE|>", "<|END_RESPONSE|>"))
 HARMONY = Tags("<|channel|>analysis<|message|>", "<|end|>", "<|end|>" + _HARMONY_FINAL,
                (_HARMONY_FINAL, "<|channel|>final<|message|>", "<|start|>assistant", "<|end|>", "<|return|>"),
                ("<|start|>", "<|return|>"))
@@ -61,7 +64,7 @@ HARMONY = Tags("<|channel|>analysis<|message|>", "<|end|>", "<|end|>" + _HARMONY
 
 def tags_of(template_source: str) -> Tags | None:
     """The think block's tags the chat template knows (None: it has no think block)."""
-    for tags in (THINK, GEMMA4, HARMONY):
+    for tags in (THINK, GEMMA4, HARMONY, COMMAND_R):
         if tags.open in template_source and tags.close in template_source:
             return tags
     return None

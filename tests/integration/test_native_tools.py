@@ -19,9 +19,9 @@ from appliance.api.native_tools import mistral_id
 from native_tool_models import (FUNCTIONGEMMA_TEMPLATE, GEMMA4_TEMPLATE, GLM_TEMPLATE, GPT_OSS_TEMPLATE,
                                 GRANITE_TEMPLATE, HERMES_TEMPLATE, LFM2_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_ARGS_TEMPLATE,
                                 MISTRAL_TEMPLATE, NEMOTRON_TEMPLATE, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN,
-                                write_functiongemma_smollm2, write_gemma4_smollm2, write_gpt_oss_smollm2,
-                                write_granite_smollm2, write_hermes_smollm2, write_lfm2_smollm2, write_mistral_smollm2,
-                                write_nemotron_smollm2)
+                                COMMAND_R_TEMPLATE, write_command_r_smollm2, write_functiongemma_smollm2,
+                                write_gemma4_smollm2, write_gpt_oss_smollm2, write_granite_smollm2, write_hermes_smollm2,
+                                write_lfm2_smollm2, write_mistral_smollm2, write_nemotron_smollm2)
 from tool_requests import TOOLS, WEATHER, streamed_calls
 
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
@@ -37,6 +37,7 @@ def server(server_factory, tmp_path_factory):
     gpt_oss = write_gpt_oss_smollm2(tmp_path_factory.mktemp("gpt-oss") / "smollm2-gpt-oss.gguf")
     granite = write_granite_smollm2(tmp_path_factory.mktemp("granite") / "smollm2-granite.gguf")
     nemotron = write_nemotron_smollm2(tmp_path_factory.mktemp("nemotron") / "smollm2-nemotron.gguf")
+    command_r = write_command_r_smollm2(tmp_path_factory.mktemp("command-r") / "smollm2-command-r.gguf")
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
@@ -50,6 +51,7 @@ def server(server_factory, tmp_path_factory):
                    model_entry("gpt-oss", gpt_oss, n_parallel=1, chat_template=GPT_OSS_TEMPLATE),
                    model_entry("granite", granite, n_parallel=1, chat_template=GRANITE_TEMPLATE),
                    model_entry("nemotron", nemotron, n_parallel=1, chat_template=NEMOTRON_TEMPLATE),
+                   model_entry("command-r", command_r, n_parallel=1, chat_template=COMMAND_R_TEMPLATE),
                    model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
                    model_entry("functiongemma", functiongemma, n_parallel=1, chat_template=FUNCTIONGEMMA_TEMPLATE)],
     }, "native-tools")
@@ -177,12 +179,12 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "gemma4": "gemma4",
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "gemma4": "gemma4",
                      "functiongemma": "functiongemma"}
 
 
 OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "lfm2", "gpt-oss", "granite", "nemotron",
-                 "gemma4", "functiongemma")
+                 "command-r", "gemma4", "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -255,6 +257,10 @@ def test_history_renders_in_each_models_format(server, model):
         assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris", '
                 '"unit": "celsius"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>'
                 '"18 degrees, sunny"<|end|>') in text
+    elif model == "command-r":  # numbered calls in its action block
+        assert ('<|START_THINKING|><|END_THINKING|><|START_ACTION|>[    {"tool_call_id": "0", "tool_name": "get_weather", '
+                '"parameters": {"city": "Paris", "unit": "celsius"}}]<|END_ACTION|>') in text
+        assert '<|START_TOOL_RESULT|>[{"tool_call_id": "call_1", "results": {"0": "18 degrees, sunny"}}]' in text
     elif model == "nemotron":  # a JSON list between its tags
         assert ('<|im_start|>assistant\n<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", '
                 '"unit": "celsius"}}]</TOOLCALL><|im_end|>') in text

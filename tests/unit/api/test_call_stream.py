@@ -22,6 +22,7 @@ LFM2 = NativeFormat("lfm2", 9, close_token=10)
 GLM = NativeFormat("glm", 7)
 GRANITE = NativeFormat("granite", 9)
 NEMOTRON = NativeFormat("nemotron", 9, close_token=10)
+COMMAND_R = NativeFormat("command-r", 9, close_token=10)
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -45,6 +46,8 @@ ANSWERS = [
               '{"text": "a"}}]', "Sure."),
     (NEMOTRON, 'On it.\n<TOOLCALL>[{"name": "w", "arguments": {"city": "Oslo"}}, {"name": "write", "arguments": '
                '{"text": "a"}}]</TOOLCALL>', "On it."),
+    (COMMAND_R, '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "w", "parameters": {"city": "Oslo"}},\n'
+                '    {"tool_call_id": "1", "tool_name": "write", "parameters": {"text": "a"}}\n]<|END_ACTION|>', None),
     (GLM, "<tool_call>write\n<arg_key>lines</arg_key>\n<arg_value>2</arg_value>\n<arg_key>text</arg_key>\n"
           "<arg_value>one\ntwo</arg_value>\n</tool_call>", None),
 ]

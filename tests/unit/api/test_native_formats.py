@@ -87,6 +87,8 @@ class FakeVocab:
     ("{{ tools }} <TOOLCALL>[...]</TOOLCALL>", FakeVocab("<TOOLCALL>", "</TOOLCALL>"),
      NativeFormat("nemotron", 100, close_token=101)),
     ("{{ tools }} <TOOLCALL>[...]</TOOLCALL>", FakeVocab("<TOOLCALL>"), NativeFormat("nemotron", 100)),
+    ("{{ tools }} <|START_ACTION|> ... <|END_ACTION|>", FakeVocab("<|START_ACTION|>", "<|END_ACTION|>"),
+     NativeFormat("command-r", 100, close_token=101)),
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
     assert native_tools.detect(template, vocab) == expected
@@ -412,3 +414,21 @@ def test_granite_history_writes_calls_into_the_content_as_its_json_list():
     assert plan.grammar.startswith('root ::= <[9]> "[" call ("," " "? call)* "]"\n') and plan.triggers == (9,)
     assert '"\\"id\\""' not in plan.grammar  # Mistral's calls may carry an id; Granite's do not
     grammar.check(None, plan.grammar)
+
+
+def test_command_r_plans_in_its_thinking_block_then_calls_with_its_own_keys():
+    from appliance.api.chat_answer import AnswerShape
+    from appliance.engine import reasoning
+
+    fmt = NativeFormat("command-r", 9, close_token=10)
+    plan = tools.plan(request(tools=[WEATHER]), fmt)
+    assert '"\\"tool_call_id\\""' in plan.grammar and '"\\"tool_name\\""' in plan.grammar
+    assert '"\\"parameters\\""' in plan.grammar and plan.triggers == (9,)
+    grammar.check(None, plan.grammar)
+    text = ('<|START_THINKING|>I will look it up.<|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", '
+            '"tool_name": "w", "parameters": {"city": "Oslo"}}\n]<|END_ACTION|>')
+    parts = AnswerShape(plan, reasoning.COMMAND_R).whole(text, "stop")
+    assert parts.reasoning == "I will look it up." and parts.content is None and parts.finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in parts.tool_calls] == [("w", {"city": "Oslo"})]
+    answer = AnswerShape(None, reasoning.COMMAND_R).whole("<|START_RESPONSE|>It is 4.<|END_RESPONSE|>", "stop")
+    assert (answer.reasoning, answer.content) == (None, "It is 4.")  # its response tags are not text
