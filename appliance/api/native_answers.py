@@ -168,8 +168,8 @@ def _xml_arguments_so_far(shape: XmlShape, body: str, props: dict[str, Any]) -> 
 
 def _json_list(fmt: NativeFormat, text: str) -> list[Begun]:
     """Calls in a JSON list after the format's marker (Mistral's, Granite's; Nemotron's and Command
-    R's, which close it with their tag). Mistral's each go out
-    once whole: the id the model may write comes after the arguments."""
+    R's, which close it with their tag). Mistral's each go out once whole: the id the model may
+    write comes after the arguments."""
     i = skip_blanks(text, len(fmt.marker))
     if i == len(text):
         return []
