@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reasoning_templates import HARMONY_TOKENS
 from retokened_smollm2 import CONTROL, USER_DEFINED, retokened_smollm2
 
 TOOL_CALL_TOKEN = 3
@@ -440,33 +439,7 @@ def write_hermes_smollm2(dst: Path) -> Path:
     return retokened_smollm2(dst, {TOOL_CALL_TOKEN: "<tool_call>"}, USER_DEFINED)
 
 
-def write_mistral_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, MISTRAL_TOKENS, CONTROL)
-
-
-def write_functiongemma_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, FUNCTIONGEMMA_TOKENS, CONTROL)
-
-
-def write_gpt_oss_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, HARMONY_TOKENS, CONTROL)
-
-
-def write_granite_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, GRANITE_TOKENS, CONTROL)
-
-
-def write_nemotron_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, NEMOTRON_TOKENS, CONTROL)
-
-
-def write_command_r_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, COMMAND_R_TOKENS, CONTROL)
-
-
-def write_lfm2_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, LFM2_TOKENS, CONTROL)
-
-
-def write_gemma4_smollm2(dst: Path) -> Path:
-    return retokened_smollm2(dst, GEMMA4_TOKENS, CONTROL)
+def write_control_smollm2(dst: Path, tokens: dict[int, str]) -> Path:
+    """A SmolLM2 copy whose `tokens` are control tokens, as Mistral's, Gemma's, gpt-oss's, LFM2's,
+    Granite's, Nemotron's and Command R's tags are in their vocabularies."""
+    return retokened_smollm2(dst, tokens, CONTROL)

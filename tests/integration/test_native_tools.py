@@ -16,12 +16,13 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (FUNCTIONGEMMA_TEMPLATE, GEMMA4_TEMPLATE, GLM_TEMPLATE, GPT_OSS_TEMPLATE,
-                                GRANITE_TEMPLATE, HERMES_TEMPLATE, LFM2_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_ARGS_TEMPLATE,
-                                MISTRAL_TEMPLATE, NEMOTRON_TEMPLATE, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN,
-                                COMMAND_R_TEMPLATE, write_command_r_smollm2, write_functiongemma_smollm2,
-                                write_gemma4_smollm2, write_gpt_oss_smollm2, write_granite_smollm2, write_hermes_smollm2,
-                                write_lfm2_smollm2, write_mistral_smollm2, write_nemotron_smollm2)
+from native_tool_models import (COMMAND_R_TEMPLATE, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
+                                GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
+                                GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE,
+                                MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
+                                NEMOTRON_TOKENS, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN, write_control_smollm2,
+                                write_hermes_smollm2)
+from reasoning_templates import HARMONY_TOKENS
 from tool_requests import TOOLS, WEATHER, streamed_calls
 
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
@@ -30,14 +31,15 @@ CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is ma
 @pytest.fixture(scope="module")
 def server(server_factory, tmp_path_factory):
     hermes = write_hermes_smollm2(tmp_path_factory.mktemp("hermes") / "smollm2-hermes.gguf")
-    mistral = write_mistral_smollm2(tmp_path_factory.mktemp("mistral") / "smollm2-mistral.gguf")
-    gemma4 = write_gemma4_smollm2(tmp_path_factory.mktemp("gemma4") / "smollm2-gemma4.gguf")
-    functiongemma = write_functiongemma_smollm2(tmp_path_factory.mktemp("fg") / "smollm2-functiongemma.gguf")
-    lfm2 = write_lfm2_smollm2(tmp_path_factory.mktemp("lfm2") / "smollm2-lfm2.gguf")
-    gpt_oss = write_gpt_oss_smollm2(tmp_path_factory.mktemp("gpt-oss") / "smollm2-gpt-oss.gguf")
-    granite = write_granite_smollm2(tmp_path_factory.mktemp("granite") / "smollm2-granite.gguf")
-    nemotron = write_nemotron_smollm2(tmp_path_factory.mktemp("nemotron") / "smollm2-nemotron.gguf")
-    command_r = write_command_r_smollm2(tmp_path_factory.mktemp("command-r") / "smollm2-command-r.gguf")
+    models = tmp_path_factory.mktemp("tokened")
+    mistral = write_control_smollm2(models / "smollm2-mistral.gguf", MISTRAL_TOKENS)
+    gemma4 = write_control_smollm2(models / "smollm2-gemma4.gguf", GEMMA4_TOKENS)
+    functiongemma = write_control_smollm2(models / "smollm2-functiongemma.gguf", FUNCTIONGEMMA_TOKENS)
+    lfm2 = write_control_smollm2(models / "smollm2-lfm2.gguf", LFM2_TOKENS)
+    gpt_oss = write_control_smollm2(models / "smollm2-gpt-oss.gguf", HARMONY_TOKENS)
+    granite = write_control_smollm2(models / "smollm2-granite.gguf", GRANITE_TOKENS)
+    nemotron = write_control_smollm2(models / "smollm2-nemotron.gguf", NEMOTRON_TOKENS)
+    command_r = write_control_smollm2(models / "smollm2-command-r.gguf", COMMAND_R_TOKENS)
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
