@@ -4,18 +4,15 @@ schemas, so that a call's arguments fit its function's schema."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine import gemma_notation
-from ..engine.schema_grammar import MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, values_gbnf
+from ..engine.schema_grammar import (MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, renamed_root,
+                                     values_gbnf)
 from .native_answers import xml_written_as_text
 from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
                            XML_PARAMETER, NativeFormat)
-
-_ROOT = re.compile(r"^root ::= ", re.MULTILINE)
-
 
 @dataclass(frozen=True)
 class XmlFrame:
@@ -62,7 +59,7 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
     """The answer's grammar from that of one call's JSON object (start symbol `root`): one call,
     or several when `parallel`, in the format's frame. Under `auto` llama3's answer may instead be
     text that does not begin with `{` (the other formats are free until their lazy trigger)."""
-    calls = _ROOT.sub("call ::= ", call_gbnf, count=1)
+    calls = renamed_root(call_gbnf, "call")
     if fmt.name == "hermes":
         more = ' ("\\n" tagged-call)*' if parallel else ""
         return (f"root ::= tagged-call{more}\n"

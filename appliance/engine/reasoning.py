@@ -18,12 +18,11 @@ and the model goes on with its answer. Without a bound the watch still counts th
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .sampling import SamplingParams, ThinkBudget
-from .schema_grammar import MAX_REPEAT, never_spelling
+from .schema_grammar import MAX_REPEAT, never_spelling, renamed_root
 from .text import partial_suffix
 
 if TYPE_CHECKING:
@@ -149,10 +148,6 @@ def with_budget(runner: ModelRunner, prompt: list[int], sampling: SamplingParams
                    shown_tokens=sampling.shown_tokens + hidden)
 
 
-# The GBNF identifiers `root` outside literals and classes (to rename a grammar's start symbol).
-_GBNF_ROOT = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])|(?<![\w-])root(?![\w-])')
-
-
 def think_first(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, budget: int) -> SamplingParams:
     """A structured answer's grammar (response_format) with room for the think block first, where
     the model opens the block itself (Qwen3's, gpt-oss's templates) and its vocabulary has the
@@ -191,7 +186,7 @@ def thinking_grammar(vocab: Vocab, tags: Tags, grammar: str, budget: int = -1) -
         head = tokens("<|channel|>final<|message|>")[0] + " "
     else:
         block = f'{open_} {body} {close} [ \\t\\n]{{0,8}}'
-    answer = _GBNF_ROOT.sub(lambda m: m.group(1) or "answer-root", grammar)
+    answer = renamed_root(grammar, "answer-root")
     return f"root ::= think-block? {head}answer-root\nthink-block ::= {block}\n{answer}"
 
 
