@@ -242,10 +242,6 @@ class CallReader:
         self.streamer = CallStreamer(new_id) if stream_calls else None
         self.pending: list[CallDelta] = []
 
-    @property
-    def streaming(self) -> bool:
-        return self.streamer is not None
-
     def follow(self, begun: Callable[[], list[Begun]]) -> None:
         """Take in the calls begun so far (a text that does not read as calls is left to the end)."""
         if self.streamer is None:

@@ -188,6 +188,17 @@ def _json_list(fmt: NativeFormat, text: str) -> list[Begun]:
     return out
 
 
+def _json_arguments(args: str) -> tuple[str, bool]:
+    """A call's arguments written as a JSON object after its header, to the end of `args` (cut
+    anywhere): their compact text so far, and whether the object is whole. ValueError where a
+    whole one is not an object or text follows it."""
+    i = skip_blanks(args, 0)
+    end = value_end(args, i)
+    if end is not None and (args[end:].strip() or not isinstance(json.loads(args[i:end]), dict)):
+        raise ValueError("not a call's arguments")
+    return compact_json(args[i:end]), end is not None
+
+
 def _mistral_args(fmt: NativeFormat, text: str) -> list[Begun]:
     out = []
     for block in text.split(MISTRAL_OPEN)[1:]:
@@ -195,12 +206,7 @@ def _mistral_args(fmt: NativeFormat, text: str) -> list[Begun]:
         if not sep:
             break
         name, _, call_id = head.partition(MISTRAL_CALL_ID)
-        i = skip_blanks(args, 0)
-        end = value_end(args, i)
-        whole = end is not None
-        if whole and (args[end:].strip() or not isinstance(json.loads(args[i:end]), dict)):
-            raise ValueError("not a call's arguments")
-        out.append(Begun(name.strip(), compact_json(args[i:end]), whole, _model_id(fmt, call_id or None)))
+        out.append(Begun(name.strip(), *_json_arguments(args), _model_id(fmt, call_id or None)))
     return out
 
 
@@ -244,12 +250,7 @@ def _harmony(text: str) -> list[Begun]:
     if head is None:
         name = re.match(r"[^\s<]+(?=[\s<])", rest)
         return [Begun(name.group(), "", False)] if name else []
-    args = rest[head.end():].removesuffix("<|call|>")
-    i = skip_blanks(args, 0)
-    end = value_end(args, i)
-    if end is not None and (args[end:].strip() or not isinstance(json.loads(args[i:end]), dict)):
-        raise ValueError("not a call's arguments")
-    return [Begun(head.group(1), compact_json(args[i:end]), end is not None)]
+    return [Begun(head.group(1), *_json_arguments(rest[head.end():].removesuffix("<|call|>")))]
 
 
 def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None = None) -> list[Begun]:
@@ -330,17 +331,16 @@ class AnswerReader(CallReader):
     def push(self, piece: str) -> str:
         self.text += piece
         marker = self.fmt.marker
+        start = _calls_start(self.fmt, self.text)
         if marker is None:
             stripped = self.text.lstrip()
             end = 0 if not stripped or stripped.startswith("{") else len(self.text)
         else:
-            start = self.text.find(marker)
             end = start if start >= 0 else len(self.text) - partial_suffix(self.text, [marker])
             end = len(self.text[:end].rstrip())  # blanks before a call are not content
         new = self.text[self.sent:end] if end > self.sent else ""
         self.sent += len(new)
-        start = _calls_start(self.fmt, self.text)
-        if self.streaming and start >= 0:
+        if start >= 0:
             self.follow(lambda: begun_calls(self.fmt, self.text[start:], self.tools))
         return new
 

@@ -1,6 +1,6 @@
 """The grammars that hold an answer to a model's own tool-call format (api/native_tools.py says
-which formats, and reads the answers back): each built from the callable functions' parameter
-schemas, so that a call's arguments fit its function's schema."""
+which formats, api/native_answers.py reads the answers back): each built from the callable
+functions' parameter schemas, so that a call's arguments fit its function's schema."""
 
 from __future__ import annotations
 

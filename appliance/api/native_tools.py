@@ -67,10 +67,10 @@ from .schemas import ChatMessage, ChatRequest
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2_CLOSE, pythonic_calls.LFM2_SIGN
-# gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
 GRANITE_OPEN = "<|tool_call|>"  # Granite 3.x: a JSON list of calls after it
 NEMOTRON_OPEN, NEMOTRON_CLOSE = "<TOOLCALL>", "</TOOLCALL>"  # Nemotron Nano 2: a JSON list between them
 COMMAND_R_OPEN, COMMAND_R_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"  # Command R7B: the same, its own keys
+# gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
 HARMONY_TAGS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
 HARMONY_CALL = "<|channel|>commentary to=functions."
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
