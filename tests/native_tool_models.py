@@ -101,6 +101,50 @@ For each function call, output the function name and arguments within the follow
 {% endif %}"""
 
 
+# MiniCPM 5's form (its template's shape, shortened): the tools listed in the system message with
+# its usage guidelines, each call an XML element after the content, a string with `<`, `&` or a
+# newline in a CDATA block, results in the user's turn. Its tags are text, not tokens.
+MINICPM5_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}# Tools
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}</tools>
+
+Tool usage guidelines:
+- When calling a function, return an XML object within <function ... </function> using:
+<function name="function-name"><param name="param-name">param-value</param></function>
+- If param-value contains <, & or newline characters, wrap it in a CDATA block.<|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role == 'assistant' %}<|im_start|>assistant
+{{ m.content or '' }}
+{%- for c in m.tool_calls or [] %}{% if c.function %}{% set c = c.function %}{% endif %}
+{%- if (loop.first and m.content) or not loop.first %}
+{% endif %}<function name="{{ c.name }}">
+{%- for k, v in c.arguments.items() %}<param name="{{ k }}">
+{%- if v is string and ('<' in v or '&' in v or '\n' in v) %}<![CDATA[{{ v }}]]>{% else %}{{ v }}{% endif %}</param>
+{%- endfor %}</function>
+{%- endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
 # LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
 # its content only (a call is written into the assistant's content in Python's notation).
 LFM2_TEMPLATE = """\

@@ -14,7 +14,8 @@ from ..engine.text import partial_suffix
 from . import pythonic_calls
 from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, skip_blanks, tool_calls,
                           value_end)
-from .native_tools import (GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, LFM2_CLOSE, LFM2_OPEN,
+from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN,
+                           LFM2_CLOSE, LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE,
                            MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, XML_FUNCTION, NativeFormat)
 from .schemas import ToolCall
 
@@ -87,8 +88,8 @@ def _hermes(text: str) -> list[Begun]:
 
 @dataclass(frozen=True)
 class XmlShape:
-    """How a format writes a call's name and parameters inside `<tool_call>` tags, a string
-    parameter's value as its raw text and other values as JSON."""
+    """How a format writes a call's name and parameters between its tags, a string parameter's
+    value as its raw text and other values as JSON."""
 
     head: re.Pattern  # the call's body up to its name, once the name is whole (group 1)
     head_start: str  # what the body opens with before the name
@@ -97,6 +98,9 @@ class XmlShape:
     opened: re.Pattern  # a parameter up to where its value starts
     value_ends: tuple[str, ...]  # what may close a value (a tail that may be one is held back)
     framed_newline: bool  # a value's first newline is the frame's, not the value's
+    open: str = HERMES_OPEN  # what opens a call
+    close: str = HERMES_CLOSE  # what closes it
+    cdata: bool = False  # a value may be a CDATA block (MiniCPM 5's), which may hold the tags
 
 
 XML_SHAPES = {
@@ -108,16 +112,40 @@ XML_SHAPES = {
                     re.compile(r"([^<\n]+?)\s*((?:<arg_key>.*?</arg_value>\s*)*)", re.DOTALL),
                     re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
                     re.compile(r"<arg_key>([^<]*)</arg_key>\s*<arg_value>"), (GLM_VALUE_CLOSE,), False),
+    "minicpm5": XmlShape(re.compile(r'([^"<>\n]+)">'), "",
+                         re.compile(r'([^"<>\n]+)">\s*((?:<param name="[^"<>\n]+">.*?</param>\s*)*)', re.DOTALL),
+                         re.compile(r'<param name="([^"<>\n]+)">(.*?)</param>', re.DOTALL),
+                         re.compile(r'<param name="([^"<>\n]+)">'), (MINICPM_PARAM_CLOSE,), False,
+                         MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, cdata=True),
 }
+_CDATA = re.compile(r"<!\[CDATA\[.*?(?:\]\]>|\Z)", re.DOTALL)
+
+
+def _cdata_hidden(text: str) -> str:
+    """`text` with each CDATA block's characters (an open one's to the end) blanked out, at the
+    same places: the tags are found in it, the values read from `text`."""
+    return _CDATA.sub(lambda m: "\x00" * len(m.group()), text)
+
+
+def _unwrapped(raw: str) -> str:
+    """A value's text out of its CDATA block, where it is one."""
+    if raw.startswith(CDATA_OPEN) and raw.endswith(CDATA_CLOSE):
+        return raw[len(CDATA_OPEN):-len(CDATA_CLOSE)]
+    return raw
 
 
 def _xml_calls(shape: XmlShape, text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
-    """Calls in an XML-like format (qwen3-coder's, GLM's): each named once its name is whole,
-    its arguments as they are written (_xml_arguments_so_far), whole when its tag closes."""
+    """Calls in an XML-like format (qwen3-coder's, GLM's, MiniCPM 5's): each named once its name
+    is whole, its arguments as they are written (_xml_arguments_so_far), whole when its tag
+    closes. The tags are looked for outside CDATA blocks."""
     schemas = _parameters_of(tools)
+    view = _cdata_hidden(text) if shape.cdata else text
+    starts = [m.end() for m in re.finditer(re.escape(shape.open), view)]
     out = []
-    for block in text.split(HERMES_OPEN)[1:]:
-        head = shape.head.match(block)
+    for k, start in enumerate(starts):
+        end = starts[k + 1] - len(shape.open) if k + 1 < len(starts) else len(text)
+        block, seen = text[start:end], view[start:end]
+        head = shape.head.match(seen)
         if head is None:
             begun = block.lstrip()
             if not (shape.head_start.startswith(begun[:len(shape.head_start)]) and ">" not in begun
@@ -126,40 +154,56 @@ def _xml_calls(shape: XmlShape, text: str, tools: list[dict[str, Any]] | None) -
             break
         name = head.group(1).strip()
         props = schemas.get(name, {})
-        body, close, rest = block.partition(HERMES_CLOSE)
-        if not close:
-            out.append(Begun(name, _xml_arguments_so_far(shape, block[head.end():], props), False))
+        cut = seen.find(shape.close)
+        if cut < 0:
+            out.append(Begun(name, _xml_arguments_so_far(shape, block[head.end():], seen[head.end():], props), False))
             break
-        call = shape.call.fullmatch(body.strip())
+        body, rest = seen[:cut].strip(), seen[cut + len(shape.close):]
+        call = shape.call.fullmatch(body)
         if call is None or rest.strip():
             raise ValueError("not a function block")
-        args = {m.group(1).strip(): _xml_value(m.group(2), props.get(m.group(1).strip()))
-                for m in shape.parameter.finditer(call.group(2))}
+        offset = cut - len(seen[:cut].lstrip())
+        args = {}
+        for m in shape.parameter.finditer(body, call.start(2), call.end(2)):
+            key = m.group(1).strip()
+            args[key] = _xml_value(_read_value(shape, block[offset + m.start(2):offset + m.end(2)]), props.get(key))
         out.append(Begun(name, json.dumps(args, ensure_ascii=False), True))
     return out
 
 
-def _xml_arguments_so_far(shape: XmlShape, body: str, props: dict[str, Any]) -> str:
-    """The JSON text of an open call's arguments so far: its parameters closed so far, and a
-    string parameter being written up to where its text is sure (not the newline before a
-    closing tag, nor what may be the tag's beginning). It never has its closing brace: it is a
-    prefix of the whole call's arguments, which are json.dumps of the same values."""
+def _read_value(shape: XmlShape, raw: str) -> str:
+    return _unwrapped(raw) if shape.cdata else raw
+
+
+def _xml_arguments_so_far(shape: XmlShape, body: str, seen: str, props: dict[str, Any]) -> str:
+    """The JSON text of an open call's arguments so far (`seen`: its body as the tags are looked
+    for in it): its parameters closed so far, and a string parameter being written up to where
+    its text is sure (not the newline before a closing tag, nor what may be the tag's beginning,
+    nor a CDATA block's end). It never has its closing brace: it is a prefix of the whole call's
+    arguments, which are json.dumps of the same values."""
     parts, last = [], 0
-    for m in shape.parameter.finditer(body):
+    for m in shape.parameter.finditer(seen):
         key = m.group(1).strip()
+        value = _read_value(shape, body[m.start(2):m.end(2)])
         parts.append(json.dumps(key, ensure_ascii=False) + ": "
-                     + json.dumps(_xml_value(m.group(2), props.get(key)), ensure_ascii=False))
+                     + json.dumps(_xml_value(value, props.get(key)), ensure_ascii=False))
         last = m.end()
-    open_param = shape.opened.search(body, last)
+    open_param = shape.opened.search(seen, last)
     text = "{" + ", ".join(parts)
     if open_param is None or not xml_written_as_text(props.get(open_param.group(1).strip())):
         return text
     raw = body[open_param.end():]
-    if not raw:
-        return text
-    if shape.framed_newline and raw.startswith("\n"):
-        raw = raw[1:]
-    raw = raw[:len(raw) - partial_suffix(raw, list(shape.value_ends))]
+    if shape.cdata and CDATA_OPEN.startswith(raw[:len(CDATA_OPEN)]):
+        if len(raw) < len(CDATA_OPEN):  # a CDATA block or text: not known yet
+            return text
+        raw = raw[len(CDATA_OPEN):]
+        raw = raw[:len(raw) - partial_suffix(raw, [CDATA_CLOSE])].split(CDATA_CLOSE)[0]
+    else:
+        if not raw:
+            return text
+        if shape.framed_newline and raw.startswith("\n"):
+            raw = raw[1:]
+        raw = raw[:len(raw) - partial_suffix(raw, list(shape.value_ends))]
     if parts:
         text += ", "
     key = json.dumps(open_param.group(1).strip(), ensure_ascii=False)

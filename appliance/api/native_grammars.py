@@ -11,13 +11,15 @@ from ..engine import gemma_notation
 from ..engine.schema_grammar import (MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, renamed_root,
                                      values_gbnf)
 from .native_answers import xml_written_as_text
-from .native_tools import (GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE, HERMES_OPEN, XML_FUNCTION,
-                           XML_PARAMETER, NativeFormat)
+from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE,
+                           HERMES_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM, MINICPM_PARAM_CLOSE,
+                           XML_FUNCTION, XML_PARAMETER, NativeFormat)
+
 
 @dataclass(frozen=True)
 class XmlFrame:
-    """How qwen3-coder's and GLM's grammars frame calls, in GBNF: `call_open` and `key_open` take
-    a function's name and a parameter's key as GBNF literals."""
+    """How qwen3-coder's, GLM's and MiniCPM 5's grammars frame calls, in GBNF: `call_open` and
+    `key_open` take a function's name and a parameter's key as GBNF literals."""
 
     tagged: str  # one call inside its tags (`call` its body)
     between: str  # between two calls
@@ -27,9 +29,12 @@ class XmlFrame:
     any_key: str  # the same for a parameter of a function whose schema lists none
     value_end: str  # after a value
     text_end: str  # what a value written as text cannot hold
+    cdata: bool = False  # a value written as text may instead be a CDATA block, which holds anything but its end
 
 
 _NL = '"\\n"'
+# One piece of a CDATA block's body, which never holds "]]>" (nor "]]]") nor ends in "]"
+_CDATA_BODY = '[^\\]] | "]" [^\\]] | "]]" [^\\]>]'
 XML_FRAMES = {
     "qwen3-coder": XmlFrame(
         f'"{HERMES_OPEN}" {_NL} call {_NL} "{HERMES_CLOSE}"', _NL, lambda name: literal(f"{XML_FUNCTION}{name}>\n"),
@@ -40,6 +45,10 @@ XML_FRAMES = {
         lambda key: f'{literal(GLM_KEY + key + GLM_KEY_CLOSE)} {_NL}? "{GLM_VALUE}"',
         f'"{GLM_KEY}" [a-zA-Z0-9_.-]+ "{GLM_KEY_CLOSE}" {_NL}? "{GLM_VALUE}"', f'"{GLM_VALUE_CLOSE}" {_NL}?',
         GLM_VALUE_CLOSE),
+    "minicpm5": XmlFrame(
+        "call", f"{_NL}?", lambda name: literal(f'{MINICPM_FUNCTION}{name}">'), literal(MINICPM_FUNCTION_CLOSE),
+        lambda key: literal(f'{MINICPM_PARAM}{key}">'), f'{literal(MINICPM_PARAM)} [a-zA-Z0-9_.-]+ "\\">"',
+        literal(MINICPM_PARAM_CLOSE), MINICPM_PARAM_CLOSE, cdata=True),
 }
 
 
@@ -116,7 +125,7 @@ def _xml_text(schema: Any) -> str | None:
 
 
 def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """qwen3-coder's and GLM's grammar: `functions` are each callable function's name and
+    """qwen3-coder's, GLM's and MiniCPM 5's grammar: `functions` are each callable function's name and
     parameters schema. Its properties come in their declared order, the required ones always; a
     function whose schema lists no properties takes any. A SchemaError's path starts with the
     function's place in `functions`."""
@@ -137,7 +146,10 @@ def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: b
             body = " ".join(parts)
         lines.append(f"call-{k} ::= {frame.call_open(name)} {body} {frame.call_end}".rstrip())
     lines.append(f"xml-any-parameter ::= {frame.any_key} xml-text {frame.value_end}")
-    lines.append(f"xml-text ::= ({never_spelling(frame.text_end)})*")
+    text = f"({never_spelling(frame.text_end)})*"
+    if frame.cdata:  # text that begins with `<` is a CDATA block, as the template writes it
+        text = f"{literal(CDATA_OPEN)} ({_CDATA_BODY})* {literal(CDATA_CLOSE)} | ([^<] {text})?"
+    lines.append(f"xml-text ::= {text}")
     return "\n".join(lines) + "\n" + rules
 
 

@@ -32,6 +32,10 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
 - nemotron: `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>` (Nemotron Nano 2);
 - command-r: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`
   (Command R7B), after its plan in `<|START_THINKING|>` (its reasoning, engine/reasoning.py);
+- minicpm5: `<function name="name"><param name="key">value</param>...</function>` for each call,
+  a string's value as raw text or in a CDATA block (`<![CDATA[...]]>`, where it holds `<`, `&` or
+  a newline), others as JSON (MiniCPM 5); the tag is text, not a token, and starts the grammar
+  as text (grammar.Constraint);
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -76,6 +80,10 @@ HARMONY_CALL = "<|channel|>commentary to=functions."
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
 GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+# MiniCPM 5's calls, parameters, and a value's CDATA block
+MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE = '<function name="', "</function>"
+MINICPM_PARAM, MINICPM_PARAM_CLOSE = '<param name="', "</param>"
+CDATA_OPEN, CDATA_CLOSE = "<![CDATA[", "]]>"
 
 
 @dataclass(frozen=True)
@@ -102,8 +110,8 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    # hermes, qwen3-coder, glm, lfm2, granite, nemotron, command-r, mistral, mistral-args, gemma4, functiongemma,
-    # llama3, harmony
+    # hermes, qwen3-coder, glm, minicpm5, lfm2, granite, nemotron, command-r, mistral, mistral-args, gemma4,
+    # functiongemma, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
@@ -111,6 +119,13 @@ class NativeFormat:
     close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
     tag_tokens: tuple[int, ...] = ()  # glm: its tags that are tokens; harmony: HARMONY_TAGS' (written out)
+    trigger_text: str | None = None  # the text that starts a lazy grammar, where no token does
+
+    @property
+    def trigger(self) -> int | str | None:
+        """What starts the grammar under `auto` (a token, or a text; None: the grammar holds the
+        whole answer)."""
+        return self.open_token if self.open_token is not None else self.trigger_text
 
     @property
     def args_key(self) -> str:
@@ -141,7 +156,7 @@ class NativeFormat:
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
                 "command-r": COMMAND_R_OPEN, "mistral": MISTRAL_OPEN,
-                "mistral-args": MISTRAL_OPEN}.get(self.name)
+                "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
     def tags(self) -> GemmaTags | None:
@@ -170,6 +185,8 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     and its vocabulary has the format's tags as single tokens."""
     if "tools" not in template_source:
         return None
+    if MINICPM_FUNCTION in template_source and MINICPM_PARAM in template_source:
+        return NativeFormat("minicpm5", trigger_text=MINICPM_FUNCTION)
     if HERMES_OPEN in template_source and HERMES_CLOSE in template_source:
         if XML_FUNCTION in template_source and XML_PARAMETER in template_source:
             name = "qwen3-coder"

@@ -36,7 +36,7 @@ class ToolPlan:
     instructions: str  # for the system message (EIE's format)
     native: NativeFormat | None = None  # the model's own format: its template lists the tools
     template_tools: list[dict[str, Any]] | None = None
-    triggers: tuple[int, ...] = ()  # the grammar waits for one of these tokens (grammar.Constraint)
+    triggers: tuple[int | str, ...] = ()  # the grammar waits for one of these tokens or texts (grammar.Constraint)
 
     @property
     def shown_tokens(self) -> tuple[int, ...]:
@@ -124,7 +124,8 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
     builders = {"qwen3-coder": partial(native_grammars.xml_grammar, native),
-                "glm": partial(native_grammars.xml_grammar, native), "gemma4": partial(native_grammars.gemma_grammar, native),
+                "glm": partial(native_grammars.xml_grammar, native),
+                "minicpm5": partial(native_grammars.xml_grammar, native), "gemma4": partial(native_grammars.gemma_grammar, native),
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native),
                 "lfm2": partial(pythonic_calls.grammar, native.open_token, native.close_token),
@@ -143,7 +144,7 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
         where = {(f"anyOf.{k}." if len(calls) > 1 else "") + f"properties.{native.args_key}": i
                  for k, i in enumerate(callable_tools)}
         gbnf = native_grammars.grammar(native, _convert(one, where), parallel, mode == "auto")
-    triggers = (native.open_token,) if mode == "auto" and native.open_token is not None else ()
+    triggers = (native.trigger,) if mode == "auto" and native.trigger is not None else ()
     return ToolPlan(mode, gbnf, "", native, native_tools.template_tools(req), triggers)
 
 

@@ -45,8 +45,9 @@ def _compile(vocab: Vocab | None, text: str, triggers: tuple[int, ...] = ()) -> 
     such as <[42]> cannot compile), lazy with `triggers`; GrammarError when it does not compile.
 
     A lazy grammar refuses nothing until a trigger token is accepted, and goes on from that token.
-    Only tokens trigger: on a trigger text llama.cpp replays the rest of the token that completed
-    it into the grammar, and a rest the grammar refuses would throw through its C API."""
+    Only tokens trigger here (Constraint watches for text triggers itself): on a trigger text
+    llama.cpp replays the rest of the token that completed it into the grammar, and a rest the
+    grammar refuses would throw through its C API."""
     handle = vocab.handle if vocab is not None else None
     if triggers:
         ids = (lc.llama_token * len(triggers))(*triggers)
@@ -67,17 +68,35 @@ def _array(cand: np.ndarray) -> lc.llama_token_data_array:
 class Constraint:
     """A compiled grammar and its state: which tokens may come next, advanced token by token.
 
+    Lazy with `triggers`: it refuses nothing until one is written, and from there on holds the
+    answer to the grammar, which begins with the trigger. A token trigger (an id) is llama.cpp's
+    own. A text trigger (a str: a tag the vocabulary spells in several tokens, or one token that
+    may come with text before it) is watched for here: once the answer's text holds it, the grammar
+    is advanced over the text from the trigger on (tokenized anew: a grammar reads characters, so
+    any spelling of the same text leaves it in the same state). Where the grammar refuses that
+    text, the trigger was not the call's start (a tag quoted in prose): it starts afresh and waits
+    for the next.
+
     Used by one thread at a time (a runner's); `close` frees it."""
 
-    def __init__(self, vocab: Vocab, text: str, triggers: tuple[int, ...] = ()):
-        self._smpl = _compile(vocab, text, triggers)
+    def __init__(self, vocab: Vocab, text: str, triggers: tuple[int | str, ...] = ()):
+        tokens = tuple(t for t in triggers if isinstance(t, int))
+        self._words = tuple(t.encode("utf-8") for t in triggers if isinstance(t, str))
+        if tokens and self._words:
+            raise ValueError("a grammar's triggers are tokens or texts, not both")
+        self._text = text
+        self._smpl = _compile(vocab, text, tokens)
         self._vocab = vocab
-        self._triggers = frozenset(triggers)
-        self.waiting = bool(triggers)  # lazy, and no trigger token accepted yet: it refuses nothing
+        self._triggers = frozenset(tokens)
+        self.waiting = bool(triggers)  # lazy, and no trigger accepted yet: it refuses nothing
+        self._seen = b""  # text triggers: the answer's text not yet searched to its end
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._one_arr = _array(self._one)
 
     def allows(self, token: int) -> bool:
+        return (self.waiting and bool(self._words)) or self._grammar_allows(token)
+
+    def _grammar_allows(self, token: int) -> bool:
         one = self._one
         one["id"] = token
         one["logit"] = 0.0
@@ -87,16 +106,55 @@ class Constraint:
 
     def mask(self, cand: np.ndarray) -> bool:
         """Set the logit of every refused candidate to -inf (in place); False if none is left."""
+        if self.waiting and self._words:
+            return len(cand) > 0
         lc.llama_sampler_apply(self._smpl, ctypes.byref(_array(cand)))
         return bool(np.isfinite(cand["logit"]).any())
 
     def accept(self, token: int) -> None:
         """Advance past `token`, which the grammar allows (an end-of-generation token is not
         accepted: llama.cpp aborts on one the grammar does not allow, and nothing follows it)."""
-        if not self._vocab.is_eog(token):
-            held_gil.sampler_accept(self._smpl, token)
+        if self._vocab.is_eog(token):
+            return
+        if self.waiting and self._words:
+            self._watch(self._vocab.piece(token, special=True))
+            return
+        held_gil.sampler_accept(self._smpl, token)
         if self.waiting and token in self._triggers:
             self.waiting = False
+
+    def _watch(self, piece: bytes) -> None:
+        """Text triggers: look for one in the text so far, and start the grammar where it begins."""
+        self._seen += piece
+        while True:
+            found = [(i, w) for w in self._words if (i := self._seen.find(w)) >= 0]
+            if not found:
+                longest = max(len(w) for w in self._words)
+                self._seen = self._seen[-(longest - 1):] if longest > 1 else b""
+                return
+            start = min(found)[0]
+            try:
+                rest = self._seen[start:].decode("utf-8")
+            except UnicodeDecodeError:  # a character cut between tokens: the next piece completes it
+                return
+            if self._advance_over(rest):
+                self.waiting = False
+                self._seen = b""
+                return
+            self._restart()
+            self._seen = self._seen[start + 1:]
+
+    def _advance_over(self, text: str) -> bool:
+        """Advance the (not yet started) grammar over `text`; False where it refuses the text."""
+        for token in self._vocab.tokenize(text, add_special=False, parse_special=True):
+            if not self._grammar_allows(token):
+                return False
+            held_gil.sampler_accept(self._smpl, token)
+        return True
+
+    def _restart(self) -> None:
+        lc.llama_sampler_free(self._smpl)
+        self._smpl = _compile(self._vocab, self._text)
 
     def close(self) -> None:
         if self._smpl:

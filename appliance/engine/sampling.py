@@ -54,9 +54,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     # A GBNF grammar (start symbol `root`) the output must follow (grammar.Constraint).
     grammar: str | None = None
-    # With these tokens the grammar is lazy: the output is free until one of them is picked, and
-    # from it on follows the grammar, which begins with that token (a model's tool-call tag).
-    grammar_triggers: tuple[int, ...] = ()
+    # With these tokens (ids) or texts the grammar is lazy: the output is free until one of them
+    # is written, and from it on follows the grammar, which begins with it (a model's tool-call tag).
+    grammar_triggers: tuple[int | str, ...] = ()
     # Tokens written out in the answer's text although they are control tokens (a tool format's
     # tags, which the answer is read back by).
     shown_tokens: tuple[int, ...] = ()

@@ -18,7 +18,7 @@ from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
 from native_tool_models import (COMMAND_R_TEMPLATE, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
                                 GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
-                                GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE,
+                                GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, MINICPM5_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
                                 NEMOTRON_TOKENS, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN, write_control_smollm2,
                                 write_hermes_smollm2)
@@ -49,6 +49,7 @@ def server(server_factory, tmp_path_factory):
                    model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
                    model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE),
                    model_entry("glm", hermes, n_parallel=1, chat_template=GLM_TEMPLATE),
+                   model_entry("minicpm5", SMOLLM2, n_parallel=1, chat_template=MINICPM5_TEMPLATE),
                    model_entry("lfm2", lfm2, n_parallel=1, chat_template=LFM2_TEMPLATE),
                    model_entry("gpt-oss", gpt_oss, n_parallel=1, chat_template=GPT_OSS_TEMPLATE),
                    model_entry("granite", granite, n_parallel=1, chat_template=GRANITE_TEMPLATE),
@@ -181,11 +182,11 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "gemma4": "gemma4",
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "gemma4": "gemma4",
                      "functiongemma": "functiongemma"}
 
 
-OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "lfm2", "gpt-oss", "granite", "nemotron",
+OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "minicpm5", "lfm2", "gpt-oss", "granite", "nemotron",
                  "command-r", "gemma4", "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
@@ -255,6 +256,10 @@ def test_history_renders_in_each_models_format(server, model):
         assert ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
                 "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call><|im_end|>") in text
         assert "<|im_start|>observation\n<tool_response>\n18 degrees, sunny\n</tool_response>" in text
+    elif model == "minicpm5":  # XML elements after the content, results in the user's turn
+        assert ('<|im_start|>assistant\n<function name="get_weather"><param name="city">Paris</param>'
+                '<param name="unit">celsius</param></function><|im_end|>') in text
+        assert "<|im_start|>user\n<tool_response>\n18 degrees, sunny\n</tool_response>" in text
     elif model == "gpt-oss":  # the call in the commentary channel, its result from functions.get_weather
         assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris", '
                 '"unit": "celsius"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>'
@@ -398,3 +403,39 @@ def test_anthropic_and_responses_clients_round_trip_calls_through_mistrals_ids(s
         "tools": [{"type": "function", **TOOLS[0]["function"]}],
         "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "18 C"}]})
     assert r.status_code == 200, r.text
+
+
+def few_shot_weather(city: str) -> list[dict]:
+    """Two weather turns answered by calls, then the question for `city`: SmolLM2 goes on in the
+    pattern and writes the call's tag itself."""
+    out = []
+    for k, (town, degrees) in enumerate((("Rome", 20), ("Oslo", 5))):
+        out += [{"role": "user", "content": f"What is the weather in {town}?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{k}", "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"city": town, "unit": "celsius"})}}]},
+                {"role": "tool", "tool_call_id": f"c{k}", "content": f"{degrees} degrees"},
+                {"role": "assistant", "content": f"It is {degrees} degrees in {town}."}]
+    return out + [{"role": "user", "content": f"What is the weather in {city}?"}]
+
+
+def test_minicpm5_under_auto_the_call_is_held_from_its_tag_written_as_text(server):
+    """MiniCPM 5's tag is text: the grammar waits for the model to write it, then holds the call.
+    The earlier calls say celsius; a schema that takes only kelvin gets kelvin once the tag is out."""
+    kelvin = json.loads(json.dumps(TOOLS[0]))
+    kelvin["function"]["parameters"]["properties"]["unit"] = {"enum": ["kelvin"]}
+    out = chat(server, few_shot_weather("Paris"), model="minicpm5", tools=[kelvin]).json()["choices"][0]
+    assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None, out
+    (call,) = out["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "kelvin"}
+    free = chat(server, WEATHER, model="minicpm5", max_tokens=30).json()["choices"][0]
+    assert free["finish_reason"] == "length" and "<function" not in free["message"]["content"], free
+    chunks = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
+            "model": "minicpm5", "messages": few_shot_weather("Paris"), "tools": [kelvin], "temperature": 0,
+            "stream": True, "max_tokens": 80}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    (streamed,) = streamed_calls(chunks)
+    assert streamed["function"] == call["function"]
+    assert not "".join(c["delta"].get("content") or "" for c in chunks).strip()

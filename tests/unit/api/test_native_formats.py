@@ -89,6 +89,8 @@ class FakeVocab:
     ("{{ tools }} <TOOLCALL>[...]</TOOLCALL>", FakeVocab("<TOOLCALL>"), NativeFormat("nemotron", 100)),
     ("{{ tools }} <|START_ACTION|> ... <|END_ACTION|>", FakeVocab("<|START_ACTION|>", "<|END_ACTION|>"),
      NativeFormat("command-r", 100, close_token=101)),
+    ("""{{ tools }} {{- '<function name="' ~ tool_call.name ~ '">' }} {{- '<param name="' ~ param_name ~ '">' }}""",
+     FakeVocab(), NativeFormat("minicpm5", trigger_text='<function name="')),  # its tags are text
 ])
 def test_the_format_is_the_templates_where_the_vocabulary_has_its_tags(template, vocab, expected):
     assert native_tools.detect(template, vocab) == expected

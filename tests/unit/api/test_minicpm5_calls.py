@@ -1,0 +1,109 @@
+"""MiniCPM 5's tool calls (`<function name="f"><param name="k">value</param></function>`): the
+grammar walked by llama.cpp's grammar engine over SmolLM2's vocabulary, as the runner walks it,
+and the answers read back, a string's value as raw text or out of its CDATA block."""
+
+from __future__ import annotations
+
+import json
+
+import llama_cpp as lc
+import msgspec
+import pytest
+
+from appliance.api import native_answers, native_tools, tools
+from appliance.api.native_tools import NativeFormat
+from appliance.api.schemas import ChatRequest
+from appliance.engine import native
+from appliance.engine.grammar import Constraint
+from conftest import SMOLLM2
+
+MINICPM5 = NativeFormat("minicpm5", trigger_text='<function name="')
+WRITE = {"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "lines": {"type": "integer"}, "force": {"type": "boolean"}}, "required": ["path"]}}}
+FREE = {"type": "function", "function": {"name": "free"}}
+
+
+def request(**kw) -> ChatRequest:
+    return msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}, ChatRequest)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    native.init_backend()
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    model = lc.llama_model_load_from_file(str(SMOLLM2).encode(), params)
+    assert model
+    v = lc.llama_model_get_vocab(model)
+    yield native.Vocab(v, lc.llama_vocab_n_tokens(v))
+    lc.llama_model_free(model)
+
+
+def held(vocab, gbnf: str, text: str, triggers: tuple = ()) -> bool:
+    """Whether the grammar lets the answer `text` through to its end."""
+    c = Constraint(vocab, gbnf, triggers)
+    try:
+        for token in vocab.tokenize(text, add_special=False, parse_special=False):
+            if not c.allows(token):
+                return False
+            c.accept(token)
+        return c.allows(vocab.eos)
+    finally:
+        c.close()
+
+
+def test_auto_waits_for_the_tag_written_as_text_and_required_starts_with_it():
+    auto = tools.plan(request(tools=[WRITE]), MINICPM5)
+    assert auto.triggers == ('<function name="',) and auto.shown_tokens == ()
+    assert tools.plan(request(tools=[WRITE], tool_choice="required"), MINICPM5).triggers == ()
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ('<function name="write"><param name="path">a.py</param></function>', True),
+    ('<function name="write"><param name="path">a.py</param><param name="lines">3</param>'
+     '<param name="force">true</param></function>', True),
+    ('<function name="write"><param name="path"><![CDATA[a </param> & b\nc]]></param></function>', True),
+    ('<function name="write"><param name="path">a.py</param></function>\n'
+     '<function name="free"><param name="anything">x</param></function>', True),
+    ('<function name="write"><param name="lines">3</param></function>', False),  # path is required
+    ('<function name="write"><param name="path">a.py</param><param name="lines">three</param></function>', False),
+    ('<function name="write"><param name="path"><![CDATA[a]]>b]]></param></function>', False),
+    ('<function name="read"><param name="path">a.py</param></function>', False),
+])
+def test_the_grammar_holds_calls_to_the_schemas(vocab, text, ok):
+    plan = tools.plan(request(tools=[WRITE, FREE], tool_choice="required"), MINICPM5)
+    assert held(vocab, plan.grammar, text) is ok
+
+
+def test_under_auto_text_comes_first_and_the_call_is_held_from_its_tag(vocab):
+    plan = tools.plan(request(tools=[WRITE]), MINICPM5)
+    call = '<function name="write"><param name="path">a.py</param></function>'
+    assert held(vocab, plan.grammar, "No call needed: the answer is 4.", plan.triggers)
+    assert held(vocab, plan.grammar, "Writing it.\n" + call, plan.triggers)
+    assert not held(vocab, plan.grammar, "Writing it.\n" + call.replace("a.py</param>", "a.py</parm>"), plan.triggers)
+
+
+def test_values_read_back_by_their_schemas_and_out_of_cdata():
+    template_tools = native_tools.template_tools(request(tools=[WRITE]))
+    text = ('Sure.\n<function name="write"><param name="path"><![CDATA[x<y>\n]]></param><param name="lines">3</param>'
+            '<param name="force">True</param></function>')
+    content, calls, reason = native_answers.read_answer(MINICPM5, text, "stop", template_tools)
+    assert content == "Sure." and reason == "tool_calls"
+    assert json.loads(calls[0].function.arguments) == {"path": "x<y>\n", "lines": 3, "force": True}
+    cut = native_answers.read_answer(MINICPM5, text[:-5], "length", template_tools)
+    assert cut == (text[:-5], None, "length")
+
+
+def test_a_streamed_cdata_value_goes_out_as_it_comes_without_its_markers():
+    template_tools = native_tools.template_tools(request(tools=[WRITE]))
+    text = '<function name="write"><param name="path"><![CDATA[line one\nline </param> two]]></param></function>'
+    reader = native_answers.AnswerReader(MINICPM5, template_tools, stream_calls=True)
+    pieces = []
+    for i in range(0, len(text), 2):
+        assert reader.push(text[i:i + 2]) == ""
+        pieces += reader.take_calls()
+    _, calls, _ = reader.finish("stop")
+    pieces += reader.take_calls()
+    args = "".join(p.arguments for p in pieces)
+    assert args == calls[0].function.arguments == json.dumps({"path": "line one\nline </param> two"})
+    assert len(pieces) > 10 and "CDATA" not in args
