@@ -25,6 +25,7 @@ FUNCTIONGEMMA_TOKENS = {9: "<start_function_call>", 10: "<end_function_call>", 1
 LFM2_TOKENS = {9: "<|tool_call_start|>", 10: "<|tool_call_end|>"}
 GRANITE_TOKENS = {9: "<|tool_call|>"}
 NEMOTRON_TOKENS = {9: "<TOOLCALL>", 10: "</TOOLCALL>"}
+APERTUS_TOKENS = {9: "<|tools_prefix|>", 10: "<|tools_suffix|>", 11: "<|inner_prefix|>", 12: "<|inner_suffix|>"}
 COMMAND_R_TOKENS = {9: "<|START_ACTION|>", 10: "<|END_ACTION|>", 11: "<|START_THINKING|>", 12: "<|END_THINKING|>",
                     13: "<|START_RESPONSE|>", 14: "<|END_RESPONSE|>"}
 
@@ -143,6 +144,37 @@ Tool usage guidelines:
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+
+
+# Apertus' form (its template's shape, shortened): tools in the developer message, each call an
+# object keyed by the function's name in a list between its tags, the results in a list right
+# after them in the same assistant turn.
+APERTUS_TEMPLATE = """\
+{{- bos_token }}<|system_start|>{{ messages[0].content if messages[0].role == 'system' else 'You are Apertus.' }}<|system_end|>
+{%- set loop_messages = messages[1:] if messages[0].role == 'system' else messages -%}
+<|developer_start|>Deliberation: {{ 'enabled' if enable_thinking else 'disabled' }}
+{% if tools %}Tool Capabilities:
+{% for tool in tools %}{{ tool.function | tojson }}
+{% endfor %}{% else %}Tool Capabilities: disabled{% endif %}<|developer_end|>
+{%- set ns = namespace(in_assistant=false, in_tool=false) -%}
+{%- for m in loop_messages -%}
+{%- if m.role == 'user' -%}
+{%- if ns.in_tool %}]{% set ns.in_tool = false %}{% endif -%}
+{%- if ns.in_assistant %}<|assistant_end|>{% set ns.in_assistant = false %}{% endif -%}
+<|user_start|>{{ m.content }}<|user_end|>
+{%- elif m.role == 'assistant' -%}
+{%- if not ns.in_assistant %}<|assistant_start|>{% set ns.in_assistant = true %}{% endif -%}
+{%- if m.content is not none %}{% if ns.in_tool %}]{% set ns.in_tool = false %}{% endif %}{{ m.content }}{% endif -%}
+{%- if m.tool_calls %}<|tools_prefix|>[
+{%- for c in m.tool_calls %}{{ '{"' + c.function.name + '": ' + c.function.arguments | tojson + '}' }}
+{%- if not loop.last %}, {% endif %}{% endfor %}]<|tools_suffix|>{% endif -%}
+{%- elif m.role == 'tool' -%}
+{%- if not ns.in_assistant %}{{ raise_exception('Tool message outside of assistant') }}{% endif -%}
+{%- if not ns.in_tool %}[{% set ns.in_tool = true %}{% else %}, {% endif %}{{ m.content }}
+{%- endif -%}
+{%- endfor -%}
+{%- if ns.in_tool %}]{% endif -%}
+{%- if add_generation_prompt %}<|assistant_start|>{% endif -%}"""
 
 
 # LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
@@ -485,5 +517,5 @@ def write_hermes_smollm2(dst: Path) -> Path:
 
 def write_control_smollm2(dst: Path, tokens: dict[int, str]) -> Path:
     """A SmolLM2 copy whose `tokens` are control tokens, as Mistral's, Gemma's, gpt-oss's, LFM2's,
-    Granite's, Nemotron's and Command R's tags are in their vocabularies."""
+    Granite's, Nemotron's, Command R's and Apertus' tags are in their vocabularies."""
     return retokened_smollm2(dst, tokens, CONTROL)

@@ -228,6 +228,23 @@ def json_call(text: str, i: int, args_keys: tuple[str, ...] = ("arguments",),
     return Begun(name, arguments, end is not None, call_id), end
 
 
+def keyed_call(text: str, i: int) -> tuple[Begun | None, int | None]:
+    """The call written as a JSON object at `i` whose one key is the function's name and its value
+    the arguments ({"name": {...}}, Apertus'), and where the object ends; None while no value has
+    begun. ValueError where a closed object is not such a call."""
+    found, end = members(text, i)
+    if not found:
+        if end is not None:
+            raise ValueError("a call without a name")
+        return None, None
+    if len(found) > 1:
+        raise ValueError("a call with more than one name")
+    ((name, (start, stop)),) = found.items()
+    if end is not None and not isinstance(json.loads(text[start:stop]), dict):
+        raise ValueError("a call's arguments are not an object")
+    return Begun(name, compact_json(text[start:stop or len(text)]), end is not None), end
+
+
 READ_ERRORS = (ValueError, KeyError, TypeError, AttributeError, SyntaxError, RecursionError)
 
 

@@ -12,9 +12,9 @@ from typing import Any
 from ..engine import gemma_notation
 from ..engine.text import partial_suffix
 from . import pythonic_calls
-from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, skip_blanks, tool_calls,
-                          value_end)
-from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN,
+from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, keyed_call, skip_blanks,
+                          tool_calls, value_end)
+from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, JSON_LISTS,
                            LFM2_CLOSE, LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE,
                            MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, XML_FUNCTION, NativeFormat)
 from .schemas import ToolCall
@@ -211,8 +211,8 @@ def _xml_arguments_so_far(shape: XmlShape, body: str, seen: str, props: dict[str
 
 
 def _json_list(fmt: NativeFormat, text: str) -> list[Begun]:
-    """Calls in a JSON list after the format's marker (Mistral's, Granite's; Nemotron's and Command
-    R's, which close it with their tag). Mistral's each go out once whole: the id the model may
+    """Calls in a JSON list after the format's marker (Mistral's, Granite's; Nemotron's, Command R's
+    and Apertus', which close it with their tag). Mistral's each go out once whole: the id the model may
     write comes after the arguments."""
     i = skip_blanks(text, len(fmt.marker))
     if i == len(text):
@@ -222,7 +222,8 @@ def _json_list(fmt: NativeFormat, text: str) -> list[Begun]:
     for start, stop in found:
         if stop is None and fmt.name == "mistral":
             break
-        call, _ = json_call(text, start, (fmt.args_key,), fmt.name_key)
+        call, _ = keyed_call(text, start) if fmt.name == "apertus" else json_call(text, start, (fmt.args_key,),
+                                                                                 fmt.name_key)
         if call is None:
             break
         out.append(replace(call, call_id=_model_id(fmt, call.call_id)))
@@ -305,7 +306,7 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _hermes(text)
     if fmt.name in XML_SHAPES:
         return _xml_calls(XML_SHAPES[fmt.name], text, tools)
-    if fmt.name in ("mistral", "granite", "nemotron", "command-r"):
+    if fmt.name in JSON_LISTS:
         return _json_list(fmt, text)
     if fmt.name == "mistral-args":
         return _mistral_args(fmt, text)

@@ -12,8 +12,8 @@ from ..engine.schema_grammar import (MAX_REPEAT, SchemaError, literal, never_spe
                                      values_gbnf)
 from .native_answers import xml_written_as_text
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE,
-                           HERMES_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM, MINICPM_PARAM_CLOSE,
-                           XML_FUNCTION, XML_PARAMETER, NativeFormat)
+                           HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM,
+                           MINICPM_PARAM_CLOSE, XML_FUNCTION, XML_PARAMETER, NativeFormat)
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ XML_FRAMES = {
 
 def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]:
     """The JSON object of one call to `name` in `fmt` (not mistral-args, whose calls are not objects)."""
+    if fmt.name == "apertus":  # the name is the object's one key
+        return {"type": "object", "properties": {name: parameters}, "required": [name]}
     properties: dict[str, Any] = {fmt.name_key: {"const": name}, fmt.args_key: parameters}
     if fmt.name == "mistral":  # the model may write the id its template showed it in earlier calls
         properties["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
@@ -73,7 +75,7 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
         more = ' ("\\n" tagged-call)*' if parallel else ""
         return (f"root ::= tagged-call{more}\n"
                 f'tagged-call ::= "{HERMES_OPEN}" "\\n"? call "\\n"? "{HERMES_CLOSE}"\n' + calls)
-    if fmt.name in ("mistral", "granite", "nemotron", "command-r"):
+    if fmt.name in JSON_LISTS:
         space = ' "\\n"{0,2} " "{0,8}' if fmt.name == "command-r" else ""  # its template writes the list on lines
         between = space.strip() or '" "?'
         more = f' ("," {between} call)*' if parallel else ""

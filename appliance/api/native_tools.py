@@ -30,6 +30,9 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
 - granite: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]` (Granite 3.x), whose
   templates render only content, as LFM2's;
 - nemotron: `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>` (Nemotron Nano 2);
+- apertus: `<|tools_prefix|>[{"name": {...}}, ...]<|tools_suffix|>`, each call an object whose
+  one key is the function's name (Apertus), after its deliberation between `<|inner_prefix|>`
+  and `<|inner_suffix|>` (its reasoning, engine/reasoning.py); results follow in the same turn;
 - command-r: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`
   (Command R7B), after its plan in `<|START_THINKING|>` (its reasoning, engine/reasoning.py);
 - minicpm5: `<function name="name"><param name="key">value</param>...</function>` for each call,
@@ -74,6 +77,7 @@ LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2
 GRANITE_OPEN = "<|tool_call|>"  # Granite 3.x: a JSON list of calls after it
 NEMOTRON_OPEN, NEMOTRON_CLOSE = "<TOOLCALL>", "</TOOLCALL>"  # Nemotron Nano 2: a JSON list between them
 COMMAND_R_OPEN, COMMAND_R_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"  # Command R7B: the same, its own keys
+APERTUS_OPEN, APERTUS_CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"  # Apertus: a list of {name: arguments}
 # gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
 HARMONY_TAGS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
 HARMONY_CALL = "<|channel|>commentary to=functions."
@@ -104,19 +108,20 @@ LLAMA3_SIGN = '"parameters": dictionary of argument name'
 # (written in Jinja strings, so quotes and newlines may be escaped).
 _HERMES_JSON = re.compile(r'<tool_call>(?:\s|\\n)*\{\{?\\?"(?:name|arguments)\\?"'
                           r'|\{\{?\\?"name\\?": <function-name>, \\?"arguments\\?"')
+JSON_LISTS = ("mistral", "granite", "nemotron", "command-r", "apertus")  # the formats whose calls are a JSON list
 MISTRAL_ID = re.compile(r"^[a-zA-Z0-9]{9}$")
 _ALNUM = string.ascii_letters + string.digits
 
 
 @dataclass(frozen=True)
 class NativeFormat:
-    # hermes, qwen3-coder, glm, minicpm5, lfm2, granite, nemotron, command-r, mistral, mistral-args, gemma4,
-    # functiongemma, llama3, harmony
+    # hermes, qwen3-coder, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, mistral, mistral-args,
+    # gemma4, functiongemma, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
-    close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r: the calls' one
+    close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r, apertus: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
     tag_tokens: tuple[int, ...] = ()  # glm: its tags that are tokens; harmony: HARMONY_TAGS' (written out)
     trigger_text: str | None = None  # the text that starts a lazy grammar, where no token does
@@ -140,7 +145,7 @@ class NativeFormat:
     @property
     def list_close(self) -> str | None:
         """The tag that closes a JSON list of calls (Nemotron's, Command R's; None: none does)."""
-        return {"nemotron": NEMOTRON_CLOSE, "command-r": COMMAND_R_CLOSE}.get(self.name)
+        return {"nemotron": NEMOTRON_CLOSE, "command-r": COMMAND_R_CLOSE, "apertus": APERTUS_CLOSE}.get(self.name)
 
     @property
     def parallel(self) -> bool:
@@ -155,7 +160,7 @@ class NativeFormat:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
-                "command-r": COMMAND_R_OPEN, "mistral": MISTRAL_OPEN,
+                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
@@ -222,6 +227,9 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     if COMMAND_R_OPEN in template_source and COMMAND_R_CLOSE in template_source:
         token, close = _one_token(vocab, COMMAND_R_OPEN), _one_token(vocab, COMMAND_R_CLOSE)
         return NativeFormat("command-r", token, close_token=close) if token is not None else None
+    if APERTUS_OPEN in template_source and APERTUS_CLOSE in template_source:
+        token, close = _one_token(vocab, APERTUS_OPEN), _one_token(vocab, APERTUS_CLOSE)
+        return NativeFormat("apertus", token, close_token=close) if token is not None else None
     if NEMOTRON_OPEN in template_source and NEMOTRON_CLOSE in template_source:
         token = _one_token(vocab, NEMOTRON_OPEN)
         close = _one_token(vocab, NEMOTRON_CLOSE)

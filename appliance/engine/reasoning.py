@@ -56,6 +56,8 @@ _HARMONY_FINAL = "<|start|>assistant<|channel|>final<|message|>"
 # Command R7B plans in a thinking block, and answers in a response block whose tags are not text.
 COMMAND_R = Tags("<|START_THINKING|>", "<|END_THINKING|>", "<|END_THINKING|>", ("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
                  ("<|START_RESPONSE|>", "<|END_RESPONSE|>"))
+# Apertus deliberates between its inner tags (its template's `enable_thinking` turns it on).
+APERTUS = Tags("<|inner_prefix|>", "<|inner_suffix|>", "<|inner_suffix|>")
 HARMONY = Tags("<|channel|>analysis<|message|>", "<|end|>", "<|end|>" + _HARMONY_FINAL,
                (_HARMONY_FINAL, "<|channel|>final<|message|>", "<|start|>assistant", "<|end|>", "<|return|>"),
                ("<|start|>", "<|return|>"))
@@ -63,7 +65,7 @@ HARMONY = Tags("<|channel|>analysis<|message|>", "<|end|>", "<|end|>" + _HARMONY
 
 def tags_of(template_source: str) -> Tags | None:
     """The think block's tags the chat template knows (None: it has no think block)."""
-    for tags in (THINK, GEMMA4, HARMONY, COMMAND_R):
+    for tags in (THINK, GEMMA4, HARMONY, COMMAND_R, APERTUS):
         if tags.open in template_source and tags.close in template_source:
             return tags
     return None

@@ -24,6 +24,7 @@ GRANITE = NativeFormat("granite", 9)
 NEMOTRON = NativeFormat("nemotron", 9, close_token=10)
 COMMAND_R = NativeFormat("command-r", 9, close_token=10)
 MINICPM5 = NativeFormat("minicpm5", trigger_text='<function name="')
+APERTUS = NativeFormat("apertus", 9, close_token=10)
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -51,6 +52,8 @@ ANSWERS = [
                 '    {"tool_call_id": "1", "tool_name": "write", "parameters": {"text": "a"}}\n]<|END_ACTION|>', None),
     (GLM, "<tool_call>write\n<arg_key>lines</arg_key>\n<arg_value>2</arg_value>\n<arg_key>text</arg_key>\n"
           "<arg_value>one\ntwo</arg_value>\n</tool_call>", None),
+    (APERTUS, 'Both.<|tools_prefix|>[{"w": {"city": "Oslo"}}, {"write": {"text": "a\\nb", "lines": 2}}]'
+              '<|tools_suffix|>', "Both."),
     (MINICPM5, 'Writing.\n<function name="write"><param name="lines">2</param><param name="text"><![CDATA[a </param>\n'
                '<function name="x"> & b]]></param><param name="path">a.py</param></function>\n'
                '<function name="w"><param name="city">Oslo</param></function>', "Writing."),

@@ -89,6 +89,9 @@ class FakeVocab:
     ("{{ tools }} <TOOLCALL>[...]</TOOLCALL>", FakeVocab("<TOOLCALL>"), NativeFormat("nemotron", 100)),
     ("{{ tools }} <|START_ACTION|> ... <|END_ACTION|>", FakeVocab("<|START_ACTION|>", "<|END_ACTION|>"),
      NativeFormat("command-r", 100, close_token=101)),
+    ("{{ tools }} <|tools_prefix|>[...]<|tools_suffix|>", FakeVocab("<|tools_prefix|>", "<|tools_suffix|>"),
+     NativeFormat("apertus", 100, close_token=101)),
+    ("{{ tools }} <|tools_prefix|>[...]<|tools_suffix|>", FakeVocab(), None),
     ("""{{ tools }} {{- '<function name="' ~ tool_call.name ~ '">' }} {{- '<param name="' ~ param_name ~ '">' }}""",
      FakeVocab(), NativeFormat("minicpm5", trigger_text='<function name="')),  # its tags are text
 ])
@@ -434,3 +437,34 @@ def test_command_r_plans_in_its_thinking_block_then_calls_with_its_own_keys():
     assert [(c.function.name, json.loads(c.function.arguments)) for c in parts.tool_calls] == [("w", {"city": "Oslo"})]
     answer = AnswerShape(None, reasoning.COMMAND_R).whole("<|START_RESPONSE|>It is 4.<|END_RESPONSE|>", "stop")
     assert (answer.reasoning, answer.content) == (None, "It is 4.")  # its response tags are not text
+
+
+APERTUS = NativeFormat("apertus", 9, close_token=10)
+
+
+def test_apertus_calls_are_keyed_by_the_function_name_in_a_closed_list():
+    plan = tools.plan(request(tools=[WEATHER, ADD], tool_choice="required"), APERTUS)
+    lines = plan.grammar.splitlines()
+    assert lines[0] == 'root ::= <[9]> "[" call ("," " "? call)* "]" <[10]>'
+    assert '"\\"w\\"" ws ":"' in plan.grammar and '"\\"name\\""' not in plan.grammar
+    grammar.check(None, plan.grammar)
+    text = 'On it.<|tools_prefix|>[{"add": {"a": 1, "b": 2}}, {"w": {"city": "Bern"}}]<|tools_suffix|>'
+    content, calls, reason = native_answers.read_answer(APERTUS, text, "stop")
+    assert content == "On it." and reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("add", {"a": 1, "b": 2}), ("w", {"city": "Bern"})]
+    for bad in ('<|tools_prefix|>[{"add": {"a": 1}, "w": {}}]<|tools_suffix|>',  # two names in one call
+                '<|tools_prefix|>[{"add": [1, 2]}]<|tools_suffix|>', '<|tools_prefix|>[{}]<|tools_suffix|>'):
+        assert native_answers.read_answer(APERTUS, bad, "stop")[1] is None, bad
+
+
+def test_apertus_deliberates_in_its_inner_block_then_calls():
+    from appliance.api.chat_answer import AnswerShape
+    from appliance.engine import reasoning
+
+    assert reasoning.tags_of(" Deliberation <|inner_prefix|> ... <|inner_suffix|>") is reasoning.APERTUS
+    plan = tools.plan(request(tools=[WEATHER]), APERTUS)
+    text = '<|inner_prefix|>Bern is in Switzerland.<|inner_suffix|><|tools_prefix|>[{"w": {"city": "Bern"}}]<|tools_suffix|>'
+    parts = AnswerShape(plan, reasoning.APERTUS).whole(text, "stop")
+    assert parts.reasoning == "Bern is in Switzerland." and parts.content is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in parts.tool_calls] == [("w", {"city": "Bern"})]
