@@ -25,6 +25,7 @@ FUNCTIONGEMMA_TOKENS = {9: "<start_function_call>", 10: "<end_function_call>", 1
 LFM2_TOKENS = {9: "<|tool_call_start|>", 10: "<|tool_call_end|>"}
 GRANITE_TOKENS = {9: "<|tool_call|>"}
 NEMOTRON_TOKENS = {9: "<TOOLCALL>", 10: "</TOOLCALL>"}
+GIGACHAT_TOKENS = {9: "<|function_call|>", 10: "<|role_sep|>", 11: "<|message_sep|>"}
 APERTUS_TOKENS = {9: "<|tools_prefix|>", 10: "<|tools_suffix|>", 11: "<|inner_prefix|>", 12: "<|inner_suffix|>"}
 COMMAND_R_TOKENS = {9: "<|START_ACTION|>", 10: "<|END_ACTION|>", 11: "<|START_THINKING|>", 12: "<|END_THINKING|>",
                     13: "<|START_RESPONSE|>", 14: "<|END_RESPONSE|>"}
@@ -175,6 +176,25 @@ APERTUS_TEMPLATE = """\
 {%- endfor -%}
 {%- if ns.in_tool %}]{% endif -%}
 {%- if add_generation_prompt %}<|assistant_start|>{% endif -%}"""
+
+
+# GigaChat 3.1's form (its template's shape, shortened): roles by name, tools as JSON in a
+# `function descriptions` message, one call after the content, its result as `function result`.
+GIGACHAT_TEMPLATE = """\
+{{- bos_token -}}
+{%- if tools %}function descriptions<|role_sep|>
+{% for tool in tools %}{{ tool.function | tojson }}
+{% endfor %}<|message_sep|>
+
+{% endif -%}
+{%- for m in messages -%}
+{{- ('function result' if m.role == 'tool' else m.role) + '<|role_sep|>\n' + (m.content or '') -}}
+{%- if m.tool_calls %}{% set c = m.tool_calls[0].function %}<|function_call|>{{ '{"name": "' + c.name + '", "arguments": ' + c.arguments | tojson + '}' }}{% endif -%}
+<|message_sep|>
+
+{% if loop.last and add_generation_prompt and m.role != 'assistant' %}assistant<|role_sep|>
+{% endif -%}
+{%- endfor -%}"""
 
 
 # LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
@@ -517,5 +537,5 @@ def write_hermes_smollm2(dst: Path) -> Path:
 
 def write_control_smollm2(dst: Path, tokens: dict[int, str]) -> Path:
     """A SmolLM2 copy whose `tokens` are control tokens, as Mistral's, Gemma's, gpt-oss's, LFM2's,
-    Granite's, Nemotron's, Command R's and Apertus' tags are in their vocabularies."""
+    Granite's, Nemotron's, Command R's, Apertus' and GigaChat's tags are in their vocabularies."""
     return retokened_smollm2(dst, tokens, CONTROL)

@@ -316,7 +316,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _lfm2(text)
     if fmt.name == "harmony":
         return _harmony(text)
-    i = skip_blanks(text, 0)  # llama3: the answer is the call
+    # llama3: the answer is the call; gigachat: the call follows its tag
+    i = skip_blanks(text, len(fmt.marker) if fmt.marker else 0)
     if i == len(text):
         return []
     call, end = json_call(text, i, (fmt.args_key, "arguments"))

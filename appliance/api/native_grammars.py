@@ -83,6 +83,8 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
         if fmt.list_close is not None:
             close = f" <[{fmt.close_token}]>" if fmt.close_token is not None else f" {literal(fmt.list_close)}"
         return f'root ::= <[{fmt.open_token}]> "["{space} call{more}{space} "]"{close}\n' + calls
+    if fmt.name == "gigachat":
+        return f"root ::= <[{fmt.open_token}]> call\n" + calls
     if fmt.name == "llama3":
         free = ' | ([^{] [^\\x00]*)?' if auto else ""
         return f"root ::= call{free}\n" + calls

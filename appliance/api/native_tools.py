@@ -39,6 +39,8 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
   a string's value as raw text or in a CDATA block (`<![CDATA[...]]>`, where it holds `<`, `&` or
   a newline), others as JSON (MiniCPM 5); the tag is text, not a token, and starts the grammar
   as text (grammar.Constraint);
+- gigachat: `<|function_call|>{"name": ..., "arguments": {...}}` after the content, one call a
+  message (GigaChat 3.1);
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -77,6 +79,7 @@ LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2
 GRANITE_OPEN = "<|tool_call|>"  # Granite 3.x: a JSON list of calls after it
 NEMOTRON_OPEN, NEMOTRON_CLOSE = "<TOOLCALL>", "</TOOLCALL>"  # Nemotron Nano 2: a JSON list between them
 COMMAND_R_OPEN, COMMAND_R_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"  # Command R7B: the same, its own keys
+GIGACHAT_OPEN = "<|function_call|>"  # GigaChat 3.1: one call's JSON object after it
 APERTUS_OPEN, APERTUS_CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"  # Apertus: a list of {name: arguments}
 # gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
 HARMONY_TAGS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
@@ -116,7 +119,7 @@ _ALNUM = string.ascii_letters + string.digits
 @dataclass(frozen=True)
 class NativeFormat:
     # hermes, qwen3-coder, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, mistral, mistral-args,
-    # gemma4, functiongemma, llama3, harmony
+    # gemma4, functiongemma, gigachat, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]
@@ -150,8 +153,8 @@ class NativeFormat:
     @property
     def parallel(self) -> bool:
         """Whether one answer may hold several calls (Llama 3.x's templates refuse them; gpt-oss's
-        take one a message)."""
-        return self.name not in ("llama3", "harmony")
+        and GigaChat's take one a message)."""
+        return self.name not in ("llama3", "harmony", "gigachat")
 
     @property
     def marker(self) -> str | None:
@@ -160,7 +163,7 @@ class NativeFormat:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
-                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "mistral": MISTRAL_OPEN,
+                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
@@ -234,6 +237,9 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
         token = _one_token(vocab, NEMOTRON_OPEN)
         close = _one_token(vocab, NEMOTRON_CLOSE)
         return NativeFormat("nemotron", token, close_token=close) if token is not None else None
+    if GIGACHAT_OPEN in template_source:
+        token = _one_token(vocab, GIGACHAT_OPEN)
+        return NativeFormat("gigachat", token) if token is not None else None
     if GRANITE_OPEN in template_source:
         token = _one_token(vocab, GRANITE_OPEN)
         return NativeFormat("granite", token) if token is not None else None

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, COMMAND_R_TEMPLATE, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
+from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
                                 GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
                                 GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, MINICPM5_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
@@ -41,6 +41,7 @@ def server(server_factory, tmp_path_factory):
     nemotron = write_control_smollm2(models / "smollm2-nemotron.gguf", NEMOTRON_TOKENS)
     command_r = write_control_smollm2(models / "smollm2-command-r.gguf", COMMAND_R_TOKENS)
     apertus = write_control_smollm2(models / "smollm2-apertus.gguf", APERTUS_TOKENS)
+    gigachat = write_control_smollm2(models / "smollm2-gigachat.gguf", GIGACHAT_TOKENS)
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
@@ -57,6 +58,7 @@ def server(server_factory, tmp_path_factory):
                    model_entry("nemotron", nemotron, n_parallel=1, chat_template=NEMOTRON_TEMPLATE),
                    model_entry("command-r", command_r, n_parallel=1, chat_template=COMMAND_R_TEMPLATE),
                    model_entry("apertus", apertus, n_parallel=1, chat_template=APERTUS_TEMPLATE),
+                   model_entry("gigachat", gigachat, n_parallel=1, chat_template=GIGACHAT_TEMPLATE),
                    model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
                    model_entry("functiongemma", functiongemma, n_parallel=1, chat_template=FUNCTIONGEMMA_TEMPLATE)],
     }, "native-tools")
@@ -184,12 +186,12 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "gemma4": "gemma4",
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "gigachat": "gigachat", "gemma4": "gemma4",
                      "functiongemma": "functiongemma"}
 
 
 OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "minicpm5", "lfm2", "gpt-oss", "granite", "nemotron",
-                 "command-r", "apertus", "gemma4", "functiongemma")
+                 "command-r", "apertus", "gigachat", "gemma4", "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -273,6 +275,9 @@ def test_history_renders_in_each_models_format(server, model):
     elif model == "apertus":  # objects keyed by the name between its tags, the results after them
         assert ('<|assistant_start|><|tools_prefix|>[{"get_weather": {"city": "Paris", "unit": "celsius"}}]'
                 "<|tools_suffix|>[18 degrees, sunny]<|assistant_start|>") in text
+    elif model == "gigachat":  # one call after the content, its result as a role of its own
+        assert ('assistant<|role_sep|>\n<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris", '
+                '"unit": "celsius"}}<|message_sep|>\n\nfunction result<|role_sep|>\n18 degrees, sunny') in text
     elif model == "nemotron":  # a JSON list between its tags
         assert ('<|im_start|>assistant\n<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", '
                 '"unit": "celsius"}}]</TOOLCALL><|im_end|>') in text

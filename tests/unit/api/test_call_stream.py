@@ -25,6 +25,7 @@ NEMOTRON = NativeFormat("nemotron", 9, close_token=10)
 COMMAND_R = NativeFormat("command-r", 9, close_token=10)
 MINICPM5 = NativeFormat("minicpm5", trigger_text='<function name="')
 APERTUS = NativeFormat("apertus", 9, close_token=10)
+GIGACHAT = NativeFormat("gigachat", 9)
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -54,6 +55,7 @@ ANSWERS = [
           "<arg_value>one\ntwo</arg_value>\n</tool_call>", None),
     (APERTUS, 'Both.<|tools_prefix|>[{"w": {"city": "Oslo"}}, {"write": {"text": "a\\nb", "lines": 2}}]'
               '<|tools_suffix|>', "Both."),
+    (GIGACHAT, 'Looking.<|function_call|>{"name": "write", "arguments": {"text": "a\\nb", "lines": 2}}', "Looking."),
     (MINICPM5, 'Writing.\n<function name="write"><param name="lines">2</param><param name="text"><![CDATA[a </param>\n'
                '<function name="x"> & b]]></param><param name="path">a.py</param></function>\n'
                '<function name="w"><param name="city">Oslo</param></function>', "Writing."),

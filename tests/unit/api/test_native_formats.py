@@ -92,6 +92,8 @@ class FakeVocab:
     ("{{ tools }} <|tools_prefix|>[...]<|tools_suffix|>", FakeVocab("<|tools_prefix|>", "<|tools_suffix|>"),
      NativeFormat("apertus", 100, close_token=101)),
     ("{{ tools }} <|tools_prefix|>[...]<|tools_suffix|>", FakeVocab(), None),
+    ("{{ tools }} {%- set add_tokens = namespace(function_call='<|function_call|>') %}", FakeVocab("<|function_call|>"),
+     NativeFormat("gigachat", 100)),
     ("""{{ tools }} {{- '<function name="' ~ tool_call.name ~ '">' }} {{- '<param name="' ~ param_name ~ '">' }}""",
      FakeVocab(), NativeFormat("minicpm5", trigger_text='<function name="')),  # its tags are text
 ])
@@ -468,3 +470,14 @@ def test_apertus_deliberates_in_its_inner_block_then_calls():
     parts = AnswerShape(plan, reasoning.APERTUS).whole(text, "stop")
     assert parts.reasoning == "Bern is in Switzerland." and parts.content is None
     assert [(c.function.name, json.loads(c.function.arguments)) for c in parts.tool_calls] == [("w", {"city": "Bern"})]
+
+
+def test_gigachat_takes_one_call_after_its_tag():
+    fmt = NativeFormat("gigachat", 9)
+    plan = tools.plan(request(tools=[WEATHER, ADD]), fmt)  # parallel calls asked for: one all the same
+    assert plan.grammar.splitlines()[0] == "root ::= <[9]> call" and plan.triggers == (9,)
+    grammar.check(None, plan.grammar)
+    text = 'Checking.<|function_call|>{"name": "w", "arguments": {"city": "Riga"}}'
+    content, calls, reason = native_answers.read_answer(fmt, text, "stop")
+    assert (content, reason) == ("Checking.", "tool_calls") and calls[0].function.name == "w"
+    assert native_answers.read_answer(fmt, text + ' {"name": "w"}', "stop")[1] is None  # text after the call
