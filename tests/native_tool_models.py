@@ -197,6 +197,39 @@ GIGACHAT_TEMPLATE = """\
 {%- endfor -%}"""
 
 
+# Apriel 1.6's form (its template's shape, shortened): tools and the call format in the system
+# message, a JSON list of calls between `<tool_calls>` tags (text, not tokens), results as
+# `<|begin_tool_result|>`, and the answer's reasoning opened by the prompt.
+APRIEL_TEMPLATE = """\
+{{- bos_token }}<|begin_system|>
+Analyze each question carefully, present your reasoning step-by-step, then provide the final response after the marker [BEGIN FINAL RESPONSE].
+{% if tools %}Here are the available tools:
+<available_tools>
+{% for tool in tools %}{{ tool | tojson }}{% endfor %}
+</available_tools>.
+Return all function calls as a list of JSON objects within <tool_calls></tool_calls> XML tags:
+<tool_calls>[{"name": <function-name-1>, "arguments": <args-dict-1>}]</tool_calls>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}
+<|begin_user|>
+{{ m.content }}
+{%- elif m.role == 'assistant' %}{{ '\n<|begin_assistant|>\n' }}
+{%- if m.content %}{% if not loop.last and '[BEGIN FINAL RESPONSE]' in m.content %}{{ m.content.split('[BEGIN FINAL RESPONSE]')[-1] | trim }}{% else %}{{ m.content }}{% endif %}{% endif %}
+{%- if m.tool_calls %}{{ '\n<tool_calls>[' }}
+{%- for c in m.tool_calls %}{{ '{"name": "' + c.function.name + '", "arguments": ' + c.function.arguments | tojson + ', "id": "' + c.id + '"}' }}{% if not loop.last %}, {% endif %}{% endfor %}]</tool_calls>
+{%- endif %}
+{%- if not loop.last %}{{ '\n<|end|>\n' }}{% endif %}
+{%- elif m.role == 'tool' %}<|begin_tool_result|>
+{{ m.content }}
+{% endif %}
+{%- if loop.last and add_generation_prompt and m.role != 'assistant' %}
+<|begin_assistant|>
+Here are my reasoning steps:
+{% endif %}
+{%- endfor %}"""
+
+
 # LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
 # its content only (a call is written into the assistant's content in Python's notation).
 LFM2_TEMPLATE = """\

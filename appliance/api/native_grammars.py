@@ -59,6 +59,8 @@ def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]
     properties: dict[str, Any] = {fmt.name_key: {"const": name}, fmt.args_key: parameters}
     if fmt.name == "mistral":  # the model may write the id its template showed it in earlier calls
         properties["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+    if fmt.name == "apriel":  # so may Apriel (its ids are the client's, `call_...` mostly)
+        properties["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
     required = [fmt.name_key, fmt.args_key]
     if fmt.name == "command-r":  # its calls are numbered first, as its template writes them
         properties = {"tool_call_id": {"type": "string", "pattern": "^[0-9]{1,3}$"}, **properties}
@@ -82,7 +84,8 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
         close = ""
         if fmt.list_close is not None:
             close = f" <[{fmt.close_token}]>" if fmt.close_token is not None else f" {literal(fmt.list_close)}"
-        return f'root ::= <[{fmt.open_token}]> "["{space} call{more}{space} "]"{close}\n' + calls
+        opener = f"<[{fmt.open_token}]>" if fmt.open_token is not None else literal(fmt.marker)
+        return f'root ::= {opener} "["{space} call{more}{space} "]"{close}\n' + calls
     if fmt.name == "gigachat":
         return f"root ::= <[{fmt.open_token}]> call\n" + calls
     if fmt.name == "llama3":

@@ -33,6 +33,8 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
 - apertus: `<|tools_prefix|>[{"name": {...}}, ...]<|tools_suffix|>`, each call an object whose
   one key is the function's name (Apertus), after its deliberation between `<|inner_prefix|>`
   and `<|inner_suffix|>` (its reasoning, engine/reasoning.py); results follow in the same turn;
+- apriel: `<tool_calls>[{"name": ..., "arguments": {...}}, ...]</tool_calls>` (Apriel 1.5 and
+  1.6), after its reasoning steps (engine/reasoning.py); the tags are tokens or text;
 - command-r: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`
   (Command R7B), after its plan in `<|START_THINKING|>` (its reasoning, engine/reasoning.py);
 - minicpm5: `<function name="name"><param name="key">value</param>...</function>` for each call,
@@ -80,6 +82,7 @@ GRANITE_OPEN = "<|tool_call|>"  # Granite 3.x: a JSON list of calls after it
 NEMOTRON_OPEN, NEMOTRON_CLOSE = "<TOOLCALL>", "</TOOLCALL>"  # Nemotron Nano 2: a JSON list between them
 COMMAND_R_OPEN, COMMAND_R_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"  # Command R7B: the same, its own keys
 GIGACHAT_OPEN = "<|function_call|>"  # GigaChat 3.1: one call's JSON object after it
+APRIEL_OPEN, APRIEL_CLOSE = "<tool_calls>", "</tool_calls>"  # Apriel: a JSON list between them
 APERTUS_OPEN, APERTUS_CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"  # Apertus: a list of {name: arguments}
 # gpt-oss's harmony tokens (channel, message, start, end, constrain) and how its calls begin
 HARMONY_TAGS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
@@ -111,14 +114,14 @@ LLAMA3_SIGN = '"parameters": dictionary of argument name'
 # (written in Jinja strings, so quotes and newlines may be escaped).
 _HERMES_JSON = re.compile(r'<tool_call>(?:\s|\\n)*\{\{?\\?"(?:name|arguments)\\?"'
                           r'|\{\{?\\?"name\\?": <function-name>, \\?"arguments\\?"')
-JSON_LISTS = ("mistral", "granite", "nemotron", "command-r", "apertus")  # the formats whose calls are a JSON list
+JSON_LISTS = ("mistral", "granite", "nemotron", "command-r", "apertus", "apriel")  # the formats whose calls are a JSON list
 MISTRAL_ID = re.compile(r"^[a-zA-Z0-9]{9}$")
 _ALNUM = string.ascii_letters + string.digits
 
 
 @dataclass(frozen=True)
 class NativeFormat:
-    # hermes, qwen3-coder, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, mistral, mistral-args,
+    # hermes, qwen3-coder, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, apriel, mistral, mistral-args,
     # gemma4, functiongemma, gigachat, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
@@ -148,7 +151,8 @@ class NativeFormat:
     @property
     def list_close(self) -> str | None:
         """The tag that closes a JSON list of calls (Nemotron's, Command R's; None: none does)."""
-        return {"nemotron": NEMOTRON_CLOSE, "command-r": COMMAND_R_CLOSE, "apertus": APERTUS_CLOSE}.get(self.name)
+        return {"nemotron": NEMOTRON_CLOSE, "command-r": COMMAND_R_CLOSE, "apertus": APERTUS_CLOSE,
+                "apriel": APRIEL_CLOSE}.get(self.name)
 
     @property
     def parallel(self) -> bool:
@@ -163,7 +167,7 @@ class NativeFormat:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
-                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
+                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
@@ -195,6 +199,11 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
         return None
     if MINICPM_FUNCTION in template_source and MINICPM_PARAM in template_source:
         return NativeFormat("minicpm5", trigger_text=MINICPM_FUNCTION)
+    if APRIEL_OPEN + "[" in template_source and APRIEL_CLOSE in template_source:
+        token, close = _one_token(vocab, APRIEL_OPEN), _one_token(vocab, APRIEL_CLOSE)
+        if token is None:
+            return NativeFormat("apriel", trigger_text=APRIEL_OPEN)
+        return NativeFormat("apriel", token, close_token=close)
     if HERMES_OPEN in template_source and HERMES_CLOSE in template_source:
         if XML_FUNCTION in template_source and XML_PARAMETER in template_source:
             name = "qwen3-coder"

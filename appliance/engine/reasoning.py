@@ -58,14 +58,22 @@ COMMAND_R = Tags("<|START_THINKING|>", "<|END_THINKING|>", "<|END_THINKING|>", (
                  ("<|START_RESPONSE|>", "<|END_RESPONSE|>"))
 # Apertus deliberates between its inner tags (its template's `enable_thinking` turns it on).
 APERTUS = Tags("<|inner_prefix|>", "<|inner_suffix|>", "<|inner_suffix|>")
+# Apriel 1.6 reasons after its prompt's "Here are my reasoning steps:", then answers after a
+# marker (Apriel 1.5's templates ask for an end marker too).
+APRIEL = Tags("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]", "\n[BEGIN FINAL RESPONSE]\n",
+              ("[END FINAL RESPONSE]", "<|end|>"))
 HARMONY = Tags("<|channel|>analysis<|message|>", "<|end|>", "<|end|>" + _HARMONY_FINAL,
                (_HARMONY_FINAL, "<|channel|>final<|message|>", "<|start|>assistant", "<|end|>", "<|return|>"),
                ("<|start|>", "<|return|>"))
 
 
+# The prompt's last tokens that are looked at for an open tag (Apriel's is a sentence).
+_TAIL_TOKENS = 16
+
+
 def tags_of(template_source: str) -> Tags | None:
     """The think block's tags the chat template knows (None: it has no think block)."""
-    for tags in (THINK, GEMMA4, HARMONY, COMMAND_R, APERTUS):
+    for tags in (THINK, GEMMA4, HARMONY, COMMAND_R, APERTUS, APRIEL):
         if tags.open in template_source and tags.close in template_source:
             return tags
     return None
@@ -103,7 +111,7 @@ def _grammar_from_start(sampling: SamplingParams) -> bool:
 
 
 def _starts_inside(runner: ModelRunner, prompt: list[int], tags: Tags) -> bool:
-    return opened_by_prompt(runner.vocab.text(prompt[-8:], special=True), tags)
+    return opened_by_prompt(runner.vocab.text(prompt[-_TAIL_TOKENS:], special=True), tags)
 
 
 def effort_kwargs(effort: str | None) -> dict[str, bool | str]:
@@ -162,7 +170,7 @@ def think_first(runner: ModelRunner, prompt: list[int], sampling: SamplingParams
         return sampling
     if len(runner.vocab.tokenize(tags.close, add_special=False, parse_special=True)) != 1:
         return sampling
-    tail = runner.vocab.text(prompt[-8:], special=True).rstrip()
+    tail = runner.vocab.text(prompt[-_TAIL_TOKENS:], special=True).rstrip()
     if tail.endswith(tags.open) or tail.endswith(tags.close):
         return sampling
     return replace(sampling, grammar=thinking_grammar(runner.vocab, tags, sampling.grammar, budget))

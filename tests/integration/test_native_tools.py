@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
+from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
                                 GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
                                 GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, MINICPM5_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
@@ -59,6 +59,8 @@ def server(server_factory, tmp_path_factory):
                    model_entry("command-r", command_r, n_parallel=1, chat_template=COMMAND_R_TEMPLATE),
                    model_entry("apertus", apertus, n_parallel=1, chat_template=APERTUS_TEMPLATE),
                    model_entry("gigachat", gigachat, n_parallel=1, chat_template=GIGACHAT_TEMPLATE),
+                   # its reasoning, which the prompt opens, closed at once (SmolLM2 would not close it)
+                   model_entry("apriel", SMOLLM2, n_parallel=1, chat_template=APRIEL_TEMPLATE, reasoning_budget=0),
                    model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
                    model_entry("functiongemma", functiongemma, n_parallel=1, chat_template=FUNCTIONGEMMA_TEMPLATE)],
     }, "native-tools")
@@ -186,12 +188,12 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "eie", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "gigachat": "gigachat", "gemma4": "gemma4",
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "apriel": "apriel", "gigachat": "gigachat", "gemma4": "gemma4",
                      "functiongemma": "functiongemma"}
 
 
 OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "minicpm5", "lfm2", "gpt-oss", "granite", "nemotron",
-                 "command-r", "apertus", "gigachat", "gemma4", "functiongemma")
+                 "command-r", "apertus", "apriel", "gigachat", "gemma4", "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -216,7 +218,7 @@ def test_a_named_call_comes_in_each_models_format(server, model):
                 chunks.append(json.loads(line[6:])["choices"][0])
     (streamed,) = streamed_calls(chunks)
     assert streamed["function"] == call["function"]
-    assert not "".join(c["delta"].get("content") or "" for c in chunks).strip()
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == content
 
 
 @pytest.mark.parametrize("model", ("mistral", "mistral-args"))
@@ -275,6 +277,10 @@ def test_history_renders_in_each_models_format(server, model):
     elif model == "apertus":  # objects keyed by the name between its tags, the results after them
         assert ('<|assistant_start|><|tools_prefix|>[{"get_weather": {"city": "Paris", "unit": "celsius"}}]'
                 "<|tools_suffix|>[18 degrees, sunny]<|assistant_start|>") in text
+    elif model == "apriel":  # a JSON list between its tags, with the call's id
+        assert ('<|begin_assistant|>\n\n<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris", '
+                '"unit": "celsius"}, "id": "call_1"}]</tool_calls>\n<|end|>\n<|begin_tool_result|>\n18 degrees, sunny\n'
+                "<|begin_assistant|>\nHere are my reasoning steps:\n") in text
     elif model == "gigachat":  # one call after the content, its result as a role of its own
         assert ('assistant<|role_sep|>\n<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris", '
                 '"unit": "celsius"}}<|message_sep|>\n\nfunction result<|role_sep|>\n18 degrees, sunny') in text
@@ -428,24 +434,27 @@ def few_shot_weather(city: str) -> list[dict]:
     return out + [{"role": "user", "content": f"What is the weather in {city}?"}]
 
 
-def test_minicpm5_under_auto_the_call_is_held_from_its_tag_written_as_text(server):
-    """MiniCPM 5's tag is text: the grammar waits for the model to write it, then holds the call.
-    The earlier calls say celsius; a schema that takes only kelvin gets kelvin once the tag is out."""
+@pytest.mark.parametrize("model", ("minicpm5", "apriel"))
+def test_under_auto_a_call_is_held_from_its_tag_written_as_text(server, model):
+    """MiniCPM 5's tag is text, and so is Apriel's in a vocabulary without it: the grammar waits
+    for the model to write it, then holds the call. The earlier calls say celsius; a schema that
+    takes only kelvin gets kelvin once the tag is out."""
     kelvin = json.loads(json.dumps(TOOLS[0]))
     kelvin["function"]["parameters"]["properties"]["unit"] = {"enum": ["kelvin"]}
-    out = chat(server, few_shot_weather("Paris"), model="minicpm5", tools=[kelvin]).json()["choices"][0]
-    assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None, out
+    out = chat(server, few_shot_weather("Paris"), model=model, tools=[kelvin]).json()["choices"][0]
+    content = out["message"]["content"] or ""  # SmolLM2 may write something else first (it is not Apriel)
+    assert out["finish_reason"] == "tool_calls" and "<function" not in content and "<tool_calls" not in content, out
     (call,) = out["message"]["tool_calls"]
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "kelvin"}
-    free = chat(server, WEATHER, model="minicpm5", max_tokens=30).json()["choices"][0]
+    free = chat(server, WEATHER, model=model, max_tokens=30).json()["choices"][0]
     assert free["finish_reason"] == "length" and "<function" not in free["message"]["content"], free
     chunks = []
     with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
-            "model": "minicpm5", "messages": few_shot_weather("Paris"), "tools": [kelvin], "temperature": 0,
+            "model": model, "messages": few_shot_weather("Paris"), "tools": [kelvin], "temperature": 0,
             "stream": True, "max_tokens": 80}) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunks.append(json.loads(line[6:])["choices"][0])
     (streamed,) = streamed_calls(chunks)
     assert streamed["function"] == call["function"]
-    assert not "".join(c["delta"].get("content") or "" for c in chunks).strip()
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == content

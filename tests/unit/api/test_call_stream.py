@@ -26,6 +26,7 @@ COMMAND_R = NativeFormat("command-r", 9, close_token=10)
 MINICPM5 = NativeFormat("minicpm5", trigger_text='<function name="')
 APERTUS = NativeFormat("apertus", 9, close_token=10)
 GIGACHAT = NativeFormat("gigachat", 9)
+APRIEL = NativeFormat("apriel", trigger_text="<tool_calls>")
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -55,6 +56,8 @@ ANSWERS = [
           "<arg_value>one\ntwo</arg_value>\n</tool_call>", None),
     (APERTUS, 'Both.<|tools_prefix|>[{"w": {"city": "Oslo"}}, {"write": {"text": "a\\nb", "lines": 2}}]'
               '<|tools_suffix|>', "Both."),
+    (APRIEL, 'Done.\n<tool_calls>[{"name": "w", "arguments": {"city": "Oslo"}, "id": "call_7"}, {"name": "write", '
+             '"arguments": {"text": "a"}}]</tool_calls>', "Done."),
     (GIGACHAT, 'Looking.<|function_call|>{"name": "write", "arguments": {"text": "a\\nb", "lines": 2}}', "Looking."),
     (MINICPM5, 'Writing.\n<function name="write"><param name="lines">2</param><param name="text"><![CDATA[a </param>\n'
                '<function name="x"> & b]]></param><param name="path">a.py</param></function>\n'

@@ -92,6 +92,9 @@ class FakeVocab:
     ("{{ tools }} <|tools_prefix|>[...]<|tools_suffix|>", FakeVocab("<|tools_prefix|>", "<|tools_suffix|>"),
      NativeFormat("apertus", 100, close_token=101)),
     ("{{ tools }} <|tools_prefix|>[...]<|tools_suffix|>", FakeVocab(), None),
+    ("{{ tools }} '<tool_calls>[' ~ calls ~ ']</tool_calls>'", FakeVocab(), NativeFormat("apriel", trigger_text="<tool_calls>")),
+    ("{{ tools }} '<tool_calls>[' ~ calls ~ ']</tool_calls>'", FakeVocab("<tool_calls>", "</tool_calls>"),
+     NativeFormat("apriel", 100, close_token=101)),  # tokens where the vocabulary has them
     ("{{ tools }} {%- set add_tokens = namespace(function_call='<|function_call|>') %}", FakeVocab("<|function_call|>"),
      NativeFormat("gigachat", 100)),
     ("""{{ tools }} {{- '<function name="' ~ tool_call.name ~ '">' }} {{- '<param name="' ~ param_name ~ '">' }}""",
@@ -481,3 +484,25 @@ def test_gigachat_takes_one_call_after_its_tag():
     content, calls, reason = native_answers.read_answer(fmt, text, "stop")
     assert (content, reason) == ("Checking.", "tool_calls") and calls[0].function.name == "w"
     assert native_answers.read_answer(fmt, text + ' {"name": "w"}', "stop")[1] is None  # text after the call
+
+
+def test_apriel_reasons_then_calls_in_a_list_between_its_tags_written_as_text():
+    from appliance.api.chat_answer import AnswerShape
+    from appliance.engine import reasoning
+
+    fmt = NativeFormat("apriel", trigger_text="<tool_calls>")
+    plan = tools.plan(request(tools=[WEATHER]), fmt)
+    assert plan.triggers == ("<tool_calls>",)
+    assert plan.grammar.splitlines()[0] == 'root ::= "<tool_calls>" "[" call ("," " "? call)* "]" "</tool_calls>"'
+    assert '"\\"id\\""' in plan.grammar  # the model may write the id its history showed it
+    grammar.check(None, plan.grammar)
+    source = "'Here are my reasoning steps:\\n' ... '[BEGIN FINAL RESPONSE]'"
+    assert reasoning.tags_of(source) is reasoning.APRIEL
+    text = ('Paris is in France.\n[BEGIN FINAL RESPONSE]\n<tool_calls>[{"name": "w", "arguments": {"city": "Paris"}, '
+            '"id": "call_1"}]</tool_calls>')
+    parts = AnswerShape(plan, reasoning.APRIEL, inside=True).whole(text, "stop")
+    assert parts.reasoning == "Paris is in France." and parts.content is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in parts.tool_calls] == [("w", {"city": "Paris"})]
+    answer = AnswerShape(None, reasoning.APRIEL, inside=True).whole("Easy.\n[BEGIN FINAL RESPONSE]\n4\n[END FINAL RESPONSE]",
+                                                                 "stop")
+    assert (answer.reasoning, answer.content) == ("Easy.", "4\n")
