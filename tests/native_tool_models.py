@@ -26,6 +26,7 @@ LFM2_TOKENS = {9: "<|tool_call_start|>", 10: "<|tool_call_end|>"}
 GRANITE_TOKENS = {9: "<|tool_call|>"}
 NEMOTRON_TOKENS = {9: "<TOOLCALL>", 10: "</TOOLCALL>"}
 GIGACHAT_TOKENS = {9: "<|function_call|>", 10: "<|role_sep|>", 11: "<|message_sep|>"}
+SEED_OSS_TOKENS = {9: "<seed:tool_call>", 10: "</seed:tool_call>", 11: "<seed:think>", 12: "</seed:think>"}
 APERTUS_TOKENS = {9: "<|tools_prefix|>", 10: "<|tools_suffix|>", 11: "<|inner_prefix|>", 12: "<|inner_suffix|>"}
 COMMAND_R_TOKENS = {9: "<|START_ACTION|>", 10: "<|END_ACTION|>", 11: "<|START_THINKING|>", 12: "<|END_THINKING|>",
                     13: "<|START_RESPONSE|>", 14: "<|END_RESPONSE|>"}
@@ -228,6 +229,33 @@ Return all function calls as a list of JSON objects within <tool_calls></tool_ca
 Here are my reasoning steps:
 {% endif %}
 {%- endfor %}"""
+
+
+# Seed-OSS's form (its template's shape, shortened): each call in its tags with Qwen3-Coder's
+# body, a value right after its parameter's tag, results as `tool` turns.
+SEED_OSS_TEMPLATE = """\
+{%- if tools %}<seed:bos>system
+You can call functions:
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}工具调用请遵循如下格式:
+<seed:tool_call>
+<function=example_function_name>
+<parameter=example_parameter_1>value_1</parameter>
+</function>
+</seed:tool_call>
+<seed:eos>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<seed:bos>assistant
+{%- if m.content %}{{ '\n' + m.content | trim + '\n' }}{% endif %}
+{%- for c in m.tool_calls %}{% set c = c.function %}{{ '\n<seed:tool_call>\n<function=' + c.name + '>\n' }}
+{%- for k, v in c.arguments | items %}{{ '<parameter=' + k + '>' }}{{ (v if v is string else v | string) + '</parameter>\n' }}{% endfor -%}
+{{ '</function>\n</seed:tool_call>' }}{% endfor %}<seed:eos>
+{%- else %}<seed:bos>{{ m.role }}
+{{ m.content }}<seed:eos>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<seed:bos>assistant
+{% endif %}"""
 
 
 # LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
@@ -570,5 +598,5 @@ def write_hermes_smollm2(dst: Path) -> Path:
 
 def write_control_smollm2(dst: Path, tokens: dict[int, str]) -> Path:
     """A SmolLM2 copy whose `tokens` are control tokens, as Mistral's, Gemma's, gpt-oss's, LFM2's,
-    Granite's, Nemotron's, Command R's, Apertus' and GigaChat's tags are in their vocabularies."""
+    Granite's, Nemotron's, Command R's, Apertus', GigaChat's and Seed-OSS's tags are in their vocabularies."""
     return retokened_smollm2(dst, tokens, CONTROL)

@@ -16,7 +16,8 @@ from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements
                           tool_calls, value_end)
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, JSON_LISTS,
                            LFM2_CLOSE, LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE,
-                           MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, XML_FUNCTION, NativeFormat)
+                           MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION,
+                           NativeFormat)
 from .schemas import ToolCall
 
 _HARMONY_HEAD = re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>)?\s*json\s*<\|message\|>")
@@ -112,6 +113,10 @@ XML_SHAPES = {
                     re.compile(r"([^<\n]+?)\s*((?:<arg_key>.*?</arg_value>\s*)*)", re.DOTALL),
                     re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
                     re.compile(r"<arg_key>([^<]*)</arg_key>\s*<arg_value>"), (GLM_VALUE_CLOSE,), False),
+    "seed-oss": XmlShape(re.compile(r"\s*<function=([^>\n]+)>"), XML_FUNCTION,
+                         re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
+                         re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL),
+                         re.compile(r"<parameter=([^>\n]+)>"), ("</parameter>",), False, SEED_OPEN, SEED_CLOSE),
     "minicpm5": XmlShape(re.compile(r'([^"<>\n]+)">'), "",
                          re.compile(r'([^"<>\n]+)">\s*((?:<param name="[^"<>\n]+">.*?</param>\s*)*)', re.DOTALL),
                          re.compile(r'<param name="([^"<>\n]+)">(.*?)</param>', re.DOTALL),

@@ -13,7 +13,7 @@ from ..engine.schema_grammar import (MAX_REPEAT, SchemaError, literal, never_spe
 from .native_answers import xml_written_as_text
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE,
                            HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM,
-                           MINICPM_PARAM_CLOSE, XML_FUNCTION, XML_PARAMETER, NativeFormat)
+                           MINICPM_PARAM_CLOSE, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, XML_PARAMETER, NativeFormat)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ XML_FRAMES = {
         lambda key: f'{literal(GLM_KEY + key + GLM_KEY_CLOSE)} {_NL}? "{GLM_VALUE}"',
         f'"{GLM_KEY}" [a-zA-Z0-9_.-]+ "{GLM_KEY_CLOSE}" {_NL}? "{GLM_VALUE}"', f'"{GLM_VALUE_CLOSE}" {_NL}?',
         GLM_VALUE_CLOSE),
+    "seed-oss": XmlFrame(
+        f'{literal(SEED_OPEN)} {_NL} call {_NL} {literal(SEED_CLOSE)}', _NL, lambda name: literal(f"{XML_FUNCTION}{name}>\n"),
+        '"</function>"', lambda key: literal(f"{XML_PARAMETER}{key}>"), f'"{XML_PARAMETER}" [a-zA-Z0-9_.-]+ ">"',
+        '"</parameter>\\n"', "</parameter>"),
     "minicpm5": XmlFrame(
         "call", f"{_NL}?", lambda name: literal(f'{MINICPM_FUNCTION}{name}">'), literal(MINICPM_FUNCTION_CLOSE),
         lambda key: literal(f'{MINICPM_PARAM}{key}">'), f'{literal(MINICPM_PARAM)} [a-zA-Z0-9_.-]+ "\\">"',

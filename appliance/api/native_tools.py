@@ -13,6 +13,9 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
   Mistral Small 3.2 may put `[CALL_ID]id` before `[ARGS]`), all three control tokens;
 - qwen3-coder: `<tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>\n</tool_call>`,
   a string parameter's value as raw text, others as JSON (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano);
+- seed-oss: `<seed:tool_call>\n<function=name>\n<parameter=p>value</parameter>\n...</function>\n</seed:tool_call>`,
+  values as qwen3-coder's but not framed by newlines (Seed-OSS), after its `<seed:think>` block
+  (its reasoning, engine/reasoning.py);
 - glm: `<tool_call>name<arg_key>p</arg_key><arg_value>value</arg_value>...</tool_call>`, with or
   without a newline after the name and each tag (GLM 4.5 to 4.7, Ling 3, Laguna, Spark 2.5), values
   as qwen3-coder's; its tags are written out where they are tokens;
@@ -90,6 +93,7 @@ HARMONY_CALL = "<|channel|>commentary to=functions."
 MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 XML_FUNCTION, XML_PARAMETER = "<function=", "<parameter="
 GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+SEED_OPEN, SEED_CLOSE = "<seed:tool_call>", "</seed:tool_call>"  # Seed-OSS: qwen3-coder's body in its own tags
 # MiniCPM 5's calls, parameters, and a value's CDATA block
 MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE = '<function name="', "</function>"
 MINICPM_PARAM, MINICPM_PARAM_CLOSE = '<param name="', "</param>"
@@ -121,7 +125,7 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    # hermes, qwen3-coder, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, apriel, mistral, mistral-args,
+    # hermes, qwen3-coder, seed-oss, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, apriel, mistral, mistral-args,
     # gemma4, functiongemma, gigachat, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
@@ -129,7 +133,7 @@ class NativeFormat:
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
     close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r, apertus: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
-    tag_tokens: tuple[int, ...] = ()  # glm: its tags that are tokens; harmony: HARMONY_TAGS' (written out)
+    tag_tokens: tuple[int, ...] = ()  # glm, seed-oss: its tags that are tokens; harmony: HARMONY_TAGS' (written out)
     trigger_text: str | None = None  # the text that starts a lazy grammar, where no token does
 
     @property
@@ -167,7 +171,7 @@ class NativeFormat:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
-                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
+                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
@@ -197,6 +201,12 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     and its vocabulary has the format's tags as single tokens."""
     if "tools" not in template_source:
         return None
+    if SEED_OPEN in template_source and SEED_CLOSE in template_source:
+        token, close = _one_token(vocab, SEED_OPEN), _one_token(vocab, SEED_CLOSE)
+        shown = (close,) if close is not None else ()
+        if token is None:
+            return NativeFormat("seed-oss", trigger_text=SEED_OPEN, tag_tokens=shown)
+        return NativeFormat("seed-oss", token, tag_tokens=shown)
     if MINICPM_FUNCTION in template_source and MINICPM_PARAM in template_source:
         return NativeFormat("minicpm5", trigger_text=MINICPM_FUNCTION)
     if APRIEL_OPEN + "[" in template_source and APRIEL_CLOSE in template_source:

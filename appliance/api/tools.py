@@ -125,7 +125,8 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
     parallel = parallel and native.parallel
     builders = {"qwen3-coder": partial(native_grammars.xml_grammar, native),
                 "glm": partial(native_grammars.xml_grammar, native),
-                "minicpm5": partial(native_grammars.xml_grammar, native), "gemma4": partial(native_grammars.gemma_grammar, native),
+                "minicpm5": partial(native_grammars.xml_grammar, native),
+                "seed-oss": partial(native_grammars.xml_grammar, native), "gemma4": partial(native_grammars.gemma_grammar, native),
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native),
                 "lfm2": partial(pythonic_calls.grammar, native.open_token, native.close_token),

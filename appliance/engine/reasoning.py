@@ -56,6 +56,8 @@ _HARMONY_FINAL = "<|start|>assistant<|channel|>final<|message|>"
 # Command R7B plans in a thinking block, and answers in a response block whose tags are not text.
 COMMAND_R = Tags("<|START_THINKING|>", "<|END_THINKING|>", "<|END_THINKING|>", ("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
                  ("<|START_RESPONSE|>", "<|END_RESPONSE|>"))
+# Seed-OSS thinks in its own tags (a budget's reflections inside them are thought too).
+SEED = Tags("<seed:think>", "</seed:think>", "</seed:think>")
 # Apertus deliberates between its inner tags (its template's `enable_thinking` turns it on).
 APERTUS = Tags("<|inner_prefix|>", "<|inner_suffix|>", "<|inner_suffix|>")
 # Apriel 1.6 reasons after its prompt's "Here are my reasoning steps:", then answers after a
@@ -73,7 +75,7 @@ _TAIL_TOKENS = 16
 
 def tags_of(template_source: str) -> Tags | None:
     """The think block's tags the chat template knows (None: it has no think block)."""
-    for tags in (THINK, GEMMA4, HARMONY, COMMAND_R, APERTUS, APRIEL):
+    for tags in (THINK, GEMMA4, HARMONY, COMMAND_R, APERTUS, APRIEL, SEED):
         if tags.open in template_source and tags.close in template_source:
             return tags
     return None

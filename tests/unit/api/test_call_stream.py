@@ -27,6 +27,7 @@ MINICPM5 = NativeFormat("minicpm5", trigger_text='<function name="')
 APERTUS = NativeFormat("apertus", 9, close_token=10)
 GIGACHAT = NativeFormat("gigachat", 9)
 APRIEL = NativeFormat("apriel", trigger_text="<tool_calls>")
+SEED_OSS = NativeFormat("seed-oss", 9, tag_tokens=(10,))
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -58,6 +59,9 @@ ANSWERS = [
               '<|tools_suffix|>', "Both."),
     (APRIEL, 'Done.\n<tool_calls>[{"name": "w", "arguments": {"city": "Oslo"}, "id": "call_7"}, {"name": "write", '
              '"arguments": {"text": "a"}}]</tool_calls>', "Done."),
+    (SEED_OSS, "Let me write.\n<seed:tool_call>\n<function=write>\n<parameter=lines>2</parameter>\n<parameter=text>one "
+               '"1"\ntwo\n</parameter>\n</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=w>\n'
+               "<parameter=city>Oslo</parameter>\n</function>\n</seed:tool_call>", "Let me write."),
     (GIGACHAT, 'Looking.<|function_call|>{"name": "write", "arguments": {"text": "a\\nb", "lines": 2}}', "Looking."),
     (MINICPM5, 'Writing.\n<function name="write"><param name="lines">2</param><param name="text"><![CDATA[a </param>\n'
                '<function name="x"> & b]]></param><param name="path">a.py</param></function>\n'

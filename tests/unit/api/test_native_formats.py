@@ -93,6 +93,10 @@ class FakeVocab:
      NativeFormat("apertus", 100, close_token=101)),
     ("{{ tools }} <|tools_prefix|>[...]<|tools_suffix|>", FakeVocab(), None),
     ("{{ tools }} '<tool_calls>[' ~ calls ~ ']</tool_calls>'", FakeVocab(), NativeFormat("apriel", trigger_text="<tool_calls>")),
+    ("{%- set toolcall_begin_token = '<seed:tool_call>' -%} {%- set toolcall_end_token = '</seed:tool_call>' -%} {{ tools }}",
+     FakeVocab("<seed:tool_call>", "</seed:tool_call>"), NativeFormat("seed-oss", 100, tag_tokens=(101,))),
+    ("{{ tools }} <seed:tool_call> <function=f> </seed:tool_call>", FakeVocab(),
+     NativeFormat("seed-oss", trigger_text="<seed:tool_call>")),
     ("{{ tools }} '<tool_calls>[' ~ calls ~ ']</tool_calls>'", FakeVocab("<tool_calls>", "</tool_calls>"),
      NativeFormat("apriel", 100, close_token=101)),  # tokens where the vocabulary has them
     ("{{ tools }} {%- set add_tokens = namespace(function_call='<|function_call|>') %}", FakeVocab("<|function_call|>"),

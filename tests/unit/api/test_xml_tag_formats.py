@@ -1,6 +1,7 @@
-"""MiniCPM 5's tool calls (`<function name="f"><param name="k">value</param></function>`): the
-grammar walked by llama.cpp's grammar engine over SmolLM2's vocabulary, as the runner walks it,
-and the answers read back, a string's value as raw text or out of its CDATA block."""
+"""MiniCPM 5's tool calls (`<function name="f"><param name="k">value</param></function>`) and
+Seed-OSS's (Qwen3-Coder's body in `<seed:tool_call>` tags, values not framed by newlines): the
+grammars walked by llama.cpp's grammar engine over SmolLM2's vocabulary, as the runner walks
+them, and the answers read back, a string's value as raw text or out of its CDATA block."""
 
 from __future__ import annotations
 
@@ -107,3 +108,41 @@ def test_a_streamed_cdata_value_goes_out_as_it_comes_without_its_markers():
     args = "".join(p.arguments for p in pieces)
     assert args == calls[0].function.arguments == json.dumps({"path": "line one\nline </param> two"})
     assert len(pieces) > 10 and "CDATA" not in args
+
+
+SEED_OSS = NativeFormat("seed-oss", trigger_text="<seed:tool_call>")
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("<seed:tool_call>\n<function=write>\n<parameter=path>a.py</parameter>\n</function>\n</seed:tool_call>", True),
+    ("<seed:tool_call>\n<function=write>\n<parameter=path>a\nb.py</parameter>\n<parameter=lines>3</parameter>\n"
+     "</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=free>\n<parameter=x>1</parameter>\n</function>\n"
+     "</seed:tool_call>", True),
+    ("<seed:tool_call>\n<function=write>\n<parameter=lines>3</parameter>\n</function>\n</seed:tool_call>", False),
+    ("<seed:tool_call>\n<function=write>\n<parameter=path>\na.py\n</parameter>\n</function>\n</seed:tool_call>",
+     True),  # qwen3-coder's framing newlines are the value's own here
+])
+def test_seed_oss_grammar_holds_its_calls(vocab, text, ok):
+    plan = tools.plan(request(tools=[WRITE, FREE], tool_choice="required"), SEED_OSS)
+    assert held(vocab, plan.grammar, text) is ok
+
+
+def test_seed_oss_values_are_read_without_framing_newlines():
+    template_tools = native_tools.template_tools(request(tools=[WRITE]))
+    text = ("<seed:tool_call>\n<function=write>\n<parameter=path>\na.py</parameter>\n<parameter=force>False</parameter>\n"
+            "</function>\n</seed:tool_call>")
+    _, calls, reason = native_answers.read_answer(SEED_OSS, text, "stop", template_tools)
+    assert reason == "tool_calls" and json.loads(calls[0].function.arguments) == {"path": "\na.py", "force": False}
+
+
+def test_seed_oss_thinks_in_its_own_tags():
+    from appliance.api.chat_answer import AnswerShape
+    from appliance.engine import reasoning
+
+    source = "{%- set think_begin_token = '<seed:think>' -%} ... '</seed:think>'"
+    assert reasoning.tags_of(source) is reasoning.SEED
+    plan = tools.plan(request(tools=[WRITE]), SEED_OSS)
+    text = ("<seed:think>A file.</seed:think>\n<seed:tool_call>\n<function=write>\n<parameter=path>a</parameter>\n"
+            "</function>\n</seed:tool_call>")
+    parts = AnswerShape(plan, reasoning.SEED).whole(text, "stop")
+    assert parts.reasoning == "A file." and parts.content is None and parts.tool_calls[0].function.name == "write"
