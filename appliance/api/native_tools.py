@@ -5,8 +5,7 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
 `tool_calls` (api/native_answers.py). The formats:
 
 - hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block a call, after
-  text of its own or none (Qwen 2.5 and 3, Hermes 2 Pro and 3, many fine-tunes of them), with
-  `<tool_call>` one token of the vocabulary;
+  text of its own or none (Qwen 2.5 and 3, Hermes 2 Pro and 3, many fine-tunes of them);
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo,
   Ministral 8B), `[TOOL_CALLS]` a control token;
 - mistral-args: `[TOOL_CALLS]name[ARGS]{...}` for each call (Devstral, Magistral, Ministral 3;
@@ -54,13 +53,15 @@ format here.
 
 Where the format opens with a token, that token starts the grammar (api/native_grammars.py): under `auto` the answer is
 free until the model picks it (a lazy grammar, engine/grammar.py), under `required` or a named
-function the answer begins with it. Control tokens are written out in the answer's text
+function the answer begins with it. MiniCPM 5's tag, and the `<tool_call>`, Apriel and Seed-OSS
+tags where a vocabulary spells them in several tokens (fine-tunes of other bases), start it as
+text (`NativeFormat.trigger`). Control tokens are written out in the answer's text
 (SamplingParams.shown_tokens) so that it can be read back. Llama 3.x has no such token: under
 `auto` its grammar lets the answer be a call or text that does not begin with `{`. Mistral's
 templates want call ids of 9 letters and digits: the calls this server reads get such ids, and
 other ids in the history are mapped to such ids (the same id always to the same one). A template
-that names a tag its vocabulary does not have as one token is served in EIE's own format
-(api/tools.py).
+of another format that names a tag its vocabulary does not have as one token is served in EIE's
+own format (api/tools.py).
 """
 
 from __future__ import annotations
@@ -218,16 +219,19 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
         if XML_FUNCTION in template_source and XML_PARAMETER in template_source:
             name = "qwen3-coder"
         elif GLM_KEY in template_source and GLM_VALUE in template_source:
-            token = _one_token(vocab, HERMES_OPEN)
-            tags = (HERMES_CLOSE, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE)
-            shown = tuple(t for t in (_one_token(vocab, tag) for tag in tags) if t is not None)
-            return NativeFormat("glm", token, tag_tokens=shown) if token is not None else None
+            name = "glm"
         elif _HERMES_JSON.search(template_source):
             name = "hermes"
         else:
             return None  # another body inside the tags
         token = _one_token(vocab, HERMES_OPEN)
-        return NativeFormat(name, token) if token is not None else None
+        shown = ()
+        if name == "glm":
+            tags = (HERMES_CLOSE, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE)
+            shown = tuple(t for t in (_one_token(vocab, tag) for tag in tags) if t is not None)
+        if token is None:  # a fine-tune whose vocabulary spells the tag: the tag starts the grammar as text
+            return NativeFormat(name, tag_tokens=shown, trigger_text=HERMES_OPEN)
+        return NativeFormat(name, token, tag_tokens=shown)
     if MISTRAL_OPEN in template_source:
         token = _one_token(vocab, MISTRAL_OPEN)
         if token is None:

@@ -49,7 +49,7 @@ class FakeVocab:
     (HERMES_SOURCE, FakeVocab("<tool_call>"), NativeFormat("hermes", 100)),
     ("{{- '<tool_call>\\n{\"name\": <function-name>' }} </tool_call> {{ tools }}", FakeVocab("<tool_call>"),
      NativeFormat("hermes", 100)),  # the JSON written in a Jinja string
-    (HERMES_SOURCE, FakeVocab(), None),  # no such token: EIE's format
+    (HERMES_SOURCE, FakeVocab(), NativeFormat("hermes", trigger_text="<tool_call>")),  # no such token: the tag as text
     ("{{ tools }} <tool_call>\n<function=f>\n<parameter=p>\n1\n</parameter>\n</function>\n</tool_call>",
      FakeVocab("<tool_call>"), NativeFormat("qwen3-coder", 100)),
     ("{{ tools }} <tool_call>f\n<arg_key>p</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
@@ -57,7 +57,8 @@ class FakeVocab:
     ("{{ tools }} <tool_call>f<arg_key>p</arg_key><arg_value>1</arg_value></tool_call>",
      FakeVocab("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
      NativeFormat("glm", 100, tag_tokens=(101, 102, 103, 104, 105))),  # its tags written out where they are tokens
-    ("{{ tools }} <tool_call>f<arg_key>p</arg_key><arg_value>1</arg_value></tool_call>", FakeVocab(), None),
+    ("{{ tools }} <tool_call>f<arg_key>p</arg_key><arg_value>1</arg_value></tool_call>", FakeVocab(),
+     NativeFormat("glm", trigger_text="<tool_call>")),
     ("{{ tools }} <tool_call>f\n<invoke>p</invoke>\n</tool_call>",
      FakeVocab("<tool_call>"), None),  # another body inside the tags: not read here
     ("{{ tools }} [TOOL_CALLS][", FakeVocab("[TOOL_CALLS]"), NativeFormat("mistral", 100)),
