@@ -131,6 +131,23 @@ def real_models() -> None:
 
 
 @pytest.fixture(scope="session")
+def smollm2_vocab(real_models) -> Iterator[Any]:
+    """SmolLM2's vocabulary alone (no weights), as engine.native.Vocab: for grammars and tokens."""
+    import llama_cpp as lc
+
+    from appliance.engine import native
+
+    native.init_backend()
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    model = lc.llama_model_load_from_file(str(SMOLLM2).encode(), params)
+    assert model
+    v = lc.llama_model_get_vocab(model)
+    yield native.Vocab(v, lc.llama_vocab_n_tokens(v))
+    lc.llama_model_free(model)
+
+
+@pytest.fixture(scope="session")
 def server_factory(tmp_path_factory, real_models) -> Iterator:
     started: list[Server] = []
 

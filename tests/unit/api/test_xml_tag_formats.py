@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 
-import llama_cpp as lc
 import msgspec
 import pytest
 
 from appliance.api import native_answers, native_tools, tools
 from appliance.api.native_tools import NativeFormat
 from appliance.api.schemas import ChatRequest
-from appliance.engine import native
 from appliance.engine.grammar import Constraint
-from conftest import SMOLLM2
 
 MINICPM5 = NativeFormat("minicpm5", trigger_text='<function name="')
 WRITE = {"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
@@ -29,15 +26,8 @@ def request(**kw) -> ChatRequest:
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    native.init_backend()
-    params = lc.llama_model_default_params()
-    params.vocab_only = True
-    model = lc.llama_model_load_from_file(str(SMOLLM2).encode(), params)
-    assert model
-    v = lc.llama_model_get_vocab(model)
-    yield native.Vocab(v, lc.llama_vocab_n_tokens(v))
-    lc.llama_model_free(model)
+def vocab(smollm2_vocab):
+    return smollm2_vocab
 
 
 def held(vocab, gbnf: str, text: str, triggers: tuple = ()) -> bool:

@@ -6,26 +6,17 @@ from __future__ import annotations
 
 import json
 
-import llama_cpp as lc
 import numpy as np
 import pytest
 
-from appliance.engine import grammar, native
+from appliance.engine import grammar
 from appliance.engine.grammar import TOKEN_DATA, Constraint, GrammarError, best_in_shortlist, redraw
 from appliance.engine.schema_grammar import SchemaError, integer_range, json_object_gbnf, schema_to_gbnf
-from conftest import SMOLLM2
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    native.init_backend()
-    params = lc.llama_model_default_params()
-    params.vocab_only = True
-    model = lc.llama_model_load_from_file(str(SMOLLM2).encode(), params)
-    assert model
-    v = lc.llama_model_get_vocab(model)
-    yield native.Vocab(v, lc.llama_vocab_n_tokens(v))
-    lc.llama_model_free(model)
+def vocab(smollm2_vocab):
+    return smollm2_vocab
 
 
 def accepts(vocab, gbnf: str, text: str) -> bool:

@@ -4,27 +4,17 @@ refuses to go on from is not one."""
 
 from __future__ import annotations
 
-import llama_cpp as lc
 import pytest
 
-from appliance.engine import native
 from appliance.engine.grammar import Constraint
-from conftest import SMOLLM2
 
 CALL = 'root ::= "<function name=\\"" [a-z]+ "\\">" [0-9]+ "</function>"\n'
 TRIGGER = '<function name="'
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    native.init_backend()
-    params = lc.llama_model_default_params()
-    params.vocab_only = True
-    model = lc.llama_model_load_from_file(str(SMOLLM2).encode(), params)
-    assert model
-    v = lc.llama_model_get_vocab(model)
-    yield native.Vocab(v, lc.llama_vocab_n_tokens(v))
-    lc.llama_model_free(model)
+def vocab(smollm2_vocab):
+    return smollm2_vocab
 
 
 def walk(vocab, c: Constraint, tokens: list[int]) -> list[bool]:
