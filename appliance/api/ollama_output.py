@@ -33,11 +33,21 @@ def error_body(err: ApiError) -> bytes:
     return encoder.encode(OllamaError(err.message, err.param))
 
 
-class OllamaEvents:
-    """The writer for /api/chat (`chat`) and /api/generate. Tool calls come whole at the end, as
-    Ollama's own streams have them (their arguments are objects, not text that can be cut)."""
+def _ollama_call(name: str, arguments: str) -> OllamaToolCall | None:
+    """A call as Ollama gives it, its arguments an object (None: they are not a whole one yet)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    return OllamaToolCall(OllamaFunctionCall(name, value)) if isinstance(value, dict) else None
 
-    streams_calls = False
+
+class OllamaEvents:
+    """The writer for /api/chat (`chat`) and /api/generate. Streamed, each tool call goes out in a
+    piece of its own once its arguments are whole, as Ollama's own streams have them (their
+    arguments are objects, not text that can be cut); a call cut short is left out."""
+
+    streams_calls = True
 
     def __init__(self, model: str, chat: bool, logprobs: bool):
         self.model = model
@@ -49,6 +59,9 @@ class OllamaEvents:
         self.text: list[str] = []
         self.logprobs: list[ChatTokenLogprob] = []
         self.result: OllamaAnswer | None = None
+        self.call_names: list[str] = []  # the calls streamed so far, their arguments as written so far
+        self.call_arguments: list[str] = []
+        self.calls_sent = 0  # those that went out, whole (in order)
 
     def start(self) -> list[Event]:
         return []
@@ -73,15 +86,30 @@ class OllamaEvents:
         return [self._answer(thought, text, logprobs=logprobs, done=False)]
 
     def calls(self, deltas: list[CallDelta]) -> list[Event]:
-        return []
+        for d in deltas:
+            if d.index == len(self.call_names):
+                self.call_names.append(d.name or "")
+                self.call_arguments.append("")
+            self.call_arguments[d.index] += d.arguments
+        return self._whole_calls(self.call_names, self.call_arguments)
+
+    def _whole_calls(self, names: list[str], arguments: list[str]) -> list[Event]:
+        """A piece for each call after those sent that is whole, in order."""
+        out = []
+        while self.calls_sent < len(names):
+            call = _ollama_call(names[self.calls_sent], arguments[self.calls_sent])
+            if call is None:
+                break
+            out.append(self._answer(None, "", [call], done=False))
+            self.calls_sent += 1
+        return out
 
     def finish(self, ending: Ending) -> list[Event]:
         parts = ending.parts
         events = self.push(parts.reasoning or "", parts.content or "", [])
-        calls = [OllamaToolCall(OllamaFunctionCall(c.function.name, json.loads(c.function.arguments)))
-                 for c in parts.tool_calls or []]
-        if calls:
-            events.append(self._answer(None, "", calls, done=False))
+        called = parts.tool_calls or []
+        events += self._whole_calls([c.function.name for c in called], [c.function.arguments for c in called])
+        calls = [call for c in called if (call := _ollama_call(c.function.name, c.function.arguments)) is not None]
         end = time.monotonic_ns()
         first = self.first or end
         done = {"done": True, "done_reason": "length" if parts.finish_reason == "length" else "stop",
