@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -245,6 +246,11 @@ def keyed_call(text: str, i: int) -> tuple[Begun | None, int | None]:
     return Begun(name, compact_json(text[start:stop or len(text)]), end is not None), end
 
 
+# How often a growing call's text is read again (CallReader.follow).
+EAGER_CHARS = 4096
+READ_SHARE = 256
+READ_WAIT_NS = 250_000_000
+
 READ_ERRORS = (ValueError, KeyError, TypeError, AttributeError, SyntaxError, RecursionError)
 
 
@@ -258,11 +264,22 @@ class CallReader:
         self.new_id = new_id
         self.streamer = CallStreamer(new_id) if stream_calls else None
         self.pending: list[CallDelta] = []
+        self.read_size = 0  # the calls' text when it was last read
+        self.read_at = 0  # and when (monotonic ns)
 
-    def follow(self, begun: Callable[[], list[Begun]]) -> None:
-        """Take in the calls begun so far (a text that does not read as calls is left to the end)."""
+    def follow(self, begun: Callable[[], list[Begun]], size: int) -> None:
+        """Take in the calls begun so far, `size` characters of text (a text that does not read as
+        calls is left to the end). Each reading reads the whole text, so past EAGER_CHARS it is
+        read again only once it has grown by a READ_SHARE-th, or READ_WAIT_NS have passed: a long
+        call (a file being written) costs a small multiple of its length, not its square, and
+        its deltas come in pieces of that size."""
         if self.streamer is None:
             return
+        now = time.monotonic_ns()
+        grown = size - self.read_size
+        if size > EAGER_CHARS and grown * READ_SHARE < size and now - self.read_at < READ_WAIT_NS:
+            return
+        self.read_size, self.read_at = size, now
         try:
             self.pending += self.streamer.update(begun())
         except READ_ERRORS:

@@ -392,7 +392,7 @@ class AnswerReader(CallReader):
         new = self.text[self.sent:end] if end > self.sent else ""
         self.sent += len(new)
         if start >= 0:
-            self.follow(lambda: begun_calls(self.fmt, self.text[start:], self.tools))
+            self.follow(lambda: begun_calls(self.fmt, self.text[start:], self.tools), len(self.text) - start)
         return new
 
     def finish(self, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:

@@ -284,16 +284,25 @@ class AnswerReader(CallReader):
         super().__init__(_new_id, stream_calls)
         self.text = ""
         self.sent = 0  # characters of the decoded response already given out
+        self.decoded_to: int | None = None  # where in `text` the response's string is decoded to
+        self.closed = False  # its closing quote has come
 
     def push(self, piece: str) -> str:
         """The part of the direct answer's text that `piece` completes ("" while it is not known
-        to be one, or for tool calls)."""
+        to be one, or for tool calls). The response's string is decoded from where the last
+        piece left it, so a long answer costs what its length does, not its square."""
         self.text += piece
-        m = RESPONSE_START.match(self.text)
-        if not m:
-            self.follow(lambda: begun_calls(self.text))
+        if self.decoded_to is None:
+            m = RESPONSE_START.match(self.text)
+            if not m:
+                self.follow(lambda: begun_calls(self.text), len(self.text))
+                return ""
+            self.decoded_to = m.end()
+        if self.closed:
             return ""
-        new = json.loads('"' + _string_body(self.text[m.end() :])[0] + '"')[self.sent :]
+        body, self.closed = _string_body(self.text[self.decoded_to:])
+        self.decoded_to += len(body)
+        new = json.loads('"' + body + '"')
         self.sent += len(new)
         return new
 

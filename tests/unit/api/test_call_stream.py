@@ -176,3 +176,15 @@ def test_the_scanners_read_a_text_cut_anywhere():
     assert elements("[1, [2], ", 0) == ([(1, 2), (4, 7)], None)
     with pytest.raises(ValueError):
         members("[1]", 0)
+
+
+@pytest.mark.parametrize("fmt", [None, HERMES, QWEN3_CODER], ids=lambda f: getattr(f, "name", "eie"))
+def test_a_long_call_is_read_again_only_as_it_grows_by_a_share_of_itself(fmt):
+    body = "def f(x):\n    return x * 2  # \"q\"\n" * 600  # 22 KB
+    text = {None: json.dumps({"tool_calls": [{"name": "write", "arguments": {"text": body}}]}),
+            HERMES: "<tool_call>\n" + json.dumps({"name": "write", "arguments": {"text": body}}) + "\n</tool_call>",
+            QWEN3_CODER: f"<tool_call>\n<function=write>\n<parameter=text>\n{body}\n</parameter>\n</function>\n</tool_call>"}[fmt]
+    _, calls, _, deltas = stream(fmt, text, 4)
+    assert "".join(d.arguments for _, d in deltas) == calls[0].function.arguments == json.dumps({"text": body})
+    pieces = len(text) // 4
+    assert len(deltas) < pieces // 3  # every piece up to 4 KB, then once the text grew by 1/256 (or 250 ms passed)

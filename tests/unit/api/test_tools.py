@@ -56,6 +56,12 @@ def test_a_streamed_direct_answer_goes_out_decoded_as_it_comes():
         out.append(reader.push(text[i : i + 3]))
     rest, calls, reason = reader.finish("stop")
     assert "".join(out) + rest == 'café 😀 "ok"\n' and calls is None and reason == "stop"
+    long = r'line \"one\"\n\u00e9\ud83d\ude00 ' * 2000  # JSON escapes: a long answer is decoded once, from where it was left
+    text = '{"response": "' + long + '"}'
+    reader = tools.AnswerReader()
+    out = [reader.push(text[i:i + 5]) for i in range(0, len(text), 5)]
+    rest, _, _ = reader.finish("stop")
+    assert "".join(out) + (rest or "") == json.loads('"' + long + '"')
     reader = tools.AnswerReader()
     assert reader.push('{"tool_calls": [{"name": "w", "arguments": {}}]}') == ""
     rest, calls, reason = reader.finish("stop")
