@@ -2,9 +2,12 @@
 `previous_response_id` continues, bounded by count and bytes (least recently used dropped first).
 
 They are held in memory and, with a directory, written there too (one JSON file each, written
-off the event loop in order), so a restart reads them back: a conversation continues across it.
-Each record keeps its own turns only (its input messages and its answer) and the id of the
-response before it, so a long conversation costs its length once, not once per turn."""
+off the event loop in order), so a conversation continues across a restart. At start only the
+directory is listed (ids, sizes, the least-recently-used order by the files' times): a record a
+previous run wrote is read when it is first asked for, so start-up does not read the store (up
+to 64 MB by default) and memory holds only what is used. Each record keeps its own turns only
+(its input messages and its answer) and the id of the response before it, so a long
+conversation costs its length once, not once per turn."""
 
 from __future__ import annotations
 
@@ -55,11 +58,18 @@ class MissingResponse(KeyError):
         self.why = why
 
 
+@dataclass(frozen=True)
+class OnDisk:
+    """A record a previous run wrote, not read yet."""
+
+    size: int
+
+
 class ResponseStore:
     def __init__(self, max_entries: int, max_bytes: int, directory: Path | None = None):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._records: OrderedDict[str, Stored] = OrderedDict()
+        self._records: OrderedDict[str, Stored | OnDisk] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.dropped = 0  # records dropped to stay under the caps
@@ -69,26 +79,44 @@ class ResponseStore:
             self._read(directory)
 
     def _read(self, directory: Path) -> None:
-        """The records a previous run wrote, least recently used first; unreadable ones go."""
+        """The records a previous run wrote, least recently used first (listed, not read)."""
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            files = sorted(directory.glob("*.json"), key=lambda f: f.stat().st_mtime_ns)
+            found = []
+            for f in directory.glob("*.json"):
+                st = f.stat()
+                found.append((st.st_mtime_ns, f.stem, st.st_size))
         except OSError as e:
             log.warning("stored responses are kept in memory only: %s: %s", directory, e)
             self.directory = None
             return
-        for f in files:
-            try:
-                data = f.read_bytes()
-                rec = _record.decode(data)
-            except (OSError, msgspec.MsgspecError) as e:
-                log.warning("dropping an unreadable stored response %s: %s", f.name, e)
-                f.unlink(missing_ok=True)
-                continue
-            self._records[rec.response.id] = Stored(rec.response, rec.input_items, rec.turns, rec.owner, len(data))
-            self._bytes += len(data)
+        for _, response_id, size in sorted(found):
+            self._records[response_id] = OnDisk(size)
+            self._bytes += size
         with self._lock:
             self._trim()
+
+    def _loaded(self, response_id: str, record: Stored | OnDisk) -> Stored | None:
+        """The record, read from its file where a previous run wrote it (under the lock); None
+        where that file no longer reads (it goes)."""
+        if isinstance(record, Stored):
+            return record
+        path = self._file(response_id)
+        try:
+            data = path.read_bytes()
+            rec = _record.decode(data)
+            if rec.response.id != response_id:
+                raise ValueError(f"it holds response {rec.response.id!r}")
+        except (OSError, ValueError, msgspec.MsgspecError) as e:
+            log.warning("dropping an unreadable stored response %s: %s", path.name, e)
+            del self._records[response_id]
+            self._bytes -= record.size
+            self._forget(response_id)
+            return None
+        stored = Stored(rec.response, rec.input_items, rec.turns, rec.owner, len(data))
+        self._records[response_id] = stored
+        self._bytes += stored.size - record.size
+        return stored
 
     def close(self) -> None:
         """Finish the queued writes (at shutdown)."""
@@ -161,6 +189,8 @@ class ResponseStore:
         """The record, marked as just used; MissingResponse if it is not there for this owner."""
         with self._lock:
             record = self._records.get(response_id)
+            if record is not None:
+                record = self._loaded(response_id, record)
             if record is None or not _may_read(record, owner):
                 raise MissingResponse(response_id)
             self._records.move_to_end(response_id)
@@ -171,6 +201,8 @@ class ResponseStore:
     def delete(self, response_id: str, owner: str | None) -> None:
         with self._lock:
             record = self._records.get(response_id)
+            if record is not None:
+                record = self._loaded(response_id, record)
             if record is None or not _may_read(record, owner):
                 raise MissingResponse(response_id)
             del self._records[response_id]

@@ -121,10 +121,28 @@ def test_the_use_order_and_the_caps_hold_across_a_restart(tmp_path):
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.json", "d.json"]
 
 
-def test_an_unreadable_file_is_dropped_and_an_unusable_directory_keeps_memory_only(tmp_path):
-    (tmp_path / "junk.json").write_text("{not json")
+def test_files_are_read_when_first_asked_for_and_an_unreadable_one_is_dropped_then(tmp_path):
     store = ResponseStore(10, 1 << 20, tmp_path)
-    assert len(store) == 0 and not (tmp_path / "junk.json").exists()
+    store.put(response("a"), [], turns("one"), None)
+    store.close()
+    (tmp_path / "junk.json").write_text("{not json")
+    (tmp_path / "other.json").write_bytes((tmp_path / "a.json").read_bytes())  # holds response a
+    again = ResponseStore(10, 1 << 20, tmp_path)
+    assert len(again) == 3 and again.bytes == sum(f.stat().st_size for f in tmp_path.iterdir())  # listed, not read
+    for name in ("junk", "other"):
+        with pytest.raises(MissingResponse):
+            again.get(name, None)
+    again.close()
+    assert len(again) == 1 and again.bytes == (tmp_path / "a.json").stat().st_size
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.json"]
+    assert again.get("a", None).turns == turns("one")
+    third = ResponseStore(10, 1 << 20, tmp_path)  # a record deleted before it was ever read
+    third.delete("a", None)
+    third.close()
+    assert len(third) == 0 and third.bytes == 0 and not list(tmp_path.iterdir())
+
+
+def test_an_unusable_directory_keeps_memory_only(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
     memory_only = ResponseStore(10, 1 << 20, blocked / "responses")
