@@ -232,7 +232,8 @@ Here are my reasoning steps:
 
 
 # Seed-OSS's form (its template's shape, shortened): each call in its tags with Qwen3-Coder's
-# body, a value right after its parameter's tag, results as `tool` turns.
+# body, a value right after its parameter's tag, results as `tool` turns; a `thinking_budget`
+# told to the model in a system turn.
 SEED_OSS_TEMPLATE = """\
 {%- if tools %}<seed:bos>system
 You can call functions:
@@ -244,6 +245,10 @@ You can call functions:
 </function>
 </seed:tool_call>
 <seed:eos>{% endif %}
+{%- if thinking_budget is defined and thinking_budget == 0 %}<seed:bos>system
+Your thinking budget is 0: answer without thinking.<seed:eos>
+{%- elif thinking_budget is defined and thinking_budget > 0 %}<seed:bos>system
+Your thinking budget is {{ thinking_budget }} tokens.<seed:eos>{% endif %}
 {%- for m in messages %}
 {%- if m.role == 'assistant' and m.tool_calls %}<seed:bos>assistant
 {%- if m.content %}{{ '\n' + m.content | trim + '\n' }}{% endif %}

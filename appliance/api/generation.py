@@ -218,7 +218,8 @@ async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> 
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
     plan = await asyncio.to_thread(tools.plan, req, native, budget) if req.tools else tools.plan(req)
     messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
-    extra = template_kwargs(runner.cfg.chat_template_kwargs, thinking_kwargs(req))
+    extra = {**reasoning.budget_kwargs(runner.template.source, budget),
+             **template_kwargs(runner.cfg.chat_template_kwargs, thinking_kwargs(req))}
     return await asyncio.to_thread(render, runner, messages, plan.template_tools if plan else None, extra), plan
 
 

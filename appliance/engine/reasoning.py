@@ -128,6 +128,13 @@ def effort_kwargs(effort: str | None) -> dict[str, bool | str]:
     return out
 
 
+def budget_kwargs(template_source: str, budget: int) -> dict[str, int]:
+    """A reasoning budget as the template's own variable, where it has one: Seed-OSS's
+    `thinking_budget`, which tells the model its budget (0: answer without thinking). None (-1)
+    or a template without it: nothing."""
+    return {"thinking_budget": budget} if budget >= 0 and "thinking_budget" in template_source else {}
+
+
 def budget_tokens(cfg: ModelConfig, requested: int | None, effort: str | None) -> int:
     """Tokens an answer's think block may take (-1: no bound): the request's, else its effort's
     entry in models[].reasoning_effort_budgets, else models[].reasoning_budget."""

@@ -131,12 +131,13 @@ class GroupExecutor:
                 raise NotReady(f"model {model!r} is not configured") from None
             except NotReady as e:
                 raise NotReady(f"model {model!r} is not available: {e}") from None
-            variables = {**runner.cfg.chat_template_kwargs, **reasoning.effort_kwargs(call.reasoning_effort)}
+            budget = reasoning.budget_tokens(runner.cfg, call.thinking_budget_tokens, call.reasoning_effort)
+            variables = {**reasoning.budget_kwargs(runner.template.source, budget), **runner.cfg.chat_template_kwargs,
+                         **reasoning.effort_kwargs(call.reasoning_effort)}
             prompt = await asyncio.to_thread(render_chat, runner, call.messages, None, variables)
             max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages",
                                         self.max_prompt_tokens)
             until = min(call.deadline, t0 + group.timeout_s(model))
-            budget = reasoning.budget_tokens(runner.cfg, call.thinking_budget_tokens, call.reasoning_effort)
             sampling = reasoning.with_budget(runner, prompt, call.sampling, budget)
             reqs = [
                 GenerationRequest(prompt, max_tokens, with_seed_offset(sampling, k), call.stop, until, logprobs=True)

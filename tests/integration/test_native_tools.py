@@ -465,3 +465,18 @@ def test_under_auto_a_call_is_held_from_its_tag_written_as_text(server, model):
     (streamed,) = streamed_calls(chunks)
     assert streamed["function"] == call["function"]
     assert "".join(c["delta"].get("content") or "" for c in chunks) == content
+
+
+def test_a_reasoning_budget_is_told_to_a_template_that_takes_one(server):
+    """Seed-OSS's template takes `thinking_budget`: the request's reasoning budget goes there (0:
+    answer without thinking), unless the request's template variables set it themselves."""
+    def applied(**body) -> str:
+        r = httpx.post(server.base + "/apply-template", timeout=60, json={"model": "seed-oss", "messages": WEATHER, **body})
+        assert r.status_code == 200, r.text
+        return r.json()["prompt"]
+
+    assert "thinking budget" not in applied()
+    assert "Your thinking budget is 0: answer without thinking." in applied(thinking_budget_tokens=0)
+    assert "Your thinking budget is 128 tokens." in applied(thinking_budget_tokens=128)
+    assert "is 64 tokens" in applied(thinking_budget_tokens=128, chat_template_kwargs={"thinking_budget": 64})
+    assert "thinking budget" not in prompt_text(server, "hermes", messages=WEATHER)  # a template without it
