@@ -12,23 +12,13 @@ import pytest
 from appliance.engine import grammar
 from appliance.engine.grammar import TOKEN_DATA, Constraint, GrammarError, best_in_shortlist, redraw
 from appliance.engine.schema_grammar import SchemaError, integer_range, json_object_gbnf, schema_to_gbnf
+from grammar_walk import accepts
 
 
 @pytest.fixture(scope="module")
 def vocab(smollm2_vocab):
     return smollm2_vocab
 
-
-def accepts(vocab, gbnf: str, text: str) -> bool:
-    c = Constraint(vocab, gbnf)
-    try:
-        for tok in vocab.tokenize(text, add_special=False, parse_special=False):
-            if not c.allows(tok):
-                return False
-            c.accept(tok)
-        return c.allows(vocab.eos)
-    finally:
-        c.close()
 
 
 def test_json_object_takes_objects_and_nothing_else(vocab):
