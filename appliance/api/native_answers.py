@@ -282,14 +282,22 @@ def _gemma(fmt: NativeFormat, text: str) -> list[Begun]:
 
 
 def _lfm2(text: str) -> list[Begun]:
-    """LFM2's calls, all whole once their list closes (its Python notation is read by Python's
-    parser, which takes only a whole list)."""
+    """LFM2's calls: each named once its parenthesis opens, its arguments as JSON as they are
+    written (pythonic_calls.begun_calls); once the list closes, the calls Python's parser reads
+    (literals only), their arguments as streamed where they are the same values."""
     body, close, rest = text[len(LFM2_OPEN):].partition(LFM2_CLOSE)
+    begun = pythonic_calls.begun_calls(body)
     if not close:
-        return []
+        return begun
     if rest.strip():
         raise ValueError("text after the calls")
-    return [Begun(name, json.dumps(args, ensure_ascii=False), True) for name, args in pythonic_calls.read(body)]
+    read = pythonic_calls.read(body)
+    out = []
+    for k, (name, args) in enumerate(read):
+        streamed = begun[k].arguments if k < len(begun) and begun[k].whole else None
+        same = streamed is not None and begun[k].name == name and json.loads(streamed) == args
+        out.append(Begun(name, streamed if same else json.dumps(args, ensure_ascii=False), True))
+    return out
 
 
 def _harmony(text: str) -> list[Begun]:

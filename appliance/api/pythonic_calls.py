@@ -5,7 +5,8 @@ whose values are Python literals (JSON's spelling, with True, False and None).
 Their templates render only a message's content: a call in the history is written into the
 assistant's content in this notation (`written`). The grammar holds each call's arguments to its
 function's schema (engine/schema_grammar.py's JSON values, respelled); the answer is read back
-with Python's own parser (`ast`, literals only)."""
+with Python's own parser (`ast`, literals only); as it streams, each call is named once its
+name is whole and its arguments go out as JSON as they are written (`begun_calls`)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ import re
 from typing import Any
 
 from ..engine.schema_grammar import SchemaError, literal, parameters_gbnf
+from .call_stream import Begun, compact_json, skip_blanks, value_end
 
 LFM2_OPEN, LFM2_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 LFM2_SIGN = "List of tools: "  # how LFM2's templates introduce the tools
 _PYTHON = {"true": "True", "false": "False", "null": "None"}
 _JSON_WORD = re.compile(r'(?<!\\)"(true|false|null)"')
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PYTHON_WORD = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|\b(True|False|None)\b|[A-Za-z_][A-Za-z0-9_]*\Z', re.DOTALL)
+_JSON = {"True": "true", "False": "false", "None": "null"}
 
 
 def python_literal(value: Any) -> str:
@@ -105,3 +110,80 @@ def _keyword(key: str, schema: Any) -> None:
 def python_spelling(gbnf: str) -> str:
     """JSON's true, false and null in a grammar's literals, spelled as Python's."""
     return _JSON_WORD.sub(lambda m: f'"{_PYTHON[m.group(1)]}"', gbnf)
+
+
+def _json_text(raw: str) -> str:
+    """A value written in this notation (JSON with Python's words), or a prefix of one, as compact
+    JSON text: the text of a longer prefix extends that of a shorter one (a word not yet whole is
+    held back)."""
+    def word(m: re.Match) -> str:
+        if m.group().startswith('"'):
+            return m.group()
+        return _JSON[m.group(1)] if m.group(1) else ""  # a name at the end: it may go on
+
+    return compact_json(_PYTHON_WORD.sub(word, raw))
+
+
+def _keywords(body: str, i: int) -> tuple[str, int | None]:
+    """The JSON text of the keyword arguments that start at `i` (after the call's parenthesis),
+    as far as they are written (without its closing brace until the call closes), and where the
+    call ends (None: not within `body`). ValueError where they are not keyword arguments."""
+    parts: list[str] = []
+    i = skip_blanks(body, i)
+    while i < len(body):
+        if body[i] == ")":
+            return "{" + ", ".join(parts) + "}", i + 1
+        if body[i] == "," and parts:
+            i = skip_blanks(body, i + 1)
+            continue
+        name = _NAME.match(body, i)
+        if name is None:
+            raise ValueError("not a keyword argument")
+        j = skip_blanks(body, name.end())
+        if j == len(body):
+            break
+        if body[j] != "=":
+            raise ValueError("not a keyword argument")
+        j = skip_blanks(body, j + 1)
+        if j == len(body):
+            break
+        end = value_end(body, j)
+        key = json.dumps(name.group(), ensure_ascii=False) + ": "
+        if end is None:
+            return "{" + ", ".join(parts + [key + _json_text(body[j:])]), None
+        parts.append(key + _json_text(body[j:end]))
+        i = skip_blanks(body, end)
+    return "{" + ", ".join(parts), None
+
+
+def begun_calls(body: str) -> list[Begun]:
+    """The calls written so far in `[f(a=1), g(...` (after the opening tag, cut anywhere): each
+    named once its parenthesis opens, its arguments as JSON text as far as they go. ValueError
+    where they are not calls."""
+    i = skip_blanks(body, 0)
+    if i == len(body):
+        return []
+    if body[i] != "[":
+        raise ValueError("not a list of calls")
+    out: list[Begun] = []
+    i += 1
+    while True:
+        i = skip_blanks(body, i)
+        if i >= len(body) or body[i] == "]":
+            return out
+        if body[i] == "," and out:
+            i += 1
+            continue
+        name = _NAME.match(body, i)
+        if name is None:
+            raise ValueError("not a call")
+        j = skip_blanks(body, name.end())
+        if j == len(body):
+            return out
+        if body[j] != "(":
+            raise ValueError("not a call")
+        arguments, end = _keywords(body, j + 1)
+        out.append(Begun(name.group(), arguments, end is not None))
+        if end is None:
+            return out
+        i = end

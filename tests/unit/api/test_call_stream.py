@@ -108,7 +108,8 @@ def test_streamed_calls_add_up_to_the_calls_read_whole(fmt, text, content, size)
 
 
 @pytest.mark.parametrize(("fmt", "text", "content"),
-                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, GRANITE)],
+                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, GRANITE,
+                                                         LFM2)],
                          ids=lambda v: getattr(v, "name", None))
 def test_arguments_go_out_while_the_call_is_written(fmt, text, content):
     *_, deltas = stream(fmt, text, 1)
@@ -188,3 +189,15 @@ def test_a_long_call_is_read_again_only_as_it_grows_by_a_share_of_itself(fmt):
     assert "".join(d.arguments for _, d in deltas) == calls[0].function.arguments == json.dumps({"text": body})
     pieces = len(text) // 4
     assert len(deltas) < pieces // 3  # every piece up to 4 KB, then once the text grew by 1/256 (or 250 ms passed)
+
+
+def test_lfm2_arguments_stream_as_json_and_a_word_goes_out_once_whole():
+    reader = reader_of(LFM2)
+    reader.push('<|tool_call_start|>[write(lines=2, text="a", on=Tru')
+    assert "".join(d.arguments for d in reader.take_calls()) == '{"lines": 2, "text": "a", "on": '
+    reader.push("e, n=[1, 2.5e3, None]")
+    assert "".join(d.arguments for d in reader.take_calls()) == 'true, "n": [1, 2.5e3, null]'
+    reader.push(")]<|tool_call_end|>")
+    _, calls, _ = reader.finish("stop")
+    assert "".join(d.arguments for d in reader.take_calls()) == "}"
+    assert calls[0].function.arguments == '{"lines": 2, "text": "a", "on": true, "n": [1, 2.5e3, null]}'
