@@ -142,7 +142,9 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
         calls = [native_grammars.call_schema(native, req.tools[i].function.name, {OWN_ROOT: _parameters(req.tools[i])})
                  for i in callable_tools]
         one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        where = {(f"anyOf.{k}." if len(calls) > 1 else "") + f"properties.{native.args_key}": i
+        # where each call's arguments sit (Apertus': under the function's name)
+        where = {(f"anyOf.{k}." if len(calls) > 1 else "")
+                 + f"properties.{req.tools[i].function.name if native.name == 'apertus' else native.args_key}": i
                  for k, i in enumerate(callable_tools)}
         gbnf = native_grammars.grammar(native, _convert(one, where), parallel, mode == "auto")
     triggers = (native.trigger,) if mode == "auto" and native.trigger is not None else ()

@@ -119,7 +119,10 @@ def test_the_grammar_compiles_and_is_lazy_only_under_auto():
     grammar.check(None, one.grammar)
 
 
-@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, LFM2, GEMMA4, FUNCTIONGEMMA],
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, LFM2, GEMMA4, FUNCTIONGEMMA,
+                                 NativeFormat("minicpm5", trigger_text='<function name="'),
+                                 NativeFormat("seed-oss", 9), NativeFormat("apertus", 9, close_token=10),
+                                 NativeFormat("apriel", trigger_text="<tool_calls>"), NativeFormat("gigachat", 9)],
                          ids=lambda f: f.name)
 def test_a_bad_parameter_schema_is_named_under_its_tool(fmt):
     bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
