@@ -199,7 +199,8 @@ def _one_token(vocab: Vocab, text: str) -> int | None:
 
 def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     """The model's own tool-call format, when its template renders tools in one this server reads
-    and its vocabulary has the format's tags as single tokens."""
+    and its vocabulary has the format's tags as single tokens, or the format's opening tag may be
+    text (MiniCPM 5's always; `<tool_call>`, Apriel's and Seed-OSS's where it is no token)."""
     if "tools" not in template_source:
         return None
     if SEED_OPEN in template_source and SEED_CLOSE in template_source:
