@@ -27,6 +27,8 @@ GRANITE_TOKENS = {9: "<|tool_call|>"}
 NEMOTRON_TOKENS = {9: "<TOOLCALL>", 10: "</TOOLCALL>"}
 GIGACHAT_TOKENS = {9: "<|function_call|>", 10: "<|role_sep|>", 11: "<|message_sep|>"}
 SEED_OSS_TOKENS = {9: "<seed:tool_call>", 10: "</seed:tool_call>", 11: "<seed:think>", 12: "</seed:think>"}
+KIMI_TOKENS = {9: "<|tool_calls_section_begin|>", 10: "<|tool_calls_section_end|>", 11: "<|tool_call_begin|>",
+               12: "<|tool_call_argument_begin|>", 13: "<|tool_call_end|>"}
 APERTUS_TOKENS = {9: "<|tools_prefix|>", 10: "<|tools_suffix|>", 11: "<|inner_prefix|>", 12: "<|inner_suffix|>"}
 COMMAND_R_TOKENS = {9: "<|START_ACTION|>", 10: "<|END_ACTION|>", 11: "<|START_THINKING|>", 12: "<|END_THINKING|>",
                     13: "<|START_RESPONSE|>", 14: "<|END_RESPONSE|>"}
@@ -261,6 +263,38 @@ Your thinking budget is {{ thinking_budget }} tokens.<seed:eos>{% endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}<seed:bos>assistant
 {% endif %}"""
+
+
+# Kimi K2's form (its template, its roles as text here): tools declared as JSON, each call's id
+# `functions.name:index` between its tags, a result headed by its call's id.
+KIMI_TEMPLATE = """\
+{%- if tools -%}
+<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>
+{%- endif -%}
+{%- for message in messages -%}
+{%- if loop.first and messages[0]['role'] != 'system' -%}
+<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>
+{%- endif -%}
+{%- if message['role'] == 'system' -%}<|im_system|>system<|im_middle|>
+{%- elif message['role'] == 'user' -%}<|im_user|>user<|im_middle|>
+{%- elif message['role'] == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>
+{%- elif message['role'] == 'tool' -%}<|im_system|>tool<|im_middle|>
+{%- endif -%}
+{%- if message['role'] == 'assistant' and message.get('tool_calls') -%}
+{%- if message['content'] -%}{{ message['content'] }}{%- endif -%}
+<|tool_calls_section_begin|>
+{%- for tool_call in message['tool_calls'] -%}
+{%- set formatted_id = 'functions.' + tool_call['function']['name'] + ':' + loop.index0|string -%}
+<|tool_call_begin|>{{ formatted_id }}<|tool_call_argument_begin|>{{ tool_call['function']['arguments'] | tojson }}<|tool_call_end|>
+{%- endfor -%}
+<|tool_calls_section_end|>
+{%- elif message['role'] == 'tool' -%}
+## Return of {{ message.tool_call_id }}\\n{{ message['content'] }}
+{%- else -%}{{ message['content'] }}
+{%- endif -%}
+<|im_end|>
+{%- endfor -%}
+{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"""
 
 
 # LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
@@ -603,5 +637,5 @@ def write_hermes_smollm2(dst: Path) -> Path:
 
 def write_control_smollm2(dst: Path, tokens: dict[int, str]) -> Path:
     """A SmolLM2 copy whose `tokens` are control tokens, as Mistral's, Gemma's, gpt-oss's, LFM2's,
-    Granite's, Nemotron's, Command R's, Apertus', GigaChat's and Seed-OSS's tags are in their vocabularies."""
+    Granite's, Nemotron's, Command R's, Apertus', GigaChat's, Seed-OSS's and Kimi's tags are in their vocabularies."""
     return retokened_smollm2(dst, tokens, CONTROL)

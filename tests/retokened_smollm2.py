@@ -1,7 +1,8 @@
 """A copy of SmolLM2 whose unused special tokens read as another model family's (tool-call tags,
 fill-in-the-middle tokens), for the formats no installable model has. The weights are untouched;
-token texts may change length, and `general.name` takes up the difference, so the header keeps
-its size and the tensor data its offset."""
+token texts may change length, and `general.name` (then `general.finetune` and
+`general.organization`) takes up the difference, so the header keeps its size and the tensor
+data its offset."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from conftest import SMOLLM2
 
+# Header strings that take up a change in the token texts' length, in this order.
+_ABSORBING = (b"general.name", b"general.finetune", b"general.organization")
 USER_DEFINED = 4  # llama.cpp's LLAMA_TOKEN_TYPE_USER_DEFINED: written out in the answer's text
 CONTROL = 3
 
@@ -21,7 +24,7 @@ def _string(text: str) -> bytes:
 
 def retokened_smollm2(dst: Path, tokens: dict[int, str], token_type: int) -> Path:
     """A copy of SmolLM2 whose special tokens `tokens` (id: new text) read as given, with that
-    token type. Their texts may change length: `general.name` takes up the difference, so the
+    token type. Their texts may change length: general strings take up the difference, so the
     header keeps its size and the tensor data its offset."""
     data = bytearray(SMOLLM2.read_bytes())
     key = b"tokenizer.ggml.tokens"
@@ -40,15 +43,18 @@ def retokened_smollm2(dst: Path, tokens: dict[int, str], token_type: int) -> Pat
         new = _string(tokens[i])
         delta += len(new) - (end - start)
         data[start:end] = new
-    name_key = b"general.name"
-    k = data.find(struct.pack("<Q", len(name_key)) + name_key)
-    assert 0 < k < at, "general.name is not before the token list"
-    start = k + 8 + len(name_key) + 4
-    n = struct.unpack_from("<Q", data, start)[0]
-    name = bytes(data[start + 8:start + 8 + n])
-    assert n - delta > 0
-    name = (name + b" " * max(0, -delta))[:n - delta]
-    data[start:start + 8 + n] = struct.pack("<Q", len(name)) + name
+    for key in _ABSORBING:  # the difference taken up by these strings, each kept one byte at least
+        k = data.find(struct.pack("<Q", len(key)) + key)
+        assert 0 < k < at, f"{key.decode()} is not before the token list"
+        start = k + 8 + len(key) + 4
+        n = struct.unpack_from("<Q", data, start)[0]
+        take = delta if delta < 0 else min(delta, n - 1)  # longer tokens: shorter strings; shorter: padded
+        text = (bytes(data[start + 8:start + 8 + n]) + b" " * max(0, -take))[:n - take]
+        data[start:start + 8 + n] = struct.pack("<Q", len(text)) + text
+        delta -= take
+        if delta == 0:
+            break
+    assert delta == 0, "the new token texts are too long for the header to take up"
     key = b"tokenizer.ggml.token_type"
     k = data.find(struct.pack("<Q", len(key)) + key)
     assert k > 0

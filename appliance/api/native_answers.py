@@ -15,6 +15,7 @@ from . import pythonic_calls
 from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, keyed_call, skip_blanks,
                           tool_calls, value_end)
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, JSON_LISTS,
+                           KIMI_ARGS, KIMI_CALL, KIMI_CALL_END, KIMI_SECTION, KIMI_SECTION_END,
                            LFM2_CLOSE, LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE,
                            MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION,
                            NativeFormat)
@@ -260,6 +261,34 @@ def _mistral_args(fmt: NativeFormat, text: str) -> list[Begun]:
     return out
 
 
+_KIMI_HEAD = re.compile(r"\s*functions\.([^:\s<]+):(\d+)\s*" + re.escape(KIMI_ARGS))
+
+
+def _kimi(text: str) -> list[Begun]:
+    """Kimi K2's calls: each named once its id (`functions.name:0`, which is its call id) is whole,
+    its arguments as they come."""
+    body, _, rest = text[len(KIMI_SECTION):].partition(KIMI_SECTION_END)
+    if rest.strip():
+        raise ValueError("text after the calls")
+    blocks = body.split(KIMI_CALL)
+    if blocks[0].strip():
+        raise ValueError("not a call")
+    out = []
+    for block in blocks[1:]:
+        head = _KIMI_HEAD.match(block)
+        if head is None:
+            if KIMI_ARGS in block:
+                raise ValueError("not a call's id")
+            break
+        args, end, after = block[head.end():].partition(KIMI_CALL_END)
+        if end and after.strip():
+            raise ValueError("text between calls")
+        arguments, whole = _json_arguments(args)
+        call_id = f"functions.{head.group(1)}:{head.group(2)}"
+        out.append(Begun(head.group(1), arguments, whole and bool(end), call_id))
+    return out
+
+
 def _gemma(fmt: NativeFormat, text: str) -> list[Begun]:
     tags = fmt.tags
     out = []
@@ -329,6 +358,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _lfm2(text)
     if fmt.name == "harmony":
         return _harmony(text)
+    if fmt.name == "kimi-k2":
+        return _kimi(text)
     # llama3: the answer is the call; gigachat: the call follows its tag
     i = skip_blanks(text, len(fmt.marker) if fmt.marker else 0)
     if i == len(text):

@@ -109,6 +109,17 @@ def args_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: 
             f"args-sep ::= {call_id}<[{fmt.args_token}]>\n" + rules)
 
 
+def kimi_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """Kimi K2's grammar: `functions` are each callable function's name and parameters schema;
+    each call is numbered in its id (`functions.name:0`), as its template numbers them."""
+    rules, tops = values_gbnf([schema for _, schema in functions], "args")
+    call, call_end = fmt.tag_tokens
+    alternatives = " | ".join(f'{literal(name)} ":" [0-9]{{1,4}} <[{fmt.args_token}]> {args}'
+                              for (name, _), args in zip(functions, tops))
+    return (f"root ::= <[{fmt.open_token}]> call{'+' if parallel else ''} <[{fmt.close_token}]>\n"
+            f'call ::= <[{call}]> "functions." ({alternatives}) <[{call_end}]>\n' + rules)
+
+
 def harmony_grammar(fmt: NativeFormat, auto: bool, think_budget: int, functions: list[tuple[str, Any]],
                     parallel: bool) -> str:
     """gpt-oss's grammar, over the whole answer: its analysis channel (any tokens but its end, at

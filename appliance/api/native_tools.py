@@ -45,6 +45,8 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
   as text (grammar.Constraint);
 - gigachat: `<|function_call|>{"name": ..., "arguments": {...}}` after the content, one call a
   message (GigaChat 3.1);
+- kimi-k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>`
+  (Kimi K2 and its kin), the `functions.name:0` its call's id, all five tags tokens;
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
   3.3, whose templates ask for exactly that).
 
@@ -85,6 +87,9 @@ LFM2_OPEN, LFM2_CLOSE, LFM2_SIGN = pythonic_calls.LFM2_OPEN, pythonic_calls.LFM2
 GRANITE_OPEN = "<|tool_call|>"  # Granite 3.x: a JSON list of calls after it
 NEMOTRON_OPEN, NEMOTRON_CLOSE = "<TOOLCALL>", "</TOOLCALL>"  # Nemotron Nano 2: a JSON list between them
 COMMAND_R_OPEN, COMMAND_R_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"  # Command R7B: the same, its own keys
+# Kimi K2: a section of calls, each with its id and arguments between tags
+KIMI_SECTION, KIMI_SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KIMI_CALL, KIMI_ARGS, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 GIGACHAT_OPEN = "<|function_call|>"  # GigaChat 3.1: one call's JSON object after it
 APRIEL_OPEN, APRIEL_CLOSE = "<tool_calls>", "</tool_calls>"  # Apriel: a JSON list between them
 APERTUS_OPEN, APERTUS_CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"  # Apertus: a list of {name: arguments}
@@ -127,14 +132,15 @@ _ALNUM = string.ascii_letters + string.digits
 @dataclass(frozen=True)
 class NativeFormat:
     # hermes, qwen3-coder, seed-oss, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, apriel, mistral, mistral-args,
-    # gemma4, functiongemma, gigachat, llama3, harmony
+    # gemma4, functiongemma, kimi-k2, gigachat, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
-    args_token: int | None = None  # mistral-args: [ARGS]
+    args_token: int | None = None  # mistral-args: [ARGS]; kimi-k2: <|tool_call_argument_begin|>
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
     close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r, apertus: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
-    tag_tokens: tuple[int, ...] = ()  # glm, seed-oss: its tags that are tokens; harmony: HARMONY_TAGS' (written out)
+    # glm, seed-oss: its tags that are tokens; harmony: HARMONY_TAGS'; kimi-k2: a call's begin and end (written out)
+    tag_tokens: tuple[int, ...] = ()
     trigger_text: str | None = None  # the text that starts a lazy grammar, where no token does
 
     @property
@@ -172,7 +178,7 @@ class NativeFormat:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
-                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
+                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN, "kimi-k2": KIMI_SECTION, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
@@ -261,6 +267,11 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
         token = _one_token(vocab, NEMOTRON_OPEN)
         close = _one_token(vocab, NEMOTRON_CLOSE)
         return NativeFormat("nemotron", token, close_token=close) if token is not None else None
+    if KIMI_SECTION in template_source and KIMI_CALL in template_source:
+        tokens = [_one_token(vocab, tag) for tag in (KIMI_SECTION, KIMI_ARGS, KIMI_SECTION_END, KIMI_CALL, KIMI_CALL_END)]
+        if None in tokens:
+            return None
+        return NativeFormat("kimi-k2", tokens[0], tokens[1], close_token=tokens[2], tag_tokens=(tokens[3], tokens[4]))
     if GIGACHAT_OPEN in template_source:
         token = _one_token(vocab, GIGACHAT_OPEN)
         return NativeFormat("gigachat", token) if token is not None else None

@@ -8,7 +8,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 
 class TemplateError(ValueError):
@@ -47,11 +47,26 @@ class _GenerationTag(jinja2.ext.Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
+# List methods a template may call: Kimi K2's templates queue their calls' ids with append and
+# pop(0), as llama.cpp's renderer lets them (each render gets its own messages and tools).
+_LIST_GROWTH = frozenset({"append", "extend", "insert", "pop"})
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    """Hugging Face's sandbox (no mutation of the values passed in), but lists may grow and
+    shrink."""
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if isinstance(obj, list) and attr in _LIST_GROWTH:
+            return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+        return super().is_safe_attribute(obj, attr, value)
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str, eos_token: str):
         # the extensions Hugging Face's renderer has: templates use {% break %}, {% generation %}
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
-                                            extensions=["jinja2.ext.loopcontrols", _GenerationTag])
+        env = _Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
+                           extensions=["jinja2.ext.loopcontrols", _GenerationTag])
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         env.filters["tojson"] = _tojson

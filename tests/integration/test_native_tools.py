@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, SEED_OSS_TEMPLATE, SEED_OSS_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
+from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, KIMI_TEMPLATE, KIMI_TOKENS, SEED_OSS_TEMPLATE, SEED_OSS_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
                                 GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
                                 GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, MINICPM5_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
@@ -43,6 +43,7 @@ def server(server_factory, tmp_path_factory):
     apertus = write_control_smollm2(models / "smollm2-apertus.gguf", APERTUS_TOKENS)
     gigachat = write_control_smollm2(models / "smollm2-gigachat.gguf", GIGACHAT_TOKENS)
     seed_oss = write_control_smollm2(models / "smollm2-seed-oss.gguf", SEED_OSS_TOKENS)
+    kimi = write_control_smollm2(models / "smollm2-kimi.gguf", KIMI_TOKENS)
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
@@ -61,6 +62,7 @@ def server(server_factory, tmp_path_factory):
                    model_entry("apertus", apertus, n_parallel=1, chat_template=APERTUS_TEMPLATE),
                    model_entry("gigachat", gigachat, n_parallel=1, chat_template=GIGACHAT_TEMPLATE),
                    model_entry("seed-oss", seed_oss, n_parallel=1, chat_template=SEED_OSS_TEMPLATE),
+                   model_entry("kimi-k2", kimi, n_parallel=1, chat_template=KIMI_TEMPLATE),
                    # its reasoning, which the prompt opens, closed at once (SmolLM2 would not close it)
                    model_entry("apriel", SMOLLM2, n_parallel=1, chat_template=APRIEL_TEMPLATE, reasoning_budget=0),
                    model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
@@ -87,6 +89,8 @@ def check_weather(call: dict, model: str = "hermes") -> None:
     assert call["type"] == "function"
     if model.startswith("mistral"):
         assert re.fullmatch("[a-zA-Z0-9]{9}", call["id"]), call["id"]  # the only ids Mistral's templates take
+    elif model == "kimi-k2":
+        assert re.fullmatch(r"functions\.get_weather:\d+", call["id"]), call["id"]  # the id the model wrote
     else:
         assert call["id"].startswith("call_")
     assert call["function"]["name"] == "get_weather"
@@ -191,12 +195,12 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "hermes", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "apriel": "apriel", "gigachat": "gigachat", "seed-oss": "seed-oss", "gemma4": "gemma4",
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "apriel": "apriel", "gigachat": "gigachat", "seed-oss": "seed-oss", "kimi-k2": "kimi-k2", "gemma4": "gemma4",
                      "functiongemma": "functiongemma"}
 
 
 OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "minicpm5", "lfm2", "gpt-oss", "granite", "nemotron",
-                 "command-r", "apertus", "apriel", "gigachat", "seed-oss", "gemma4", "functiongemma")
+                 "command-r", "apertus", "apriel", "gigachat", "seed-oss", "kimi-k2", "gemma4", "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -288,6 +292,11 @@ def test_history_renders_in_each_models_format(server, model):
         assert ("<seed:bos>assistant\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
                 "<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call><seed:eos>"
                 "<seed:bos>tool\n18 degrees, sunny<seed:eos>") in text
+    elif model == "kimi-k2":  # each call's id numbered between its tags, a result headed by its call's id
+        assert ('<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>'
+                'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "unit": "celsius"}'
+                "<|tool_call_end|><|tool_calls_section_end|><|im_end|><|im_system|>tool<|im_middle|>"
+                "## Return of call_1") in text
     elif model == "gigachat":  # one call after the content, its result as a role of its own
         assert ('assistant<|role_sep|>\n<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris", '
                 '"unit": "celsius"}}<|message_sep|>\n\nfunction result<|role_sep|>\n18 degrees, sunny') in text

@@ -28,6 +28,7 @@ APERTUS = NativeFormat("apertus", 9, close_token=10)
 GIGACHAT = NativeFormat("gigachat", 9)
 APRIEL = NativeFormat("apriel", trigger_text="<tool_calls>")
 SEED_OSS = NativeFormat("seed-oss", 9, tag_tokens=(10,))
+KIMI = NativeFormat("kimi-k2", 9, 10, close_token=11, tag_tokens=(12, 13))
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -62,6 +63,9 @@ ANSWERS = [
     (SEED_OSS, "Let me write.\n<seed:tool_call>\n<function=write>\n<parameter=lines>2</parameter>\n<parameter=text>one "
                '"1"\ntwo\n</parameter>\n</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=w>\n'
                "<parameter=city>Oslo</parameter>\n</function>\n</seed:tool_call>", "Let me write."),
+    (KIMI, 'On it.<|tool_calls_section_begin|><|tool_call_begin|>functions.w:0<|tool_call_argument_begin|>{"city": '
+           '"Oslo"}<|tool_call_end|><|tool_call_begin|>functions.write:1<|tool_call_argument_begin|>{"text": "a\\nb", '
+           '"lines": 2}<|tool_call_end|><|tool_calls_section_end|>', "On it."),
     (GIGACHAT, 'Looking.<|function_call|>{"name": "write", "arguments": {"text": "a\\nb", "lines": 2}}', "Looking."),
     (MINICPM5, 'Writing.\n<function name="write"><param name="lines">2</param><param name="text"><![CDATA[a </param>\n'
                '<function name="x"> & b]]></param><param name="path">a.py</param></function>\n'

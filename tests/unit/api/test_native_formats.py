@@ -100,6 +100,11 @@ class FakeVocab:
      NativeFormat("seed-oss", trigger_text="<seed:tool_call>")),
     ("{{ tools }} '<tool_calls>[' ~ calls ~ ']</tool_calls>'", FakeVocab("<tool_calls>", "</tool_calls>"),
      NativeFormat("apriel", 100, close_token=101)),  # tokens where the vocabulary has them
+    ("{{ tools }} <|tool_calls_section_begin|> <|tool_call_begin|>",
+     FakeVocab("<|tool_calls_section_begin|>", "<|tool_call_argument_begin|>", "<|tool_calls_section_end|>",
+               "<|tool_call_begin|>", "<|tool_call_end|>"),
+     NativeFormat("kimi-k2", 100, 101, close_token=102, tag_tokens=(103, 104))),
+    ("{{ tools }} <|tool_calls_section_begin|> <|tool_call_begin|>", FakeVocab("<|tool_calls_section_begin|>"), None),
     ("{{ tools }} {%- set add_tokens = namespace(function_call='<|function_call|>') %}", FakeVocab("<|function_call|>"),
      NativeFormat("gigachat", 100)),
     ("""{{ tools }} {{- '<function name="' ~ tool_call.name ~ '">' }} {{- '<param name="' ~ param_name ~ '">' }}""",
@@ -122,7 +127,8 @@ def test_the_grammar_compiles_and_is_lazy_only_under_auto():
 @pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, LFM2, GEMMA4, FUNCTIONGEMMA,
                                  NativeFormat("minicpm5", trigger_text='<function name="'),
                                  NativeFormat("seed-oss", 9), NativeFormat("apertus", 9, close_token=10),
-                                 NativeFormat("apriel", trigger_text="<tool_calls>"), NativeFormat("gigachat", 9)],
+                                 NativeFormat("apriel", trigger_text="<tool_calls>"), NativeFormat("gigachat", 9),
+                                 NativeFormat("kimi-k2", 9, 10, close_token=11, tag_tokens=(12, 13))],
                          ids=lambda f: f.name)
 def test_a_bad_parameter_schema_is_named_under_its_tool(fmt):
     bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {
@@ -514,3 +520,20 @@ def test_apriel_reasons_then_calls_in_a_list_between_its_tags_written_as_text():
     answer = AnswerShape(None, reasoning.APRIEL, inside=True).whole("Easy.\n[BEGIN FINAL RESPONSE]\n4\n[END FINAL RESPONSE]",
                                                                  "stop")
     assert (answer.reasoning, answer.content) == ("Easy.", "4\n")
+
+
+def test_kimi_numbers_its_calls_in_their_ids_which_stay_their_ids():
+    fmt = NativeFormat("kimi-k2", 9, 10, close_token=11, tag_tokens=(12, 13))
+    plan = tools.plan(request(tools=[WEATHER, ADD]), fmt)
+    lines = plan.grammar.splitlines()
+    assert lines[0] == "root ::= <[9]> call+ <[11]>" and plan.triggers == (9,)
+    assert lines[1] == ('call ::= <[12]> "functions." ("w" ":" [0-9]{1,4} <[10]> args-0-end | "add" ":" [0-9]{1,4} '
+                        '<[10]> args-1-end) <[13]>')
+    assert plan.shown_tokens == (9, 10, 11, 12, 13)
+    grammar.check(None, plan.grammar)
+    text = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.add:3<|tool_call_argument_begin|>"
+            '{"a": 1, "b": 2}<|tool_call_end|><|tool_calls_section_end|>')
+    _, calls, reason = native_answers.read_answer(fmt, text, "stop")
+    assert reason == "tool_calls" and calls[0].id == "functions.add:3" and calls[0].function.name == "add"
+    bad = text.replace("functions.add:3", "add")
+    assert native_answers.read_answer(fmt, bad, "stop")[1] is None

@@ -43,3 +43,15 @@ def test_templates_may_use_loop_controls_and_generation_blocks():
                                                {"role": "assistant", "content": "b"},
                                                {"role": "user", "content": "stop"}, {"role": "user", "content": "c"}])
     assert out == "a[b]"
+
+
+def test_a_template_may_grow_and_shrink_its_own_lists_but_not_change_dicts():
+    """Kimi K2's templates queue their calls' ids (append, then pop(0)), as llama.cpp's renderer
+    allows; other changes (a dict's update) stay refused, as in Hugging Face's sandbox."""
+    source = ("{% set ns = namespace(ids=[]) %}{% for m in messages %}{% set _ = ns.ids.append(m.content) %}{% endfor %}"
+              "{{ ns.ids.pop(0) }}|{{ ns.ids | join(',') }}")
+    out = ChatTemplate(source, "", "").render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                                               {"role": "user", "content": "c"}])
+    assert out == "a|b,c"
+    with pytest.raises(TemplateError, match="unsafe"):
+        ChatTemplate("{% set _ = messages[0].update({'x': 1}) %}", "", "").render([{"role": "user", "content": "a"}])
