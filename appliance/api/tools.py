@@ -123,10 +123,9 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                  parallel: bool, think_budget: int) -> ToolPlan:
     """The plan for a model's own format: its grammar over the callable tools."""
     parallel = parallel and native.parallel
-    builders = {"qwen3-coder": partial(native_grammars.xml_grammar, native),
-                "glm": partial(native_grammars.xml_grammar, native),
-                "minicpm5": partial(native_grammars.xml_grammar, native),
-                "seed-oss": partial(native_grammars.xml_grammar, native), "gemma4": partial(native_grammars.gemma_grammar, native),
+    xml = partial(native_grammars.xml_grammar, native)
+    builders = {"qwen3-coder": xml, "glm": xml, "minicpm5": xml, "seed-oss": xml,
+                "gemma4": partial(native_grammars.gemma_grammar, native),
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native),
                 "kimi-k2": partial(native_grammars.kimi_grammar, native),
