@@ -297,6 +297,46 @@ KIMI_TEMPLATE = """\
 {%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"""
 
 
+# llama.cpp's template for DeepSeek R1 and its distills (models/templates/llama-cpp-deepseek-r1.jinja,
+# shortened): the tools listed as JSON with an example call, each call's arguments a fenced JSON
+# block after its name, the results as tool outputs; the answer's think block opened by the prompt.
+DEEPSEEK_R1_TEMPLATE = """\
+{%- set ns = namespace(is_first=false, is_tool_outputs=false, is_output_first=true) -%}
+{{ bos_token }}
+{%- if tools %}
+You can call any of the following function tools to satisfy the user's requests: {{ tools | map(attribute='function') | tojson }}
+
+Example function tool call syntax:
+
+<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>example_function_name
+```json
+{"arg1": "some_value"}
+```
+<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
+{% endif -%}
+{%- for message in messages -%}
+{%- if message['role'] != 'tool' and ns.is_tool_outputs -%}{{ '<｜tool▁outputs▁end｜><｜end▁of▁sentence｜>' }}{% set ns.is_tool_outputs = false %}{% endif -%}
+{%- if message['role'] == 'user' -%}{{ '<｜User｜>' + message['content'] + '<｜end▁of▁sentence｜>' }}{% endif -%}
+{%- if message['role'] == 'assistant' and not message['content'] -%}
+{{- '<｜Assistant｜><｜tool▁calls▁begin｜>' -}}
+{%- for tc in message['tool_calls'] -%}
+{%- if not loop.first %}{{ '\n' }}{% endif -%}
+{{- '<｜tool▁call▁begin｜>' + tc['type'] + '<｜tool▁sep｜>' + tc['function']['name'] + '\n```json\n' + tc['function']['arguments'] | tojson + '\n```<｜tool▁call▁end｜>' -}}
+{%- endfor -%}
+{{- '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' -}}
+{%- elif message['role'] == 'assistant' -%}{{ '<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>' }}
+{%- endif -%}
+{%- if message['role'] == 'tool' -%}
+{%- set ns.is_tool_outputs = true -%}
+{%- if ns.is_output_first %}{{ '<｜tool▁outputs▁begin｜>' }}{% set ns.is_output_first = false %}{% endif -%}
+{{- '\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if ns.is_tool_outputs %}{{ '<｜tool▁outputs▁end｜><｜end▁of▁sentence｜>' }}{% endif -%}
+{%- if add_generation_prompt and not ns.is_tool_outputs -%}{{ '<｜Assistant｜><think>\n' }}{%- endif -%}"""
+
+
 # LFM2's (Liquid AI) form, as its template is: the tools listed in the system message, every turn
 # its content only (a call is written into the assistant's content in Python's notation).
 LFM2_TEMPLATE = """\

@@ -15,6 +15,7 @@ from . import pythonic_calls
 from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, keyed_call, skip_blanks,
                           tool_calls, value_end)
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, JSON_LISTS,
+                           DEEPSEEK_CALL, DEEPSEEK_CALL_END, DEEPSEEK_CALLS, DEEPSEEK_CALLS_END, DEEPSEEK_SEP,
                            KIMI_ARGS, KIMI_CALL, KIMI_CALL_END, KIMI_SECTION, KIMI_SECTION_END,
                            LFM2_CLOSE, LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE,
                            MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION,
@@ -289,6 +290,51 @@ def _kimi(text: str) -> list[Begun]:
     return out
 
 
+def _deepseek(text: str) -> list[Begun]:
+    """DeepSeek R1's calls: each named once its name's line is whole, its arguments as they come
+    (a JSON object fenced in ```json ... ```)."""
+    body, _, rest = text[len(DEEPSEEK_CALLS):].partition(DEEPSEEK_CALLS_END)
+    if rest.strip():
+        raise ValueError("text after the calls")
+    blocks = body.split(DEEPSEEK_CALL)
+    if blocks[0].strip():
+        if len(blocks) > 1 or not DEEPSEEK_CALL.startswith(blocks[0].strip()):  # (the tag written so far)
+            raise ValueError("not a call")
+        return []
+    out = []
+    for block in blocks[1:]:
+        kind, sep, named = block.partition(DEEPSEEK_SEP)
+        if not sep:
+            if not ("function" + DEEPSEEK_SEP).startswith(kind.strip()):
+                raise ValueError("not a function call")
+            break
+        name, newline, fenced = named.partition("\n")
+        if not newline:
+            break
+        opening = "```json\n"
+        if not fenced.startswith(opening):
+            if not opening.startswith(fenced):
+                raise ValueError("not a fenced call")
+            out.append(Begun(name.strip(), "", False))
+            break
+        args = fenced[len(opening):]
+        i = skip_blanks(args, 0)
+        end = value_end(args, i) if i < len(args) else None
+        if end is None:
+            out.append(Begun(name.strip(), compact_json(args[i:]), False))
+            break
+        closing, fence = args[end:].lstrip(), "```" + DEEPSEEK_CALL_END
+        whole = closing.startswith(fence)
+        after = closing[len(fence):].strip() if whole else ""  # the next tag, as far as it is written
+        if (not whole and not fence.startswith(closing)) or (
+                after and not (DEEPSEEK_CALL.startswith(after) or DEEPSEEK_CALLS_END.startswith(after))):
+            raise ValueError("text after a call's arguments")
+        if not isinstance(json.loads(args[i:end]), dict):
+            raise ValueError("a call's arguments are not an object")
+        out.append(Begun(name.strip(), compact_json(args[i:end]), whole))
+    return out
+
+
 def _gemma(fmt: NativeFormat, text: str) -> list[Begun]:
     tags = fmt.tags
     out = []
@@ -360,6 +406,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _harmony(text)
     if fmt.name == "kimi-k2":
         return _kimi(text)
+    if fmt.name == "deepseek-r1":
+        return _deepseek(text)
     # llama3: the answer is the call; gigachat: the call follows its tag
     i = skip_blanks(text, len(fmt.marker) if fmt.marker else 0)
     if i == len(text):

@@ -13,7 +13,8 @@ from ..engine.schema_grammar import (MAX_REPEAT, SchemaError, literal, never_spe
 from .native_answers import xml_written_as_text
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE,
                            HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM,
-                           MINICPM_PARAM_CLOSE, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, XML_PARAMETER, NativeFormat)
+                           MINICPM_PARAM_CLOSE, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, XML_PARAMETER, NativeFormat,
+                           DEEPSEEK_TAGS)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,17 @@ def kimi_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: 
                               for (name, _), args in zip(functions, tops))
     return (f"root ::= <[{fmt.open_token}]> call{'+' if parallel else ''} <[{fmt.close_token}]>\n"
             f'call ::= <[{call}]> "functions." ({alternatives}) <[{call_end}]>\n' + rules)
+
+
+def deepseek_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
+    """DeepSeek R1's grammar: `functions` are each callable function's name and parameters
+    schema; each call's arguments a JSON block fenced as its template writes it."""
+    rules, tops = values_gbnf([schema for _, schema in functions], "args")
+    calls, calls_end, call, sep, call_end = (literal(tag) for tag in DEEPSEEK_TAGS)
+    alternatives = " | ".join(f'{literal(name)} "\\n```json\\n" {args} "\\n```"' for (name, _), args in zip(functions, tops))
+    more = ' ("\\n" call)*' if parallel else ""
+    return (f"root ::= {calls} call{more} {calls_end}\n"
+            f'call ::= {call} "function" {sep} ({alternatives}) {call_end}\n' + rules)
 
 
 def harmony_grammar(fmt: NativeFormat, auto: bool, think_budget: int, functions: list[tuple[str, Any]],

@@ -43,6 +43,9 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
   a string's value as raw text or in a CDATA block (`<![CDATA[...]]>`, where it holds `<`, `&` or
   a newline), others as JSON (MiniCPM 5); the tag is text, not a token, and starts the grammar
   as text (grammar.Constraint);
+- deepseek-r1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`
+  (DeepSeek R1 and its distills with llama.cpp's template for them, DeepSeek V3), the tags
+  tokens or text;
 - gigachat: `<|function_call|>{"name": ..., "arguments": {...}}` after the content, one call a
   message (GigaChat 3.1);
 - kimi-k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>`
@@ -90,6 +93,10 @@ COMMAND_R_OPEN, COMMAND_R_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"  # Comman
 # Kimi K2: a section of calls, each with its id and arguments between tags
 KIMI_SECTION, KIMI_SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 KIMI_CALL, KIMI_ARGS, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+# DeepSeek R1/V3: calls between section tags, each a fenced JSON block after its name
+DEEPSEEK_CALLS, DEEPSEEK_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DEEPSEEK_CALL, DEEPSEEK_SEP, DEEPSEEK_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_TAGS = (DEEPSEEK_CALLS, DEEPSEEK_CALLS_END, DEEPSEEK_CALL, DEEPSEEK_SEP, DEEPSEEK_CALL_END)
 GIGACHAT_OPEN = "<|function_call|>"  # GigaChat 3.1: one call's JSON object after it
 APRIEL_OPEN, APRIEL_CLOSE = "<tool_calls>", "</tool_calls>"  # Apriel: a JSON list between them
 APERTUS_OPEN, APERTUS_CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"  # Apertus: a list of {name: arguments}
@@ -132,14 +139,15 @@ _ALNUM = string.ascii_letters + string.digits
 @dataclass(frozen=True)
 class NativeFormat:
     # hermes, qwen3-coder, seed-oss, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, apriel, mistral, mistral-args,
-    # gemma4, functiongemma, kimi-k2, gigachat, llama3, harmony
+    # gemma4, functiongemma, kimi-k2, deepseek-r1, gigachat, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
     args_token: int | None = None  # mistral-args: [ARGS]; kimi-k2: <|tool_call_argument_begin|>
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
     close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r, apertus: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
-    # glm, seed-oss: its tags that are tokens; harmony: HARMONY_TAGS'; kimi-k2: a call's begin and end (written out)
+    # glm, seed-oss, deepseek-r1: its tags that are tokens; harmony: HARMONY_TAGS'; kimi-k2: a call's begin and end
+    # (written out)
     tag_tokens: tuple[int, ...] = ()
     trigger_text: str | None = None  # the text that starts a lazy grammar, where no token does
 
@@ -178,7 +186,8 @@ class NativeFormat:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
-                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN, "kimi-k2": KIMI_SECTION, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
+                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN, "kimi-k2": KIMI_SECTION,
+                "deepseek-r1": DEEPSEEK_CALLS, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
@@ -206,7 +215,7 @@ def _one_token(vocab: Vocab, text: str) -> int | None:
 def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     """The model's own tool-call format, when its template renders tools in one this server reads
     and its vocabulary has the format's tags as single tokens, or the format's opening tag may be
-    text (MiniCPM 5's always; `<tool_call>`, Apriel's and Seed-OSS's where it is no token)."""
+    text (MiniCPM 5's always; `<tool_call>`, Apriel's, Seed-OSS's and DeepSeek's where it is no token)."""
     if "tools" not in template_source:
         return None
     if SEED_OPEN in template_source and SEED_CLOSE in template_source:
@@ -272,6 +281,12 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
         if None in tokens:
             return None
         return NativeFormat("kimi-k2", tokens[0], tokens[1], close_token=tokens[2], tag_tokens=(tokens[3], tokens[4]))
+    if DEEPSEEK_CALLS in template_source and DEEPSEEK_SEP in template_source and "```json" in template_source:
+        token = _one_token(vocab, DEEPSEEK_CALLS)
+        shown = tuple(t for t in (_one_token(vocab, tag) for tag in DEEPSEEK_TAGS[1:]) if t is not None)
+        if token is None:
+            return NativeFormat("deepseek-r1", tag_tokens=shown, trigger_text=DEEPSEEK_CALLS)
+        return NativeFormat("deepseek-r1", token, tag_tokens=shown)
     if GIGACHAT_OPEN in template_source:
         token = _one_token(vocab, GIGACHAT_OPEN)
         return NativeFormat("gigachat", token) if token is not None else None

@@ -129,6 +129,7 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native),
                 "kimi-k2": partial(native_grammars.kimi_grammar, native),
+                "deepseek-r1": partial(native_grammars.deepseek_grammar, native),
                 "lfm2": partial(pythonic_calls.grammar, native.open_token, native.close_token),
                 "harmony": partial(native_grammars.harmony_grammar, native, mode == "auto", think_budget)}
     if native.name in builders:  # calls that are not JSON objects: each function's arguments apart

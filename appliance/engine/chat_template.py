@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterator
 
 import jinja2
 import jinja2.ext
@@ -23,12 +23,22 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _listed(value: Any) -> list[Any]:
+    """A filter's lazy sequence (`map`, `select`) as the list it yields, for JSON; anything else
+    is no JSON value."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
     """`tojson` as Hugging Face's chat templates have it: plain JSON, not Jinja's HTML-escaped form
-    (tool lists and call arguments are written into the prompt with it)."""
+    (tool lists and call arguments are written into the prompt with it). A filter's lazy sequence
+    is written as its list, as llama.cpp's renderer writes it (its DeepSeek R1 template lists the
+    tools with `tools | map(attribute='function') | tojson`)."""
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=tuple(separators) if separators else None, sort_keys=sort_keys)
+                      separators=tuple(separators) if separators else None, sort_keys=sort_keys, default=_listed)
 
 
 # The variables render() sets, which chat_template_kwargs may not give.

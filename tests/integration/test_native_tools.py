@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, KIMI_TEMPLATE, KIMI_TOKENS, SEED_OSS_TEMPLATE, SEED_OSS_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
+from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, DEEPSEEK_R1_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, KIMI_TEMPLATE, KIMI_TOKENS, SEED_OSS_TEMPLATE, SEED_OSS_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
                                 GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
                                 GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, MINICPM5_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
@@ -63,6 +63,9 @@ def server(server_factory, tmp_path_factory):
                    model_entry("gigachat", gigachat, n_parallel=1, chat_template=GIGACHAT_TEMPLATE),
                    model_entry("seed-oss", seed_oss, n_parallel=1, chat_template=SEED_OSS_TEMPLATE),
                    model_entry("kimi-k2", kimi, n_parallel=1, chat_template=KIMI_TEMPLATE),
+                   # its think block, which the prompt opens, closed at once; its tags are text here
+                   model_entry("deepseek-r1", SMOLLM2, n_parallel=1, chat_template=DEEPSEEK_R1_TEMPLATE,
+                               reasoning_budget=0),
                    # its reasoning, which the prompt opens, closed at once (SmolLM2 would not close it)
                    model_entry("apriel", SMOLLM2, n_parallel=1, chat_template=APRIEL_TEMPLATE, reasoning_budget=0),
                    model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
@@ -82,7 +85,11 @@ def tokens(server, model: str = "hermes", **body) -> dict:
 
 
 def prompt_text(server, model: str = "hermes", **body) -> str:
-    return "".join(t["piece"] for t in tokens(server, model, **body)["tokens"])
+    """The chat's prompt as text (llama-server's /apply-template: the text /tokenize tokenizes;
+    its pieces one by one would cut DeepSeek's full-width tags apart)."""
+    r = httpx.post(server.base + "/apply-template", json={"model": model, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
 
 
 def check_weather(call: dict, model: str = "hermes") -> None:
@@ -195,12 +202,14 @@ def test_tools_in_tokenize_need_messages(server):
 def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "hermes", "mistral": "mistral", "mistral-args": "mistral-args",
-                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "apriel": "apriel", "gigachat": "gigachat", "seed-oss": "seed-oss", "kimi-k2": "kimi-k2", "gemma4": "gemma4",
+                     "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "apriel": "apriel", "gigachat": "gigachat", "seed-oss": "seed-oss", "kimi-k2": "kimi-k2",
+                     "deepseek-r1": "deepseek-r1", "gemma4": "gemma4",
                      "functiongemma": "functiongemma"}
 
 
 OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "minicpm5", "lfm2", "gpt-oss", "granite", "nemotron",
-                 "command-r", "apertus", "apriel", "gigachat", "seed-oss", "kimi-k2", "gemma4", "functiongemma")
+                 "command-r", "apertus", "apriel", "gigachat", "seed-oss", "kimi-k2", "deepseek-r1", "gemma4",
+                 "functiongemma")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -210,7 +219,9 @@ HISTORY = [*WEATHER,
 
 @pytest.mark.parametrize("model", OTHER_FORMATS)
 def test_a_named_call_comes_in_each_models_format(server, model):
-    whole = chat(server, WEATHER, model=model, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    # room for tags that are text (DeepSeek's are dozens of tokens in SmolLM2's vocabulary); a call ends the answer
+    whole = chat(server, WEATHER, model=model, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                 max_tokens=240)
     assert whole.status_code == 200, whole.text
     out = whole.json()["choices"][0]
     assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None, out
@@ -218,7 +229,7 @@ def test_a_named_call_comes_in_each_models_format(server, model):
     check_weather(call, model)
     chunks = []  # streamed: the same call, and no tag in the content
     with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300, json={
-            "model": model, "messages": WEATHER, "tools": TOOLS, "temperature": 0, "stream": True, "max_tokens": 80,
+            "model": model, "messages": WEATHER, "tools": TOOLS, "temperature": 0, "stream": True, "max_tokens": 240,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -297,6 +308,10 @@ def test_history_renders_in_each_models_format(server, model):
                 'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "unit": "celsius"}'
                 "<|tool_call_end|><|tool_calls_section_end|><|im_end|><|im_system|>tool<|im_middle|>"
                 "## Return of call_1") in text
+    elif model == "deepseek-r1":  # a fenced JSON block after the name, the results as tool outputs
+        assert ("<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                '{"city": "Paris", "unit": "celsius"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'
+                "<｜tool▁outputs▁begin｜>\n<｜tool▁output▁begin｜>18 degrees, sunny<｜tool▁output▁end｜>") in text
     elif model == "gigachat":  # one call after the content, its result as a role of its own
         assert ('assistant<|role_sep|>\n<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris", '
                 '"unit": "celsius"}}<|message_sep|>\n\nfunction result<|role_sep|>\n18 degrees, sunny') in text

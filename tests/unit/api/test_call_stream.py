@@ -29,6 +29,7 @@ GIGACHAT = NativeFormat("gigachat", 9)
 APRIEL = NativeFormat("apriel", trigger_text="<tool_calls>")
 SEED_OSS = NativeFormat("seed-oss", 9, tag_tokens=(10,))
 KIMI = NativeFormat("kimi-k2", 9, 10, close_token=11, tag_tokens=(12, 13))
+DEEPSEEK = NativeFormat("deepseek-r1", trigger_text="<｜tool▁calls▁begin｜>")
 WRITE = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "lines": {"type": "integer"}, "text": {"type": "string"}}}}}]
 
@@ -66,6 +67,9 @@ ANSWERS = [
     (KIMI, 'On it.<|tool_calls_section_begin|><|tool_call_begin|>functions.w:0<|tool_call_argument_begin|>{"city": '
            '"Oslo"}<|tool_call_end|><|tool_call_begin|>functions.write:1<|tool_call_argument_begin|>{"text": "a\\nb", '
            '"lines": 2}<|tool_call_end|><|tool_calls_section_end|>', "On it."),
+    (DEEPSEEK, 'Both.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>w\n```json\n{"city": "Oslo ```"}\n'
+               '```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>write\n```json\n{"text": "a\\nb", '
+               '"lines": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "Both."),
     (GIGACHAT, 'Looking.<|function_call|>{"name": "write", "arguments": {"text": "a\\nb", "lines": 2}}', "Looking."),
     (MINICPM5, 'Writing.\n<function name="write"><param name="lines">2</param><param name="text"><![CDATA[a </param>\n'
                '<function name="x"> & b]]></param><param name="path">a.py</param></function>\n'
@@ -113,7 +117,7 @@ def test_streamed_calls_add_up_to_the_calls_read_whole(fmt, text, content, size)
 
 @pytest.mark.parametrize(("fmt", "text", "content"),
                          [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, GRANITE,
-                                                         LFM2)],
+                                                         LFM2, DEEPSEEK)],
                          ids=lambda v: getattr(v, "name", None))
 def test_arguments_go_out_while_the_call_is_written(fmt, text, content):
     *_, deltas = stream(fmt, text, 1)

@@ -105,6 +105,8 @@ class FakeVocab:
                "<|tool_call_begin|>", "<|tool_call_end|>"),
      NativeFormat("kimi-k2", 100, 101, close_token=102, tag_tokens=(103, 104))),
     ("{{ tools }} <|tool_calls_section_begin|> <|tool_call_begin|>", FakeVocab("<|tool_calls_section_begin|>"), None),
+    ("{{ tools }} '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜>'",
+     FakeVocab("<｜tool▁call▁end｜>"), NativeFormat("deepseek-r1", tag_tokens=(100,), trigger_text="<｜tool▁calls▁begin｜>")),
     ("{{ tools }} {%- set add_tokens = namespace(function_call='<|function_call|>') %}", FakeVocab("<|function_call|>"),
      NativeFormat("gigachat", 100)),
     ("""{{ tools }} {{- '<function name="' ~ tool_call.name ~ '">' }} {{- '<param name="' ~ param_name ~ '">' }}""",
@@ -128,7 +130,8 @@ def test_the_grammar_compiles_and_is_lazy_only_under_auto():
                                  NativeFormat("minicpm5", trigger_text='<function name="'),
                                  NativeFormat("seed-oss", 9), NativeFormat("apertus", 9, close_token=10),
                                  NativeFormat("apriel", trigger_text="<tool_calls>"), NativeFormat("gigachat", 9),
-                                 NativeFormat("kimi-k2", 9, 10, close_token=11, tag_tokens=(12, 13))],
+                                 NativeFormat("kimi-k2", 9, 10, close_token=11, tag_tokens=(12, 13)),
+                                 NativeFormat("deepseek-r1", trigger_text="<｜tool▁calls▁begin｜>")],
                          ids=lambda f: f.name)
 def test_a_bad_parameter_schema_is_named_under_its_tool(fmt):
     bad = {"type": "function", "function": {"name": "x", "parameters": {"type": "object", "properties": {

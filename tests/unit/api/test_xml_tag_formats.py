@@ -123,3 +123,29 @@ def test_seed_oss_thinks_in_its_own_tags():
             "</function>\n</seed:tool_call>")
     parts = AnswerShape(plan, reasoning.SEED).whole(text, "stop")
     assert parts.reasoning == "A file." and parts.content is None and parts.tool_calls[0].function.name == "write"
+
+
+DEEPSEEK = NativeFormat("deepseek-r1", trigger_text="<｜tool▁calls▁begin｜>")
+CALLS = "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>"
+CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    (CALLS.format(CALL.format("write", '{"path": "a.py"}')), True),
+    (CALLS.format(CALL.format("write", '{"path": "a.py", "lines": 3}') + "\n" + CALL.format("free", '{"x": [1]}')), True),
+    (CALLS.format(CALL.format("write", '{"lines": 3}')), False),  # path is required
+    (CALLS.format(CALL.format("read", '{"path": "a.py"}')), False),
+    (CALLS.format(CALL.format("write", '{"path": "a.py"}').replace("```json", "```")), False),
+])
+def test_deepseeks_grammar_fences_each_calls_arguments(vocab, text, ok):
+    plan = tools.plan(request(tools=[WRITE, FREE], tool_choice="required"), DEEPSEEK)
+    assert accepts(vocab, plan.grammar, text) is ok
+
+
+def test_deepseek_under_auto_waits_for_its_tag_as_text(vocab):
+    plan = tools.plan(request(tools=[WRITE]), DEEPSEEK)
+    assert plan.triggers == ("<｜tool▁calls▁begin｜>",)
+    call = CALLS.format(CALL.format("write", '{"path": "a.py"}'))
+    assert accepts(vocab, plan.grammar, "<think>\nA file.\n</think>\n\n" + call, plan.triggers)
+    content, calls, _ = native_answers.read_answer(DEEPSEEK, "Writing." + call, "stop")
+    assert content == "Writing." and json.loads(calls[0].function.arguments) == {"path": "a.py"}

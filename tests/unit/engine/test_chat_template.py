@@ -55,3 +55,10 @@ def test_a_template_may_grow_and_shrink_its_own_lists_but_not_change_dicts():
     assert out == "a|b,c"
     with pytest.raises(TemplateError, match="unsafe"):
         ChatTemplate("{% set _ = messages[0].update({'x': 1}) %}", "", "").render([{"role": "user", "content": "a"}])
+
+
+def test_tojson_writes_a_filters_lazy_sequence_as_its_list():
+    """llama.cpp's DeepSeek R1 template lists the tools with `tools | map(attribute='function') | tojson`."""
+    out = ChatTemplate("{{ tools | map(attribute='function') | tojson }}", "", "").render(
+        [{"role": "user", "content": "x"}], tools=[{"type": "function", "function": {"name": "f"}}])
+    assert out == '[{"name": "f"}]'
