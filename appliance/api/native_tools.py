@@ -44,8 +44,8 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
   a newline), others as JSON (MiniCPM 5); the tag is text, not a token, and starts the grammar
   as text (grammar.Constraint);
 - deepseek-r1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`
-  (DeepSeek R1 and its distills with llama.cpp's template for them, DeepSeek V3), the tags
-  tokens or text;
+  (DeepSeek R1 and its distills with llama.cpp's template for them: their own list no tools), the
+  tags tokens or text;
 - gigachat: `<|function_call|>{"name": ..., "arguments": {...}}` after the content, one call a
   message (GigaChat 3.1);
 - kimi-k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>`
