@@ -14,12 +14,11 @@ from ..engine.text import partial_suffix
 from . import pythonic_calls
 from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements, json_call, keyed_call, skip_blanks,
                           tool_calls, value_end)
-from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN, JSON_LISTS,
-                           DEEPSEEK_CALL, DEEPSEEK_CALL_END, DEEPSEEK_CALLS, DEEPSEEK_CALLS_END, DEEPSEEK_SEP,
-                           KIMI_ARGS, KIMI_CALL, KIMI_CALL_END, KIMI_SECTION, KIMI_SECTION_END,
-                           LFM2_CLOSE, LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE,
-                           MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION,
-                           NativeFormat)
+from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_CALL, DEEPSEEK_CALL_END, DEEPSEEK_CALLS,
+                           DEEPSEEK_CALLS_END, DEEPSEEK_SEP, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN,
+                           JSON_LISTS, KIMI_ARGS, KIMI_CALL, KIMI_CALL_END, KIMI_SECTION, KIMI_SECTION_END, LFM2_CLOSE,
+                           LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE, MISTRAL_ARGS,
+                           MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, NativeFormat)
 from .schemas import ToolCall
 
 _HARMONY_HEAD = re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>)?\s*json\s*<\|message\|>")

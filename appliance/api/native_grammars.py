@@ -11,10 +11,10 @@ from ..engine import gemma_notation
 from ..engine.schema_grammar import (MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, renamed_root,
                                      values_gbnf)
 from .native_answers import xml_written_as_text
-from .native_tools import (CDATA_CLOSE, CDATA_OPEN, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE, HERMES_CLOSE,
-                           HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM,
-                           MINICPM_PARAM_CLOSE, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, XML_PARAMETER, NativeFormat,
-                           DEEPSEEK_TAGS)
+from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_TAGS, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE,
+                           HERMES_CLOSE, HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE,
+                           MINICPM_PARAM, MINICPM_PARAM_CLOSE, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, XML_PARAMETER,
+                           NativeFormat)
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,8 @@ class NativeFormat:
 
     @property
     def list_close(self) -> str | None:
-        """The tag that closes a JSON list of calls (Nemotron's, Command R's; None: none does)."""
+        """The tag that closes a JSON list of calls (Nemotron's, Command R's, Apertus', Apriel's;
+        None: none does)."""
         return {"nemotron": NEMOTRON_CLOSE, "command-r": COMMAND_R_CLOSE, "apertus": APERTUS_CLOSE,
                 "apriel": APRIEL_CLOSE}.get(self.name)
 
@@ -186,8 +187,8 @@ class NativeFormat:
             return self.tags.open
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
-                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN, "kimi-k2": KIMI_SECTION,
-                "deepseek-r1": DEEPSEEK_CALLS, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
+                "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN,
+                "kimi-k2": KIMI_SECTION, "deepseek-r1": DEEPSEEK_CALLS, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
     @property
@@ -212,6 +213,20 @@ def _one_token(vocab: Vocab, text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
+def _tokens(vocab: Vocab, tags: tuple[str, ...]) -> tuple[int, ...]:
+    """The tokens of those `tags` the vocabulary has as one token each (the rest are text)."""
+    return tuple(t for t in (_one_token(vocab, tag) for tag in tags) if t is not None)
+
+
+def _opened_by(name: str, vocab: Vocab, tag: str, shown: tuple[int, ...]) -> NativeFormat:
+    """A format whose calls open with `tag`: its token where the vocabulary has it as one, else
+    the tag as text that starts the grammar (`shown`: its other tags that are tokens)."""
+    token = _one_token(vocab, tag)
+    if token is None:
+        return NativeFormat(name, tag_tokens=shown, trigger_text=tag)
+    return NativeFormat(name, token, tag_tokens=shown)
+
+
 def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     """The model's own tool-call format, when its template renders tools in one this server reads
     and its vocabulary has the format's tags as single tokens, or the format's opening tag may be
@@ -219,11 +234,7 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     if "tools" not in template_source:
         return None
     if SEED_OPEN in template_source and SEED_CLOSE in template_source:
-        token, close = _one_token(vocab, SEED_OPEN), _one_token(vocab, SEED_CLOSE)
-        shown = (close,) if close is not None else ()
-        if token is None:
-            return NativeFormat("seed-oss", trigger_text=SEED_OPEN, tag_tokens=shown)
-        return NativeFormat("seed-oss", token, tag_tokens=shown)
+        return _opened_by("seed-oss", vocab, SEED_OPEN, _tokens(vocab, (SEED_CLOSE,)))
     if MINICPM_FUNCTION in template_source and MINICPM_PARAM in template_source:
         return NativeFormat("minicpm5", trigger_text=MINICPM_FUNCTION)
     if APRIEL_OPEN + "[" in template_source and APRIEL_CLOSE in template_source:
@@ -240,14 +251,10 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
             name = "hermes"
         else:
             return None  # another body inside the tags
-        token = _one_token(vocab, HERMES_OPEN)
-        shown = ()
-        if name == "glm":
-            tags = (HERMES_CLOSE, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE)
-            shown = tuple(t for t in (_one_token(vocab, tag) for tag in tags) if t is not None)
-        if token is None:  # a fine-tune whose vocabulary spells the tag: the tag starts the grammar as text
-            return NativeFormat(name, tag_tokens=shown, trigger_text=HERMES_OPEN)
-        return NativeFormat(name, token, tag_tokens=shown)
+        # GLM's tags are written out where they are tokens; a fine-tune whose vocabulary spells
+        # `<tool_call>` has it start the grammar as text
+        glm_tags = (HERMES_CLOSE, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE) if name == "glm" else ()
+        return _opened_by(name, vocab, HERMES_OPEN, _tokens(vocab, glm_tags))
     if MISTRAL_OPEN in template_source:
         token = _one_token(vocab, MISTRAL_OPEN)
         if token is None:
@@ -282,11 +289,7 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
             return None
         return NativeFormat("kimi-k2", tokens[0], tokens[1], close_token=tokens[2], tag_tokens=(tokens[3], tokens[4]))
     if DEEPSEEK_CALLS in template_source and DEEPSEEK_SEP in template_source and "```json" in template_source:
-        token = _one_token(vocab, DEEPSEEK_CALLS)
-        shown = tuple(t for t in (_one_token(vocab, tag) for tag in DEEPSEEK_TAGS[1:]) if t is not None)
-        if token is None:
-            return NativeFormat("deepseek-r1", tag_tokens=shown, trigger_text=DEEPSEEK_CALLS)
-        return NativeFormat("deepseek-r1", token, tag_tokens=shown)
+        return _opened_by("deepseek-r1", vocab, DEEPSEEK_CALLS, _tokens(vocab, DEEPSEEK_TAGS[1:]))
     if GIGACHAT_OPEN in template_source:
         token = _one_token(vocab, GIGACHAT_OPEN)
         return NativeFormat("gigachat", token) if token is not None else None
