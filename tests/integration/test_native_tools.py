@@ -28,48 +28,37 @@ from tool_requests import TOOLS, WEATHER, streamed_calls
 CALL_FIRST = {str(TOOL_CALL_TOKEN): 100}  # under auto the untrained model is made to open a call
 
 
+# The models served from a SmolLM2 copy whose tags are control tokens: name, tokens, template.
+CONTROL_COPIES = [("mistral", MISTRAL_TOKENS, MISTRAL_TEMPLATE), ("lfm2", LFM2_TOKENS, LFM2_TEMPLATE),
+                  ("gpt-oss", HARMONY_TOKENS, GPT_OSS_TEMPLATE), ("granite", GRANITE_TOKENS, GRANITE_TEMPLATE),
+                  ("nemotron", NEMOTRON_TOKENS, NEMOTRON_TEMPLATE), ("command-r", COMMAND_R_TOKENS, COMMAND_R_TEMPLATE),
+                  ("apertus", APERTUS_TOKENS, APERTUS_TEMPLATE), ("gigachat", GIGACHAT_TOKENS, GIGACHAT_TEMPLATE),
+                  ("seed-oss", SEED_OSS_TOKENS, SEED_OSS_TEMPLATE), ("kimi-k2", KIMI_TOKENS, KIMI_TEMPLATE),
+                  ("gemma4", GEMMA4_TOKENS, GEMMA4_TEMPLATE),
+                  ("functiongemma", FUNCTIONGEMMA_TOKENS, FUNCTIONGEMMA_TEMPLATE)]
+
+
 @pytest.fixture(scope="module")
 def server(server_factory, tmp_path_factory):
     hermes = write_hermes_smollm2(tmp_path_factory.mktemp("hermes") / "smollm2-hermes.gguf")
     models = tmp_path_factory.mktemp("tokened")
-    mistral = write_control_smollm2(models / "smollm2-mistral.gguf", MISTRAL_TOKENS)
-    gemma4 = write_control_smollm2(models / "smollm2-gemma4.gguf", GEMMA4_TOKENS)
-    functiongemma = write_control_smollm2(models / "smollm2-functiongemma.gguf", FUNCTIONGEMMA_TOKENS)
-    lfm2 = write_control_smollm2(models / "smollm2-lfm2.gguf", LFM2_TOKENS)
-    gpt_oss = write_control_smollm2(models / "smollm2-gpt-oss.gguf", HARMONY_TOKENS)
-    granite = write_control_smollm2(models / "smollm2-granite.gguf", GRANITE_TOKENS)
-    nemotron = write_control_smollm2(models / "smollm2-nemotron.gguf", NEMOTRON_TOKENS)
-    command_r = write_control_smollm2(models / "smollm2-command-r.gguf", COMMAND_R_TOKENS)
-    apertus = write_control_smollm2(models / "smollm2-apertus.gguf", APERTUS_TOKENS)
-    gigachat = write_control_smollm2(models / "smollm2-gigachat.gguf", GIGACHAT_TOKENS)
-    seed_oss = write_control_smollm2(models / "smollm2-seed-oss.gguf", SEED_OSS_TOKENS)
-    kimi = write_control_smollm2(models / "smollm2-kimi.gguf", KIMI_TOKENS)
+    copies = {name: write_control_smollm2(models / f"smollm2-{name}.gguf", tokens) for name, tokens, _ in CONTROL_COPIES}
     return server_factory({
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
                    model_entry("no-tag", SMOLLM2, n_parallel=1, chat_template=HERMES_TEMPLATE),
-                   model_entry("mistral", mistral, n_parallel=1, chat_template=MISTRAL_TEMPLATE),
-                   model_entry("mistral-args", mistral, n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
+                   *(model_entry(name, copies[name], n_parallel=1, chat_template=template)
+                     for name, _, template in CONTROL_COPIES),
+                   model_entry("mistral-args", copies["mistral"], n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
                    model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
                    model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE),
                    model_entry("glm", hermes, n_parallel=1, chat_template=GLM_TEMPLATE),
                    model_entry("minicpm5", SMOLLM2, n_parallel=1, chat_template=MINICPM5_TEMPLATE),
-                   model_entry("lfm2", lfm2, n_parallel=1, chat_template=LFM2_TEMPLATE),
-                   model_entry("gpt-oss", gpt_oss, n_parallel=1, chat_template=GPT_OSS_TEMPLATE),
-                   model_entry("granite", granite, n_parallel=1, chat_template=GRANITE_TEMPLATE),
-                   model_entry("nemotron", nemotron, n_parallel=1, chat_template=NEMOTRON_TEMPLATE),
-                   model_entry("command-r", command_r, n_parallel=1, chat_template=COMMAND_R_TEMPLATE),
-                   model_entry("apertus", apertus, n_parallel=1, chat_template=APERTUS_TEMPLATE),
-                   model_entry("gigachat", gigachat, n_parallel=1, chat_template=GIGACHAT_TEMPLATE),
-                   model_entry("seed-oss", seed_oss, n_parallel=1, chat_template=SEED_OSS_TEMPLATE),
-                   model_entry("kimi-k2", kimi, n_parallel=1, chat_template=KIMI_TEMPLATE),
                    # its think block, which the prompt opens, closed at once; its tags are text here
                    model_entry("deepseek-r1", SMOLLM2, n_parallel=1, chat_template=DEEPSEEK_R1_TEMPLATE,
                                reasoning_budget=0),
                    # its reasoning, which the prompt opens, closed at once (SmolLM2 would not close it)
-                   model_entry("apriel", SMOLLM2, n_parallel=1, chat_template=APRIEL_TEMPLATE, reasoning_budget=0),
-                   model_entry("gemma4", gemma4, n_parallel=1, chat_template=GEMMA4_TEMPLATE),
-                   model_entry("functiongemma", functiongemma, n_parallel=1, chat_template=FUNCTIONGEMMA_TEMPLATE)],
+                   model_entry("apriel", SMOLLM2, n_parallel=1, chat_template=APRIEL_TEMPLATE, reasoning_budget=0)],
     }, "native-tools")
 
 
