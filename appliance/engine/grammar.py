@@ -93,8 +93,13 @@ class Constraint:
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._one_arr = _array(self._one)
 
+    @property
+    def _watching(self) -> bool:
+        """Waiting for a text trigger: the grammar has not started and refuses nothing."""
+        return self.waiting and bool(self._words)
+
     def allows(self, token: int) -> bool:
-        return (self.waiting and bool(self._words)) or self._grammar_allows(token)
+        return self._watching or self._grammar_allows(token)
 
     def _grammar_allows(self, token: int) -> bool:
         one = self._one
@@ -106,7 +111,7 @@ class Constraint:
 
     def mask(self, cand: np.ndarray) -> bool:
         """Set the logit of every refused candidate to -inf (in place); False if none is left."""
-        if self.waiting and self._words:
+        if self._watching:
             return len(cand) > 0
         lc.llama_sampler_apply(self._smpl, ctypes.byref(_array(cand)))
         return bool(np.isfinite(cand["logit"]).any())
@@ -116,7 +121,7 @@ class Constraint:
         accepted: llama.cpp aborts on one the grammar does not allow, and nothing follows it)."""
         if self._vocab.is_eog(token):
             return
-        if self.waiting and self._words:
+        if self._watching:
             self._watch(self._vocab.piece(token, special=True))
             return
         held_gil.sampler_accept(self._smpl, token)
