@@ -200,7 +200,7 @@ class ModelManager:
             wait_quiet=lambda max_s: self.cores.wait_quiet(WRITE_QUIET_S, max_s),
             max_defer_s=WRITE_MAX_DEFER_S,
         )
-        return PrefixCache(store, rot, loaded.args.n_seq_max, loaded.swa_window)
+        return PrefixCache(store, rot, loaded.args.n_seq_max, loaded.swa_window, (loaded.type_k, loaded.type_v))
 
     def _with_kv_choice(self, cfg: ModelConfig) -> ModelConfig:
         """The model's config with `kv_cache.mode: auto` replaced by the current choice."""

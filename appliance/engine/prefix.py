@@ -77,7 +77,8 @@ def model_identity(path: Path, type_k: str, type_v: str, k_centers: str = "none"
 class PrefixCache:
     """Saves and restores prompt prefixes of one runner's context."""
 
-    def __init__(self, store: PrefixStore, rot: tuple[int, int], n_stream: int, swa_window: int = 0):
+    def __init__(self, store: PrefixStore, rot: tuple[int, int], n_stream: int, swa_window: int = 0,
+                 types: tuple[str, str] = ("f16", "f16")):
         self.store = store
         self.block = store.block
         self.rot = rot
@@ -85,10 +86,27 @@ class PrefixCache:
         # The context's sliding window when its cache reuses cells that leave it (LoadedModel.swa_window):
         # a longer entry past it cannot be cut back to the blocks that matched.
         self.swa_window = swa_window
+        self._loaded_types = types
+        self._root = store.identity
+
+    def retype(self, type_k: str, type_v: str) -> None:
+        """The context's KV types changed (a live migration): from now on keys name states of the
+        new types. A state computed with other types restores to other values than a cold prefill
+        with these computes, so it must never answer for them; the old types' entries stay, and
+        answer again if the types come back. The types the model was loaded with keep the store's
+        identity as their root, so the disk tier's entries of a restart still match."""
+        if (type_k, type_v) == self._loaded_types:
+            self._root = self.store.identity
+        else:
+            self._root = hashlib.blake2b(self.store.identity + f"|{type_k}|{type_v}".encode(), digest_size=16).digest()
 
     def keys(self, prompt: list[int]) -> list[bytes]:
         """Block keys of the cacheable prefix (all but at least the last prompt token)."""
-        return block_keys(self.store.identity, prompt[: len(prompt) - 1], self.block)
+        return self.keys_of(prompt[: len(prompt) - 1])
+
+    def keys_of(self, tokens: list[int]) -> list[bytes]:
+        """Block keys of `tokens`' whole blocks, for the context's current KV types."""
+        return block_keys(self._root, tokens, self.block)
 
     def restore(self, ctx: lc.llama_context_p, mem, seq_id: int, keys: list[bytes],
                 types: tuple[str, str]) -> tuple[int, str | None]:
@@ -105,8 +123,8 @@ class PrefixCache:
             if self.swa_window and n_tokens < cells > self.swa_window:
                 self.store.stats["window_misses"] += 1
                 return 0, None
-            # a state saved before an adaptive KV change has the old types: convert it
-            # (convert leaves rows that already have the target type as they are)
+            # a state of the disk tier may be compressed (kv_cache.disk.compress): expand it to the
+            # context's types (convert leaves rows that already have them as they are)
             parsed = kv_state.convert(parsed, GGML_TYPES[types[0]], GGML_TYPES[types[1]],
                                       rot_k=self.rot[0], rot_v=self.rot[1])
             migrate.write_sequence(ctx, seq_id, kv_state.with_streams(parsed, self.n_stream).to_bytes())

@@ -24,7 +24,6 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..kv import migrate
-from ..kv.prefix_store import block_keys
 from .prefix import PrefixCache, build_id
 from ..resources import file_facts, outputs
 from ..resources.cores import CoreBudget
@@ -152,6 +151,7 @@ class _Sequence:
         "prompt_scores",
         "think",
         "forced",
+        "migrated",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
@@ -181,6 +181,10 @@ class _Sequence:
         self.prefix_keys: list[bytes] | None = None
         self.save_at = 0
         self.restored = 0
+        # Its KV went through a live type change (_migrate): its states are not what a cold
+        # prefill with the context's types computes, so they never enter the prefix cache nor
+        # are copied to another request.
+        self.migrated = False
         # With a window-sized sliding-window cache (kv_cache.sliding_window: window) llama.cpp
         # reuses a cell once it falls out of the window of the sequence's last position, so the
         # sequence can be cut back (llama_memory_seq_rm) only to this position or later: its
@@ -586,7 +590,8 @@ class ModelRunner:
             return {"from": [old_k, old_v], "to": [type_k, type_v], "sequences": 0, "seconds": 0.0,
                     "reason": reason, "changed": False}
         t0 = time.monotonic()
-        live = [s.seq_id for s in self._by_id if s.n_prefilled > 0]
+        moving = [s for s in self._by_id if s.n_prefilled > 0]
+        live = [s.seq_id for s in moving]
         ctx, buffers = native.new_context(self.loaded, type_k, type_v)
         moved = [0, 0]
 
@@ -602,6 +607,10 @@ class ModelRunner:
             raise
         self.loaded.swap_context(ctx, buffers, type_k, type_v)
         self._mem = lc.llama_get_memory(ctx)
+        for seq in moving:
+            seq.migrated = True
+        if self.prefix is not None:
+            self.prefix.retype(type_k, type_v)
         self._threads_set = self.threads  # the new context starts with the configured threads
         self._last_was_step = False
         self.stats["kv_migrations"] += 1
@@ -694,7 +703,7 @@ class ModelRunner:
     def _finish(self, seq: _Sequence, event: Event) -> None:
         self._flush(seq)
         save = (self.prefix is not None and isinstance(event, Finished) and seq.req.save_conversation
-                and self.cfg.kv_cache.prefix.save_on_finish)
+                and self.cfg.kv_cache.prefix.save_on_finish and not seq.migrated)
         if save:
             seq.sink(event)  # the answer goes out first; the save below is off its path
             try:
@@ -806,7 +815,7 @@ class ModelRunner:
                 break  # the step's token budget is spent; the next step continues
             self._prefill_chunk(seq, take)
             budget -= take
-            if self.prefix is not None and seq.n_prefilled == seq.save_at > seq.restored:
+            if self.prefix is not None and seq.n_prefilled == seq.save_at > seq.restored and not seq.migrated:
                 self.prefix.save(self.loaded.ctx, seq.seq_id, seq.prefix_keys)
             if seq.n_prefilled == len(seq.req.prompt):
                 if seq.prompt_scores is not None:
@@ -840,7 +849,7 @@ class ModelRunner:
             return
         best, donor = 0, None
         for other in self._active:
-            if other is seq or not other.prefix_keys or other.seq_id < 0:
+            if other is seq or not other.prefix_keys or other.seq_id < 0 or other.migrated:
                 continue
             n = 0
             for a, b in zip(keys, other.prefix_keys):
@@ -882,7 +891,7 @@ class ModelRunner:
         if n_tokens <= seq.save_at or n_tokens < seq.cut_floor:
             return  # nothing new, or the window cells the cut would keep may have been reused
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, n_tokens, -1)
-        prefix.save(self.loaded.ctx, seq.seq_id, block_keys(prefix.store.identity, tokens[:n_tokens], prefix.block))
+        prefix.save(self.loaded.ctx, seq.seq_id, prefix.keys_of(tokens[:n_tokens]))
 
     def _follow(self, seq: _Sequence) -> bool:
         """Take the leader's prompt KV once it exists; True while the follower must wait."""
@@ -897,6 +906,7 @@ class ModelRunner:
         lc.llama_memory_seq_cp(self._mem, leader.seq_id, seq.seq_id, -1, -1)
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, last, -1)  # the leader's last chunk began at or before it
         seq.cut_floor = leader.cut_floor
+        seq.migrated = leader.migrated
         self.stats["kv_copies"] += 1
         seq.n_prefilled = last
         seq.leader = None

@@ -20,7 +20,8 @@ BLOCK = 16
 
 def stand_in(window: int, donor_floor: int, calls: list):
     keys = [bytes([i]) for i in range(40)]  # 40 blocks of the same prompt prefix
-    donor = SimpleNamespace(prefix_keys=keys, seq_id=0, n_prefilled=40 * BLOCK, cut_floor=donor_floor)
+    donor = SimpleNamespace(prefix_keys=keys, seq_id=0, n_prefilled=40 * BLOCK, cut_floor=donor_floor,
+                            migrated=False)
     prefix = SimpleNamespace(keys=lambda prompt: keys, block=BLOCK,
                              store=SimpleNamespace(contains=lambda k: False),
                              restore=lambda *a: (calls.append(("restore",)) or (0, None)))
