@@ -10,7 +10,7 @@ import msgspec
 from ..config import Config, KvType
 from ..engine import native
 from ..engine.client import PromptError, render_chat
-from ..engine.runner import QueueFull
+from ..engine.runner import NotReady, QueueFull
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
 from ..policy import PluginError
 from ..resources import memory
@@ -194,6 +194,9 @@ class AdminRoutes:
             record = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=120)
         except native.LoadError as e:
             raise ApiError(400, str(e), param="mode", code="kv_type_unavailable") from None
+        except NotReady as e:  # unloaded before its runner got to it
+            raise ApiError(409, f"model '{req.model}' is not loaded: {e}", param="model",
+                           code="model_not_loaded") from None
         except TimeoutError:
             raise ApiError(504, "the KV migration did not finish in 120 s", code="timeout") from None
         except Exception as e:  # the old context stays in place
@@ -237,6 +240,9 @@ class AdminRoutes:
             result = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.config.policy.load_timeout_s)
         except TimeoutError:
             raise ApiError(504, "warming the prefix did not finish in time", code="timeout") from None
+        except NotReady as e:
+            raise ApiError(409, f"model '{req.model}' is not loaded: {e}", param="model",
+                           code="model_not_loaded") from None
         except Exception as e:
             raise ApiError(500, f"warming failed: {e}", type="server_error", code="warm_failed") from None
         await asyncio.to_thread(runner.prefix.store.drain, 30)  # writes now wait for a quiet box: off the event loop
@@ -255,11 +261,21 @@ class AdminRoutes:
 
     async def kv_flush(self, request: Request) -> None:
         req = decoded(_kv_flush, await request.body(self.config.server.limits.max_body_bytes) or b"{}")
-        names = [req.model] if req.model else [n for n, r in self.manager.runners.items() if r.prefix is not None]
+        # without a model: every loaded model with a cache (an unloaded one holds nothing in RAM)
+        names = [req.model] if req.model else [n for n, r in self.manager.runners.items()
+                                               if r.prefix is not None and r.state == "ready"]
+        flushed = []
         for name in names:
             runner = self._prefix_runner(name)
-            await asyncio.wrap_future(runner.flush_prefix_cache())
-        await request.json(200, {"flushed": names})
+            try:
+                await asyncio.wrap_future(runner.flush_prefix_cache())
+            except NotReady as e:  # unloaded meanwhile (an eviction, keep_alive)
+                if req.model:
+                    raise ApiError(409, f"model '{name}' is not loaded: {e}", param="model",
+                                   code="model_not_loaded") from None
+                continue
+            flushed.append(name)
+        await request.json(200, {"flushed": flushed})
 
     async def discover(self, request: Request) -> None:
         """GGUF files in model_dir (only inside it), with what loading each would take."""

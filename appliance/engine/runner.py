@@ -274,7 +274,8 @@ class ModelRunner:
                       "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_masks": 0,
                       "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0,
                       "reasoning_budget_cuts": 0}
-        self._commands: collections.deque[Callable[[], None]] = collections.deque()
+        # work for the runner thread between two steps, with the future its caller waits on
+        self._commands: collections.deque[tuple[Callable[[], None], concurrent.futures.Future]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
         self.last_finished = 0.0  # time.monotonic() when a sequence last finished
@@ -580,7 +581,10 @@ class ModelRunner:
                 fut.set_exception(e)
 
         with self._cond:
-            self._commands.append(run)
+            if self._stopping:  # the loop has run its last commands, or is about to
+                fut.set_exception(NotReady("the model is being unloaded"))
+                return fut
+            self._commands.append((run, fut))
             self._cond.notify_all()
         return fut
 
@@ -646,7 +650,7 @@ class ModelRunner:
                 commands = list(self._commands)
                 self._commands.clear()
                 self._admit_locked()
-            for command in commands:
+            for command, _ in commands:
                 command()
             try:
                 self._step()
@@ -657,6 +661,11 @@ class ModelRunner:
         with self._cond:
             pending = list(self._waiting) + list(self._active)
             self._waiting.clear()
+            orphaned = list(self._commands)  # asked for just before the stop: never run
+            self._commands.clear()
+        for _, fut in orphaned:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(NotReady("the model was unloaded before it could run this"))
         for seq in pending:
             if seq.seq_id >= 0:
                 self._finish(seq, Failed("shutdown", "server is shutting down"))

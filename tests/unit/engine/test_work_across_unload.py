@@ -1,0 +1,62 @@
+"""Work handed to a runner between two steps (a prefix flush, a KV change, embeddings, a warm-up)
+when the model is unloaded at that moment: the caller gets NotReady, never a future that no one
+completes. Before, a command queued just before the runner's last step waited forever, and with
+it the admin call or the embeddings request (bench/soak.py --churn hung on POST /v1/admin/kv/flush
+when keep_alive unloaded the model under it).
+
+The model and runner are real (SmolLM2); the moment is made exact by holding the runner's lock."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from appliance.config import parse_config
+from appliance.engine.manager import ModelManager
+from appliance.engine.runner import NotReady
+from appliance.resources.cores import CoreBudget
+from conftest import SMOLLM2, model_entry
+
+
+@pytest.fixture
+def runner(real_models):
+    config = parse_config({"policy": {"strategy": "generic"},
+                           "models": [model_entry("m", SMOLLM2, n_ctx=512, n_parallel=1, threads=1)]})
+    manager = ModelManager(config, CoreBudget(1))
+    manager.start()
+    try:
+        yield manager.load("m")
+    finally:
+        manager.stop()
+
+
+def test_work_queued_as_the_runner_stops_fails_with_not_ready(runner):
+    assert runner.state == "ready"
+    with runner._cond:  # the runner thread waits for this lock: nothing it queued runs meanwhile
+        flush = runner.flush_prefix_cache()
+        change = runner.change_kv_types("q8_0", "q8_0", "test")
+        runner._stopping = True  # what stop() sets, before it joins the thread
+        runner._cond.notify_all()
+    for fut in (flush, change):
+        with pytest.raises(NotReady, match="unloaded"):
+            fut.result(timeout=30)
+    runner.stop()
+
+
+def test_work_asked_of_a_stopping_runner_is_refused_at_once(runner):
+    with runner._cond:
+        runner._stopping = True
+        fut = runner.flush_prefix_cache()
+    with pytest.raises(NotReady):
+        fut.result(timeout=0)  # already settled: nothing was queued
+    runner.stop()
+    with pytest.raises(NotReady):
+        runner.flush_prefix_cache().result(timeout=0)
+
+
+def test_work_queued_before_the_stop_still_runs(runner):
+    fut = runner.flush_prefix_cache()
+    assert fut.result(timeout=30) is None
+    runner.stop()
+    assert isinstance(fut, concurrent.futures.Future) and fut.done()
