@@ -613,6 +613,9 @@ class ModelRunner:
         self._mem = lc.llama_get_memory(ctx)
         for seq in moving:
             seq.migrated = True
+        for seq in self._by_id:
+            if seq.n_prefilled == 0 and seq.prefix_keys is not None:
+                seq.prefix_keys = None  # keys of the old types: looked up again under the new ones
         if self.prefix is not None:
             self.prefix.retype(type_k, type_v)
         self._threads_set = self.threads  # the new context starts with the configured threads
