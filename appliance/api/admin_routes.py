@@ -56,6 +56,11 @@ _kv_warm = msgspec.json.Decoder(KvWarm)
 _kv_flush = msgspec.json.Decoder(KvFlush)
 
 
+def _not_loaded(name: str, why: Exception) -> ApiError:
+    """409 for a model whose runner unloaded before it ran what the call asked of it."""
+    return ApiError(409, f"model '{name}' is not loaded: {why}", param="model", code="model_not_loaded")
+
+
 class AdminRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
@@ -195,8 +200,7 @@ class AdminRoutes:
         except native.LoadError as e:
             raise ApiError(400, str(e), param="mode", code="kv_type_unavailable") from None
         except NotReady as e:  # unloaded before its runner got to it
-            raise ApiError(409, f"model '{req.model}' is not loaded: {e}", param="model",
-                           code="model_not_loaded") from None
+            raise _not_loaded(req.model, e) from None
         except TimeoutError:
             raise ApiError(504, "the KV migration did not finish in 120 s", code="timeout") from None
         except Exception as e:  # the old context stays in place
@@ -241,8 +245,7 @@ class AdminRoutes:
         except TimeoutError:
             raise ApiError(504, "warming the prefix did not finish in time", code="timeout") from None
         except NotReady as e:
-            raise ApiError(409, f"model '{req.model}' is not loaded: {e}", param="model",
-                           code="model_not_loaded") from None
+            raise _not_loaded(req.model, e) from None
         except Exception as e:
             raise ApiError(500, f"warming failed: {e}", type="server_error", code="warm_failed") from None
         await asyncio.to_thread(runner.prefix.store.drain, 30)  # writes now wait for a quiet box: off the event loop
@@ -261,18 +264,19 @@ class AdminRoutes:
 
     async def kv_flush(self, request: Request) -> None:
         req = decoded(_kv_flush, await request.body(self.config.server.limits.max_body_bytes) or b"{}")
-        # without a model: every loaded model with a cache (an unloaded one holds nothing in RAM)
-        names = [req.model] if req.model else [n for n, r in self.manager.runners.items()
-                                               if r.prefix is not None and r.state == "ready"]
+        names = [req.model] if req.model else [n for n, r in self.manager.runners.items() if r.prefix is not None]
         flushed = []
         for name in names:
+            # without a model: every loaded model with a cache; one unloaded before its turn or
+            # during its flush (an eviction, keep_alive) holds nothing in RAM and is skipped
+            if not req.model and self.manager.runners[name].state != "ready":
+                continue
             runner = self._prefix_runner(name)
             try:
                 await asyncio.wrap_future(runner.flush_prefix_cache())
-            except NotReady as e:  # unloaded meanwhile (an eviction, keep_alive)
+            except NotReady as e:
                 if req.model:
-                    raise ApiError(409, f"model '{name}' is not loaded: {e}", param="model",
-                                   code="model_not_loaded") from None
+                    raise _not_loaded(name, e) from None
                 continue
             flushed.append(name)
         await request.json(200, {"flushed": flushed})
