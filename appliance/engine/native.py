@@ -21,6 +21,7 @@ import numpy as np
 from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from here)
 from ..kv.migrate import rotation_sizes
 from ..resources.architectures import is_encoder
+from ..resources import heap
 from ..resources.cores import CoreBudget
 from . import backends, gguf_checks, gguf_tensors, held_gil, k_centering
 from .load_cancel import raise_if_set
@@ -219,6 +220,7 @@ class LoadedModel:
         """Install a context from `new_context`, freeing the current one."""
         lc.llama_free(self.ctx)
         self.ctx, self.buffers, self.type_k, self.type_v = ctx, buffers, type_k, type_v
+        heap.trim()
 
     def free(self) -> None:
         if self.ctx:
@@ -227,6 +229,7 @@ class LoadedModel:
         if self.model:
             lc.llama_model_free(self.model)
             self.model = None
+        heap.trim()
 
 
 def _read_metadata(model: lc.llama_model_p) -> dict[str, str]:
@@ -289,6 +292,7 @@ def read_header(path: Path, trial: bool = False) -> dict[str, str]:
         _router.stop_capture()
         if model:
             lc.llama_model_free(model)
+            heap.trim()
     if trial:
         problem = gguf_checks.decode_problem(meta, gguf_tensors.table(path))
         if problem:
@@ -430,8 +434,9 @@ def load(
         model = None
         return loaded
     finally:
-        if model:
+        if model:  # the load failed or was cancelled
             lc.llama_model_free(model)
+            heap.trim()
         _router.stop_capture()
 
 
