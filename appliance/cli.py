@@ -19,6 +19,9 @@ def _serve(args: argparse.Namespace) -> int:
         for p in e.problems:
             print(f"  {p}", file=sys.stderr)
         return 2
+    from .resources import heap
+
+    heap.limit_arenas()  # before the server's threads
     from .api.app import App
     from .api.auth import KeyFileError
     from .engine.manager import ModelManager

@@ -16,7 +16,7 @@ from msgspec import structs
 
 from ..config import Config, ModelConfig, live_fields
 from ..policy import Candidate, make_policy
-from ..resources import file_facts, memory, offload, repack
+from ..resources import file_facts, heap, memory, offload, repack
 from ..resources.cores import CoreBudget
 from ..resources.estimate import Estimate, GgufShape, draft_estimate, estimate, shape_from_header
 from ..kv.adaptive import Change, Controller, ModelKv, Pressure
@@ -331,6 +331,7 @@ class ModelManager:
                 r = self.runners[name]
                 if r.state == "ready" and r.prefix is not None and r.prefix.store.ram_used:
                     freed = r.prefix.store.shrink_ram(0)
+                    heap.trim()
                     self._event("prefix_spill", name, f"{freed} bytes of saved prefixes moved out of RAM")
                     self.counters["prefix_spills"] += 1
                     if self.used(budget) <= budget.low:

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..kv.ggml_rows import GGML_TYPES  # the KV types by name (also used from here)
 from ..kv.migrate import rotation_sizes
-from ..resources.architectures import is_encoder
 from ..resources import heap
+from ..resources.architectures import is_encoder
 from ..resources.cores import CoreBudget
 from . import backends, gguf_checks, gguf_tensors, held_gil, k_centering
 from .load_cancel import raise_if_set

@@ -25,7 +25,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..kv import migrate
 from .prefix import PrefixCache, build_id
-from ..resources import file_facts, outputs
+from ..resources import file_facts, heap, outputs
 from ..resources.cores import CoreBudget
 from . import held_gil, native
 from .decode import decode_with_cores
@@ -509,7 +509,13 @@ class ModelRunner:
             fut: concurrent.futures.Future[None] = concurrent.futures.Future()
             fut.set_exception(NotReady("the prefix cache is off for this model"))
             return fut
-        return self._between_steps(self.prefix.store.flush)
+        store = self.prefix.store
+
+        def flush() -> None:
+            store.flush()
+            heap.trim()
+
+        return self._between_steps(flush)
 
     def _read_pooled_shape(self) -> None:
         model = self.loaded.model

@@ -419,10 +419,18 @@ class PrefixStore:
             done.wait(timeout)
 
     def close(self) -> None:
+        """Finish the queued disk writes and let go of the states held in RAM (the model is
+        unloading: whatever still holds the store, a metrics scrape say, must not hold them)."""
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=30)
             self._writer = None
+        with self._lock:
+            for key, (entry, _) in self._ram.items():
+                if key not in self._disk:
+                    self._unregister(entry)
+            self._ram.clear()
+            self._ram_used = 0
 
     def flush(self) -> None:
         """Forget every entry, in RAM and on disk (queued writes are dropped)."""

@@ -241,3 +241,22 @@ def test_a_flush_right_after_an_answer_leaves_nothing_saved(server_factory, tmp_
         httpx.post(srv.base + "/v1/admin/kv/flush", json={"model": "m"}, timeout=60)
     srv.stop()
     assert not list((tmp_path / "flush").glob("*/*.kv"))  # queued writes were dropped, not written
+
+
+def test_a_flush_gives_the_saved_prefixes_ram_back_to_the_system(server_factory, tmp_path):
+    # saved states are freed into malloc's arenas; without a trim they stay resident
+    srv = server_factory(config(tmp_path / "flush-ram"), "prefix-flush-ram")
+
+    def anonymous() -> int:
+        return httpx.get(srv.base + "/v1/admin/vram/status").json()["process"]["anonymous_bytes"]
+
+    for i in range(8):
+        chat(srv, "What does this say?", system=f"Part {i} of the license.\n\n" + GPL[3000 * i:3000 * i + 2400],
+             max_tokens=1)
+    httpx.post(srv.base + "/v1/admin/kv/warm", timeout=60, json={"model": "m", "prompt": "x y z"})  # drains writes
+    saved = kv(srv)["ram"]["bytes"]
+    assert saved > 60 << 20, saved
+    before = anonymous()
+    assert httpx.post(srv.base + "/v1/admin/kv/flush", json={"model": "m"}, timeout=60).status_code == 200
+    assert before - anonymous() > saved * 0.6, (before, anonymous(), saved)
+    srv.stop()

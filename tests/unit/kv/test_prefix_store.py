@@ -214,6 +214,20 @@ def test_concurrent_writers_and_readers(tmp_path):
     again.close()
 
 
+def test_close_writes_what_is_queued_and_lets_go_of_the_ram_tier(tmp_path):
+    # an unloaded model's store may still be referenced (a metrics scrape keeps the last runner):
+    # it must not keep its states resident
+    keys = block_keys(ID, list(range(8)), 4)
+    for disk in (tmp_path, None):
+        s = store(disk)
+        s.put(keys, b"d" * 1000)
+        assert s.status()["ram"]["entries"] == 1
+        s.close()
+        assert s.ram_used == 0 and s.status()["ram"]["entries"] == 0
+        hit = s.lookup(keys)
+        assert (hit.tier == "disk") if disk else (hit is None)
+
+
 def test_flush_forgets_everything(tmp_path):
     s = store(tmp_path)
     keys = block_keys(ID, list(range(8)), 4)
