@@ -7,11 +7,11 @@ come from the arenas of whichever threads loaded and served it, and freeing them
 that glibc keeps: the resident size of an idle appliance then grows with every load/unload cycle
 under concurrent traffic. `malloc_trim(0)` returns the free pages of every arena to the system.
 
-glibc also gives each thread that meets a busy arena a new one, up to 8 per core: the event loop,
-the runners, the loaders and the executor's threads each fragment their own. `limit_arenas`
+glibc also gives threads arenas of their own, up to 8 per core: the event loop, the runners, the
+loaders and the executor's threads each fragment theirs. `limit_arenas`
 caps them (2 by default, as `MALLOC_ARENA_MAX=2` would) unless the environment already does.
 Elsewhere (musl, macOS) there is nothing to call: `trim()` answers False and `limit_arenas()`
-None.
+None. `EIE_HEAP=0` turns both off (bench/unload_cycles.py compares).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ DEFAULT_ARENAS = 2
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
+    if os.environ.get("EIE_HEAP") == "0":
+        return None
     try:
         libc = ctypes.CDLL(None)
     except OSError:
@@ -51,12 +53,11 @@ def trim() -> bool:
     return bool(fn(0)) if fn is not None else False
 
 
-def limit_arenas(arenas: int = DEFAULT_ARENAS, environ: dict[str, str] | None = None) -> int | None:
+def limit_arenas(arenas: int = DEFAULT_ARENAS) -> int | None:
     """Cap glibc's malloc arenas at `arenas`, before the server starts its threads. The
     environment's own setting (MALLOC_ARENA_MAX, or arena_max in GLIBC_TUNABLES) wins. Returns the
     cap set here, or None when nothing was set."""
-    env = os.environ if environ is None else environ
-    if "MALLOC_ARENA_MAX" in env or "arena_max" in env.get("GLIBC_TUNABLES", ""):
+    if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
         return None
     libc = _libc()
     if libc is None:
