@@ -8,8 +8,8 @@ that glibc keeps: the resident size of an idle appliance then grows with every l
 under concurrent traffic. `malloc_trim(0)` returns the free pages of every arena to the system.
 
 glibc also gives threads arenas of their own, up to 8 per core: the event loop, the runners, the
-loaders and the executor's threads each fragment theirs. `limit_arenas`
-caps them (2 by default, as `MALLOC_ARENA_MAX=2` would) unless the environment already does.
+loaders and the executor's threads each fragment theirs. `limit_arenas` caps them (2 by default,
+as `MALLOC_ARENA_MAX=2` would) unless the environment already does.
 Elsewhere (musl, macOS) there is nothing to call: `trim()` answers False and `limit_arenas()`
 None. `EIE_HEAP=0` turns both off (bench/unload_cycles.py compares).
 """
