@@ -401,15 +401,15 @@ class ModelRunner:
             self._cond.notify_all()
         if self._thread:
             self._thread.join(timeout=30)
-        if self.loaded:
-            lc.llama_batch_free(self._batch)
-            self.loaded.free()
-            self.loaded = None
         if self.prefix is not None:
-            self.prefix.store.close()  # finishes the queued disk writes
+            self.prefix.store.close()  # finishes the queued disk writes, drops the RAM tier
         if self.spec is not None:
             self.spec.close()
             self.spec = None
+        if self.loaded:  # last: its free() trims the heap, the states dropped above included
+            lc.llama_batch_free(self._batch)
+            self.loaded.free()
+            self.loaded = None
         self.state = "stopped"
 
     # ---- requests --------------------------------------------------------------------------
