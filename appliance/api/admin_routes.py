@@ -10,7 +10,7 @@ import msgspec
 from ..config import Config, KvType
 from ..engine import native
 from ..engine.client import PromptError, render_chat
-from ..engine.runner import NotReady, QueueFull
+from ..engine.runner import MigrationReverted, NotReady, QueueFull
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
 from ..policy import PluginError
 from ..resources import memory
@@ -203,7 +203,12 @@ class AdminRoutes:
             raise _not_loaded(req.model, e) from None
         except TimeoutError:
             raise ApiError(504, "the KV migration did not finish in 120 s", code="timeout") from None
-        except Exception as e:  # the old context stays in place
+        except MigrationReverted as e:  # the new context could not be made (memory, mostly)
+            raise ApiError(503, str(e), type="server_error", code="kv_migration_reverted") from None
+        except Exception as e:
+            if runner.state == "failed":  # neither the new context nor the old one could be made
+                raise ApiError(500, f"KV migration failed and the model has no context left: {e}",
+                               type="server_error", code="model_failed") from None
             raise ApiError(500, f"KV migration failed, the model keeps its types: {e}", type="server_error",
                            code="kv_migration_failed") from None
         await request.json(200, {"model": req.model, **record})

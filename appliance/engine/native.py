@@ -218,9 +218,21 @@ class LoadedModel:
 
     def swap_context(self, ctx: lc.llama_context_p, buffers: BufferSizes, type_k: str, type_v: str) -> None:
         """Install a context from `new_context`, freeing the current one."""
-        lc.llama_free(self.ctx)
-        self.ctx, self.buffers, self.type_k, self.type_v = ctx, buffers, type_k, type_v
+        self.drop_context()
+        self.install_context(ctx, buffers, type_k, type_v)
+
+    def drop_context(self) -> None:
+        """Free the context and keep the weights: a KV type change frees the old context before
+        it creates the new one (its sequences wait in host memory meanwhile)."""
+        if self.ctx:
+            lc.llama_free(self.ctx)
+            self.ctx = None
         heap.trim()
+
+    def install_context(self, ctx: lc.llama_context_p, buffers: BufferSizes, type_k: str, type_v: str) -> None:
+        """Make a context from `new_context` this model's context (after `drop_context`)."""
+        assert not self.ctx, "drop the current context first"
+        self.ctx, self.buffers, self.type_k, self.type_v = ctx, buffers, type_k, type_v
 
     def free(self) -> None:
         if self.ctx:
@@ -382,7 +394,7 @@ def load(
     init_backend()
     if not path.is_file():
         raise LoadError(f"model file not found: {path}")
-    _check_kv_types(type_k, type_v)
+    check_kv_types(type_k, type_v)
     assert _router is not None
     lines = _router.start_capture()
     model = None
@@ -469,7 +481,7 @@ def _apply_centers(ctx: lc.llama_context_p, centers: np.ndarray, type_k: str, me
     return dataclasses.replace(buffers, compute=again.compute, compute_device=again.compute_device) if again.compute else buffers
 
 
-def _check_kv_types(type_k: str, type_v: str) -> None:
+def check_kv_types(type_k: str, type_v: str) -> None:
     """Raise LoadError when this build cannot hold these KV types (TurboQuant missing or on a GPU)."""
     if {type_k, type_v} & TURBO_TYPES and not build_has_turboquant():
         raise LoadError("this llama.cpp build has no TurboQuant KV types; rebuild it with `make setup`")
@@ -521,11 +533,11 @@ def _create_context(model: lc.llama_model_p, args: ContextArgs, type_k: str, typ
 
 
 def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama_context_p, BufferSizes]:
-    """A second context on the same weights with other KV types (for migrating sequences).
+    """A context on the model's weights with the given KV types (for migrating sequences).
 
-    The caller frees it, or installs it with `LoadedModel.swap_context`.
+    The caller frees it, or installs it with `LoadedModel.swap_context` or `install_context`.
     """
-    _check_kv_types(type_k, type_v)
+    check_kv_types(type_k, type_v)
     assert _router is not None
     lines = _router.start_capture()
     try:

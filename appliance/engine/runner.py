@@ -26,6 +26,7 @@ from ..config import ModelConfig
 from ..kv import migrate
 from .prefix import PrefixCache, build_id
 from ..resources import file_facts, heap, outputs
+from ..resources.kv_choice import kv_label
 from ..resources.cores import CoreBudget
 from . import held_gil, native
 from .decode import decode_with_cores
@@ -118,6 +119,10 @@ class QueueFull(Exception):
 
 class NotReady(Exception):
     pass
+
+
+class MigrationReverted(RuntimeError):
+    """A KV type change could not create its new context: the model is back on its old types."""
 
 
 class _Sequence:
@@ -270,6 +275,7 @@ class ModelRunner:
         self.load_seconds = 0.0
         # Counters since load (read without locking: plain ints, written by the runner thread).
         self.stats = {"sequences": 0, "prefill_tokens": 0, "decode_tokens": 0, "kv_copies": 0, "kv_migrations": 0,
+                      "kv_migration_reverts": 0,
                       "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
                       "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_masks": 0,
                       "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0,
@@ -401,6 +407,10 @@ class ModelRunner:
             self._cond.notify_all()
         if self._thread:
             self._thread.join(timeout=30)
+        self._release()
+        self.state = "stopped"
+
+    def _release(self) -> None:
         if self.prefix is not None:
             self.prefix.store.close()  # finishes the queued disk writes, drops the RAM tier
         if self.spec is not None:
@@ -410,7 +420,6 @@ class ModelRunner:
             lc.llama_batch_free(self._batch)
             self.loaded.free()
             self.loaded = None
-        self.state = "stopped"
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -602,21 +611,24 @@ class ModelRunner:
         t0 = time.monotonic()
         moving = [s for s in self._by_id if s.n_prefilled > 0]
         live = [s.seq_id for s in moving]
-        ctx, buffers = native.new_context(self.loaded, type_k, type_v)
+        rot = migrate.rotation_sizes(self.loaded.metadata)
         moved = [0, 0]
 
         def count(_seq: int, before: int, after: int) -> None:
             moved[0] += before
             moved[1] += after
 
-        try:
-            migrate.migrate(self.loaded.ctx, ctx, live, type_k=type_k, type_v=type_v,
-                            rot=migrate.rotation_sizes(self.loaded.metadata), on_sequence=count)
-        except BaseException:
-            lc.llama_free(ctx)
-            raise
-        self.loaded.swap_context(ctx, buffers, type_k, type_v)
-        self._mem = lc.llama_get_memory(ctx)
+        if migrate.DIRECT:
+            ctx, buffers = native.new_context(self.loaded, type_k, type_v)
+            try:
+                migrate.migrate(self.loaded.ctx, ctx, live, type_k=type_k, type_v=type_v, rot=rot, on_sequence=count)
+            except BaseException:
+                lc.llama_free(ctx)
+                raise
+            self.loaded.swap_context(ctx, buffers, type_k, type_v)
+        else:
+            self._staged_migration(moving, type_k, type_v, rot, count)
+        self._mem = lc.llama_get_memory(self.loaded.ctx)
         for seq in moving:
             seq.migrated = True
         for seq in self._by_id:
@@ -648,6 +660,69 @@ class ModelRunner:
 
     # ---- the step loop ---------------------------------------------------------------------
 
+    def _staged_migration(self, moving: list[_Sequence], type_k: str, type_v: str, rot: tuple[int, int],
+                          count: Callable[[int, int, int], None]) -> None:
+        """Convert the live states into host memory, free the old context, then create the new
+        one and write them in: the memory peak is the larger context plus the live states, where
+        creating the new context first would hold both contexts (when memory is short, which is
+        when the KV steps down). Anything that fails before the old context is freed changes
+        nothing; after it, the old types come back (`_reinstate`)."""
+        native.check_kv_types(type_k, type_v)
+        old_k, old_v = self.kv_types
+        staged = migrate.stage(self.loaded.ctx, [s.seq_id for s in moving], type_k=type_k, type_v=type_v,
+                               rot=rot, on_sequence=count)
+        self.loaded.drop_context()
+        try:
+            ctx, buffers = native.new_context(self.loaded, type_k, type_v)
+            try:
+                migrate.unstage(ctx, staged)
+            except BaseException:
+                lc.llama_free(ctx)
+                raise
+        except Exception as e:
+            self._reinstate(moving, staged, old_k, old_v, rot, f"{kv_label(type_k, type_v)}: {e}")
+        self.loaded.install_context(ctx, buffers, type_k, type_v)
+
+    def _reinstate(self, moving: list[_Sequence], staged: list[tuple[int, bytes]], type_k: str, type_v: str,
+                   rot: tuple[int, int], why: str) -> None:
+        """Put a context of the old types back after the new one could not be made; the live
+        states go back converted (they went through the other types, so they are marked as
+        migrated). Raises MigrationReverted; when even that context cannot be made, the model
+        fails: its sequences end with an error and the runner stops."""
+        try:
+            ctx, buffers = native.new_context(self.loaded, type_k, type_v)
+        except Exception as e:
+            self._lose_context(f"KV change to {why}; the old types could not come back either: {e}")
+        try:
+            migrate.unstage(ctx, [(seq_id, migrate.convert_bytes(data, type_k, type_v, rot)) for seq_id, data in staged])
+        except Exception as e:
+            lc.llama_free(ctx)
+            self._lose_context(f"KV change to {why}; the sequences could not go back into {kv_label(type_k, type_v)}: {e}")
+        self.loaded.install_context(ctx, buffers, type_k, type_v)
+        self._mem = lc.llama_get_memory(ctx)
+        for seq in moving:
+            seq.migrated = True
+        self._threads_set = self.threads
+        self._last_was_step = False
+        self.stats["kv_migration_reverts"] += 1
+        raise MigrationReverted(f"no context with {why}; the model is back on {kv_label(type_k, type_v)} "
+                                f"with its {len(staged)} live sequence(s)")
+
+    def _lose_context(self, why: str) -> None:
+        """The model has no context left (a KV change could make neither one): its sequences end,
+        the model is failed, and the loop stops (NoReturn)."""
+        log.error("model %s: %s", self.name, why)
+        with self._cond:
+            lost = list(self._active) + list(self._waiting)
+            self._active.clear()
+            self._waiting.clear()
+            self._by_id = []
+            self._stopping = True
+            self.error, self.state = why, "failed"
+        for seq in lost:
+            seq.sink(Failed("internal", f"generation failed: {why}"))
+        raise RuntimeError(why)
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -661,6 +736,8 @@ class ModelRunner:
                 self._admit_locked()
             for command, _ in commands:
                 command()
+            if self._stopping:  # a command lost the context (_lose_context)
+                continue
             try:
                 self._step()
             except Exception as e:  # keep serving: fail what was in flight, clear its KV
@@ -680,6 +757,8 @@ class ModelRunner:
                 self._finish(seq, Failed("shutdown", "server is shutting down"))
             else:
                 seq.sink(Failed("shutdown", "server is shutting down"))
+        if self.state == "failed":  # no context left: the weights and the rest go now, not at an unload
+            self._release()
 
     def _admit_locked(self) -> None:
         now = time.monotonic()

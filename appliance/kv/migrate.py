@@ -5,11 +5,16 @@ converted to the new types (appliance.kv.state.convert: ggml's own row codecs, w
 Hadamard rotation applied or undone between unrotated f16 and rotated quantized types) and
 written into a context of the new types (`llama_state_seq_set_data`). The same conversion
 compresses saved states at rest (`compress`/`expand`).
+
+`stage` converts every live state into host memory, so that the old context can be freed
+before the new one is created (the runner's way: the peak is the larger context plus the live
+states, not both contexts); `migrate` goes from one context straight into another.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable, Iterable
 
 import llama_cpp as lc
@@ -17,6 +22,9 @@ import llama_cpp as lc
 from . import state as kv_state
 from .ggml_rows import GGML_TYPES, TYPE_NAMES
 
+# EIE_KV_MIGRATE=direct: create the new context before freeing the old one (the comparison in
+# bench/kv_migration_peak.py)
+DIRECT = os.environ.get("EIE_KV_MIGRATE") == "direct"
 COMPRESSIBLE = {"f16", "q8_0"}  # at rest, only these are re-encoded (a turbo state is kept as is)
 
 
@@ -91,6 +99,32 @@ def migrate(
         write_sequence(new_ctx, seq_id, converted)
         if on_sequence:
             on_sequence(seq_id, len(raw), len(converted))
+
+
+def stage(
+    ctx: lc.llama_context_p,
+    seq_ids: Iterable[int],
+    *,
+    type_k: str,
+    type_v: str,
+    rot: tuple[int, int],
+    on_sequence: Callable[[int, int, int], None] | None = None,
+) -> list[tuple[int, bytes]]:
+    """The given sequences' states read out of `ctx` and converted to type_k/type_v, each with its
+    sequence id: what `unstage` writes into a context of those types."""
+    staged: list[tuple[int, bytes]] = []
+    for seq_id in seq_ids:
+        raw = read_sequence(ctx, seq_id)
+        converted = convert_bytes(raw, type_k, type_v, rot)
+        staged.append((seq_id, converted))
+        if on_sequence:
+            on_sequence(seq_id, len(raw), len(converted))
+    return staged
+
+
+def unstage(ctx: lc.llama_context_p, staged: Iterable[tuple[int, bytes]]) -> None:
+    for seq_id, data in staged:
+        write_sequence(ctx, seq_id, data)
 
 
 def compress(data: bytes, mode: str, rot: tuple[int, int]) -> bytes:

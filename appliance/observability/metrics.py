@@ -33,6 +33,7 @@ RUNNER_COUNTERS = {
     "embedded_inputs": ("eie_embedded_inputs", "Inputs pooled into embeddings (/v1/embeddings)"),
     "reasoning_budget_cuts": ("eie_reasoning_budget_cuts", "Think blocks closed by the server when their reasoning budget was spent"),
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
+    "kv_migration_reverts": ("eie_kv_type_change_reverts", "KV type changes whose new context could not be made, the old types put back"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),
 }

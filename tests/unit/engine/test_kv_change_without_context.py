@@ -1,0 +1,70 @@
+"""A KV type change frees the old context before it makes the new one (engine/runner.py,
+_staged_migration). When neither the new context nor the old one can then be made (the memory
+the old one freed went elsewhere meanwhile, which cannot be brought about on demand: here
+`native.new_context` fails), the model fails cleanly: its live sequence ends with an error, the
+change's caller gets the reason, the runner thread ends and lets go of the weights, and the
+server can still stop it. (The change that can put its old types back is tested for real in
+tests/integration/test_kv_migration_memory.py.)"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from appliance.config import parse_config
+from appliance.engine import native
+from appliance.engine.manager import ModelManager
+from appliance.engine.runner import Failed, GenerationRequest, TextDelta
+from appliance.resources.cores import CoreBudget
+from conftest import SMOLLM2, model_entry
+
+
+@pytest.fixture
+def manager(real_models):
+    config = parse_config({"policy": {"strategy": "generic"},
+                           "models": [model_entry("m", SMOLLM2, n_ctx=512, n_parallel=1, threads=1)]})
+    manager = ModelManager(config, CoreBudget(1))
+    manager.start()
+    try:
+        yield manager
+    finally:
+        manager.stop()
+
+
+def test_a_kv_change_that_can_make_no_context_fails_the_model_cleanly(manager, monkeypatch):
+    runner = manager.load("m")
+    events: list = []
+    generating, ended = threading.Event(), threading.Event()
+
+    def sink(event) -> None:
+        events.append(event)
+        if isinstance(event, TextDelta):
+            generating.set()
+        else:
+            ended.set()
+
+    prompt = runner.vocab.tokenize("Once upon a time", add_special=True, parse_special=False)
+    runner.submit(GenerationRequest(prompt=prompt, max_tokens=400), sink)
+    assert generating.wait(30)
+    calls: list[tuple[str, str]] = []
+
+    def no_memory(loaded, type_k: str, type_v: str):
+        calls.append((type_k, type_v))
+        raise native.LoadError("failed to allocate buffer for kv cache")
+
+    monkeypatch.setattr(native, "new_context", no_memory)
+    change = runner.change_kv_types("q8_0", "q8_0", "test")
+    with pytest.raises(RuntimeError, match="the old types could not come back either"):
+        change.result(timeout=30)
+    assert calls == [("q8_0", "q8_0"), ("f16", "f16")]  # the new types, then the old ones
+    assert ended.wait(30)
+    assert isinstance(events[-1], Failed) and "could not come back" in events[-1].message
+    assert runner.state == "failed" and "q8_0" in runner.error
+    runner._thread.join(30)
+    assert not runner._thread.is_alive()
+    assert runner.loaded is None  # the weights went with the context
+    assert manager.states()["m"][0] == "failed"
+    monkeypatch.undo()
+    again = manager.load("m")  # on demand, the model loads again in a runner of its own
+    assert again is not runner and again.state == "ready"
