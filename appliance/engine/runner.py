@@ -682,6 +682,8 @@ class ModelRunner:
         except Exception as e:
             self._reinstate(moving, staged, old_k, old_v, rot, f"{kv_label(type_k, type_v)}: {e}")
         self.loaded.install_context(ctx, buffers, type_k, type_v)
+        del staged
+        heap.trim()  # the states, now in the context, go back to the system
 
     def _reinstate(self, moving: list[_Sequence], staged: list[tuple[int, bytes]], type_k: str, type_v: str,
                    rot: tuple[int, int], why: str) -> None:
