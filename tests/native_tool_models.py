@@ -30,6 +30,7 @@ SEED_OSS_TOKENS = {9: "<seed:tool_call>", 10: "</seed:tool_call>", 11: "<seed:th
 KIMI_TOKENS = {9: "<|tool_calls_section_begin|>", 10: "<|tool_calls_section_end|>", 11: "<|tool_call_begin|>",
                12: "<|tool_call_argument_begin|>", 13: "<|tool_call_end|>"}
 APERTUS_TOKENS = {9: "<|tools_prefix|>", 10: "<|tools_suffix|>", 11: "<|inner_prefix|>", 12: "<|inner_suffix|>"}
+LLAMA3_TOKENS = {9: "<|python_tag|>"}  # Llama 3.x writes it before a call in its ipython environment
 COMMAND_R_TOKENS = {9: "<|START_ACTION|>", 10: "<|END_ACTION|>", 11: "<|START_THINKING|>", 12: "<|END_THINKING|>",
                     13: "<|START_RESPONSE|>", 14: "<|END_RESPONSE|>"}
 

@@ -17,7 +17,7 @@ from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_CALL, DEEPSEEK_CALL_END, DEEPSEEK_CALLS,
                            DEEPSEEK_CALLS_END, DEEPSEEK_SEP, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN,
                            JSON_LISTS, KIMI_ARGS, KIMI_CALL, KIMI_CALL_END, KIMI_SECTION, KIMI_SECTION_END, LFM2_CLOSE,
-                           LFM2_OPEN, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE, MISTRAL_ARGS,
+                           LFM2_OPEN, LLAMA3_PYTHON_TAG, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE, MISTRAL_ARGS,
                            MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, NativeFormat)
 from .schemas import ToolCall
 
@@ -407,8 +407,9 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
         return _kimi(text)
     if fmt.name == "deepseek-r1":
         return _deepseek(text)
-    # llama3: the answer is the call; gigachat: the call follows its tag
-    i = skip_blanks(text, len(fmt.marker) if fmt.marker else 0)
+    # llama3: the answer is the call, after <|python_tag|> or not; gigachat: the call follows its tag
+    skip = len(fmt.marker) if fmt.marker else len(LLAMA3_PYTHON_TAG) if text.startswith(LLAMA3_PYTHON_TAG) else 0
+    i = skip_blanks(text, skip)
     if i == len(text):
         return []
     call, end = json_call(text, i, (fmt.args_key, "arguments"))
@@ -422,7 +423,14 @@ def _calls_start(fmt: NativeFormat, text: str) -> int:
     if fmt.marker is not None:
         return text.find(fmt.marker)
     stripped = text.lstrip()
-    return len(text) - len(stripped) if stripped.startswith("{") else -1
+    return len(text) - len(stripped) if stripped.startswith(("{", LLAMA3_PYTHON_TAG)) else -1
+
+
+def _may_open_llama3_call(text: str) -> bool:
+    """Whether a Llama 3.x answer, so far, is or may become a call (its first character, or its
+    python tag, or the start of that tag)."""
+    stripped = text.lstrip()
+    return not stripped or stripped.startswith(("{", LLAMA3_PYTHON_TAG)) or LLAMA3_PYTHON_TAG.startswith(stripped)
 
 
 def _whole_calls(fmt: NativeFormat, text: str, finish_reason: str,
@@ -454,7 +462,7 @@ def read_answer(fmt: NativeFormat, text: str, finish_reason: str,
 class AnswerReader(CallReader):
     """Reads an answer in the model's format as it streams: text before the calls goes out as it
     comes (a tail that may be the marker's beginning waits for the next piece; a llama3 answer
-    that begins with `{` is a call); the calls go out as they are written (`stream_calls`,
+    that begins with `{` or `<|python_tag|>` is a call); the calls go out as they are written (`stream_calls`,
     call_stream.CallReader) or whole at the end."""
 
     def __init__(self, fmt: NativeFormat, tools: list[dict[str, Any]] | None = None,
@@ -470,8 +478,7 @@ class AnswerReader(CallReader):
         marker = self.fmt.marker
         start = _calls_start(self.fmt, self.text)
         if marker is None:
-            stripped = self.text.lstrip()
-            end = 0 if not stripped or stripped.startswith("{") else len(self.text)
+            end = 0 if _may_open_llama3_call(self.text) else len(self.text)
         else:
             end = start if start >= 0 else len(self.text) - partial_suffix(self.text, [marker])
             end = len(self.text[:end].rstrip())  # blanks before a call are not content

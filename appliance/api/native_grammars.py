@@ -76,7 +76,8 @@ def call_schema(fmt: NativeFormat, name: str, parameters: Any) -> dict[str, Any]
 def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> str:
     """The answer's grammar from that of one call's JSON object (start symbol `root`): one call,
     or several when `parallel`, in the format's frame. Under `auto` llama3's answer may instead be
-    text that does not begin with `{` (the other formats are free until their lazy trigger)."""
+    text that does not begin with `{` (nor with `<|`, where `<|python_tag|>` is a token that may
+    open its call); the other formats are free until their lazy trigger."""
     calls = renamed_root(call_gbnf, "call")
     if fmt.name == "hermes":
         more = ' ("\\n" tagged-call)*' if parallel else ""
@@ -94,8 +95,10 @@ def grammar(fmt: NativeFormat, call_gbnf: str, parallel: bool, auto: bool) -> st
     if fmt.name == "gigachat":
         return f"root ::= <[{fmt.open_token}]> call\n" + calls
     if fmt.name == "llama3":
-        free = ' | ([^{] [^\\x00]*)?' if auto else ""
-        return f"root ::= call{free}\n" + calls
+        tag, free = "", ' | ([^{] [^\\x00]*)?'
+        if fmt.tag_tokens:  # the call may follow <|python_tag|>; text may not begin as that token's text
+            tag, free = f"<[{fmt.tag_tokens[0]}]>? ", ' | ([^{<] [^\\x00]* | "<" ([^|] [^\\x00]*)?)?'
+        return f"root ::= {tag}call{free if auto else ''}\n" + calls
     raise ValueError(f"{fmt.name} calls are not JSON objects: args_grammar or xml_grammar")
 
 

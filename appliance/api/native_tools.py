@@ -51,7 +51,9 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
 - kimi-k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>`
   (Kimi K2 and its kin), the `functions.name:0` its call's id, all five tags tokens;
 - llama3: the whole answer is one call, `{"name": ..., "parameters": {...}}` (Llama 3.1, 3.2 and
-  3.3, whose templates ask for exactly that).
+  3.3, whose templates ask for exactly that), after `<|python_tag|>` where the vocabulary has it
+  as a token (the models write it before a call in their ipython environment, which the
+  templates set up when tools are given).
 
 A template with `<tool_call>` tags around another body (MiniMax's `<invoke>`, ...) has no
 format here.
@@ -61,8 +63,9 @@ free until the model picks it (a lazy grammar, engine/grammar.py), under `requir
 function the answer begins with it. MiniCPM 5's tag, and the `<tool_call>`, Apriel and Seed-OSS
 tags where a vocabulary spells them in several tokens (fine-tunes of other bases), start it as
 text (`NativeFormat.trigger`). Control tokens are written out in the answer's text
-(SamplingParams.shown_tokens) so that it can be read back. Llama 3.x has no such token: under
-`auto` its grammar lets the answer be a call or text that does not begin with `{`. Mistral's
+(SamplingParams.shown_tokens) so that it can be read back. Llama 3.x's call needs no such token: under
+`auto` its grammar lets the answer be a call (after its `<|python_tag|>` or not) or text that
+begins with neither `{` nor, where that token exists, `<|`. Mistral's
 templates want call ids of 9 letters and digits: the calls this server reads get such ids, and
 other ids in the history are mapped to such ids (the same id always to the same one). A template
 of another format that names a tag its vocabulary does not have as one token is served in EIE's
@@ -127,6 +130,7 @@ GEMMA_TAGS = {"gemma4": GemmaTags("<|tool_call>", "<tool_call|>", '<|"|>', "<|to
 
 # What Llama 3.1/3.2/3.3's templates tell the model, in their own words.
 LLAMA3_SIGN = '"parameters": dictionary of argument name'
+LLAMA3_PYTHON_TAG = "<|python_tag|>"  # what Llama 3.x may write before a call (a token of its own)
 # A JSON object with "name" (or "arguments") inside the tags, as Hermes templates show the model
 # (written in Jinja strings, so quotes and newlines may be escaped).
 _HERMES_JSON = re.compile(r'<tool_call>(?:\s|\\n)*\{\{?\\?"(?:name|arguments)\\?"'
@@ -147,7 +151,7 @@ class NativeFormat:
     close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r, apertus: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
     # glm, seed-oss, deepseek-r1: its tags that are tokens; harmony: HARMONY_TAGS'; kimi-k2: a call's begin and end
-    # (written out)
+    # (written out); llama3: <|python_tag|>, where it is a token
     tag_tokens: tuple[int, ...] = ()
     trigger_text: str | None = None  # the text that starts a lazy grammar, where no token does
 
@@ -302,7 +306,7 @@ def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
             return None
         return NativeFormat("lfm2", open_token, close_token=close_token)
     if LLAMA3_SIGN in template_source:
-        return NativeFormat("llama3")
+        return NativeFormat("llama3", tag_tokens=_tokens(vocab, (LLAMA3_PYTHON_TAG,)))
     return None
 
 

@@ -18,7 +18,7 @@ from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
 from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, DEEPSEEK_R1_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, KIMI_TEMPLATE, KIMI_TOKENS, SEED_OSS_TEMPLATE, SEED_OSS_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
                                 GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
-                                GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, MINICPM5_TEMPLATE,
+                                GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, LLAMA3_TOKENS, MINICPM5_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
                                 NEMOTRON_TOKENS, QWEN3_CODER_TEMPLATE, TOOL_CALL_TOKEN, write_control_smollm2,
                                 write_hermes_smollm2)
@@ -35,7 +35,8 @@ CONTROL_COPIES = [("mistral", MISTRAL_TOKENS, MISTRAL_TEMPLATE), ("lfm2", LFM2_T
                   ("apertus", APERTUS_TOKENS, APERTUS_TEMPLATE), ("gigachat", GIGACHAT_TOKENS, GIGACHAT_TEMPLATE),
                   ("seed-oss", SEED_OSS_TOKENS, SEED_OSS_TEMPLATE), ("kimi-k2", KIMI_TOKENS, KIMI_TEMPLATE),
                   ("gemma4", GEMMA4_TOKENS, GEMMA4_TEMPLATE),
-                  ("functiongemma", FUNCTIONGEMMA_TOKENS, FUNCTIONGEMMA_TEMPLATE)]
+                  ("functiongemma", FUNCTIONGEMMA_TOKENS, FUNCTIONGEMMA_TEMPLATE),
+                  ("llama3-tag", LLAMA3_TOKENS, LLAMA3_TEMPLATE)]
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +250,29 @@ def test_llama3_under_auto_answers_text_or_a_call_from_its_first_character(serve
     assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
     (call,) = called["message"]["tool_calls"]  # one call: Llama 3.x's templates take no more
     assert call["function"]["name"] in ("get_weather", "add")
+
+
+def test_llama3s_python_tag_opens_its_call_and_is_never_content(server):
+    """Llama 3.x models write `<|python_tag|>` before a call in the ipython environment their
+    templates set up for tools: the call after it is held by the grammar and read, streamed or not."""
+    tag = {"9": 100}  # <|python_tag|>, which the untrained model is made to write first
+    called = chat(server, WEATHER, model="llama3-tag", logit_bias=tag).json()["choices"][0]
+    assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
+    (call,) = called["message"]["tool_calls"]
+    assert call["function"]["name"] in ("get_weather", "add")
+    json.loads(call["function"]["arguments"])
+    body = {"model": "llama3-tag", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
+            "logit_bias": tag, "stream": True}
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json=body, timeout=300) as r:
+        choices = [json.loads(line[6:])["choices"][0] for line in r.iter_lines()
+                   if line.startswith("data: ") and line != "data: [DONE]"]
+    assert not "".join(c["delta"].get("content") or "" for c in choices)
+    assert [c["function"] for c in streamed_calls(choices)] == [call["function"]]  # greedy: the same call
+    assert choices[-1]["finish_reason"] == "tool_calls"
+    # without the push, the same answer as the untagged model's: text that is not a call
+    free = chat(server, WEATHER, model="llama3-tag", max_tokens=30).json()["choices"][0]
+    plain = chat(server, WEATHER, model="llama3", max_tokens=30).json()["choices"][0]
+    assert free["message"]["content"] == plain["message"]["content"] and free["finish_reason"] != "tool_calls"
 
 
 @pytest.mark.parametrize("model", OTHER_FORMATS)

@@ -16,6 +16,7 @@ QWEN3_CODER = NativeFormat("qwen3-coder", 7)
 MISTRAL = NativeFormat("mistral", 8)
 MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
 LLAMA3 = NativeFormat("llama3")
+LLAMA3_TAGGED = NativeFormat("llama3", tag_tokens=(9,))
 GEMMA4 = NativeFormat("gemma4", 9, close_token=10, quote_token=11)
 FUNCTIONGEMMA = NativeFormat("functiongemma", 9, close_token=10)
 LFM2 = NativeFormat("lfm2", 9, close_token=10)
@@ -74,6 +75,7 @@ ANSWERS = [
     (MINICPM5, 'Writing.\n<function name="write"><param name="lines">2</param><param name="text"><![CDATA[a </param>\n'
                '<function name="x"> & b]]></param><param name="path">a.py</param></function>\n'
                '<function name="w"><param name="city">Oslo</param></function>', "Writing."),
+    (LLAMA3_TAGGED, '<|python_tag|>{"name": "w", "parameters": {"city": "Oslo"}}', None),
 ]
 
 
@@ -116,7 +118,7 @@ def test_streamed_calls_add_up_to_the_calls_read_whole(fmt, text, content, size)
 
 
 @pytest.mark.parametrize(("fmt", "text", "content"),
-                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, QWEN3_CODER, GLM, GRANITE,
+                         [a for a in ANSWERS if a[0] in (None, HERMES, MISTRAL_ARGS, LLAMA3, LLAMA3_TAGGED, QWEN3_CODER, GLM, GRANITE,
                                                          LFM2, DEEPSEEK)],
                          ids=lambda v: getattr(v, "name", None))
 def test_arguments_go_out_while_the_call_is_written(fmt, text, content):

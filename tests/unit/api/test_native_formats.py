@@ -31,6 +31,7 @@ HERMES_SOURCE = '{{ tools }} <tool_call>\n{"name": <function-name>, "arguments":
 MISTRAL = NativeFormat("mistral", 8)
 MISTRAL_ARGS = NativeFormat("mistral-args", 8, 7, 6)
 LLAMA3 = NativeFormat("llama3")
+LLAMA3_TAGGED = NativeFormat("llama3", tag_tokens=(9,))  # its vocabulary has <|python_tag|>
 GEMMA4 = NativeFormat("gemma4", 9, close_token=10, quote_token=11)
 FUNCTIONGEMMA = NativeFormat("functiongemma", 9, close_token=10)  # its <escape> as text
 
@@ -68,6 +69,8 @@ class FakeVocab:
     ("{{ tools }} [TOOL_CALLS] [ARGS]", FakeVocab("[TOOL_CALLS]"), None),
     ('{{ tools }} Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}',
      FakeVocab(), LLAMA3),
+    ('{{ tools }} Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}',
+     FakeVocab("<|python_tag|>"), NativeFormat("llama3", tag_tokens=(100,))),
     ("{{ tools }} <|tool_call>call:", FakeVocab("<|tool_call>", "<tool_call|>", '<|"|>'),
      NativeFormat("gemma4", 100, close_token=101, quote_token=102)),
     ("{{ tools }} <|tool_call>call:", FakeVocab("<|tool_call>", "<tool_call|>"),
@@ -163,6 +166,13 @@ def test_each_formats_grammar_frames_its_calls():
     grammar.check(None, llama.grammar)
     required = tools.plan(request(tools=tools_, tool_choice="required"), LLAMA3)
     assert required.grammar.startswith("root ::= call\n")  # one call: Llama 3.x's templates take no more
+    tagged = tools.plan(request(tools=tools_), LLAMA3_TAGGED)
+    assert tagged.triggers == () and tagged.shown_tokens == (9,)  # the tag is written out, to be read back
+    # a call after <|python_tag|> or without it; text that begins with neither `{` nor `<|`
+    assert tagged.grammar.startswith('root ::= <[9]>? call | ([^{<] [^\\x00]* | "<" ([^|] [^\\x00]*)?)?\n')
+    grammar.check(None, tagged.grammar)
+    required = tools.plan(request(tools=tools_, tool_choice="required"), LLAMA3_TAGGED)
+    assert required.grammar.startswith("root ::= <[9]>? call\n")
 
 
 def test_answers_are_read_into_content_and_calls():
@@ -187,6 +197,9 @@ def test_answers_are_read_into_content_and_calls():
     (LLAMA3, '\n {"name": "w", "arguments": {"city": "Oslo"}} ', None, [("w", {"city": "Oslo"}, None)]),
     (LLAMA3, 'It is {"name": "w"}', 'It is {"name": "w"}', None),  # not at the start: text
     (LLAMA3, '{"name": "w"}', '{"name": "w"}', None),  # no arguments: text
+    (LLAMA3_TAGGED, '<|python_tag|>{"name": "w", "parameters": {"city": "Oslo"}}', None, [("w", {"city": "Oslo"}, None)]),
+    (LLAMA3_TAGGED, ' <|python_tag|> {"name": "w", "parameters": {}}', None, [("w", {}, None)]),
+    (LLAMA3_TAGGED, '<|python_tag|>print(1)', '<|python_tag|>print(1)', None),  # a built-in tool's code: text
     (GEMMA4, 'Sure.<|tool_call>call:w{city:<|"|>Oslo, NO<|"|>}<tool_call|><|tool_call>call:w{city:<|"|>Rome<|"|>}'
              '<tool_call|>', "Sure.", [("w", {"city": "Oslo, NO"}, None), ("w", {"city": "Rome"}, None)]),
     (GEMMA4, "<|tool_call>call:w{city:Oslo}<tool_call|>", "<|tool_call>call:w{city:Oslo}<tool_call|>", None),
@@ -206,7 +219,7 @@ def test_each_format_is_read_back(fmt, text, content, calls):
     for call, (_, _, call_id) in zip(got, calls):
         if call_id is not None:
             assert call.id == call_id  # the id the model wrote
-        elif fmt in (LLAMA3, GEMMA4, FUNCTIONGEMMA):
+        elif fmt in (LLAMA3, LLAMA3_TAGGED, GEMMA4, FUNCTIONGEMMA):
             assert call.id.startswith("call_")
         else:
             assert re.fullmatch("[a-zA-Z0-9]{9}", call.id)  # Mistral's templates take no other
@@ -252,6 +265,21 @@ def test_a_streamed_llama3_answer_is_held_only_when_it_begins_as_a_call(cut):
     out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
     content, calls, reason = reader.finish("stop")
     assert out == text and content == "" and calls is None and reason == "stop"
+
+
+
+@pytest.mark.parametrize("cut", [1, 3, 20])
+def test_a_streamed_llama3_call_after_its_python_tag_never_gives_out_the_tag(cut):
+    call = '<|python_tag|>{"name": "w", "parameters": {"city": "Oslo"}}'
+    reader = native_answers.AnswerReader(LLAMA3_TAGGED)
+    assert "".join(reader.push(call[i:i + cut]) for i in range(0, len(call), cut)) == ""
+    content, calls, reason = reader.finish("stop")
+    assert content is None and reason == "tool_calls" and calls[0].function.name == "w"
+    text = "<b>Sunny</b>, <|ok"  # begins as the tag would, then does not
+    reader = native_answers.AnswerReader(LLAMA3_TAGGED)
+    out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
+    content, calls, reason = reader.finish("stop")
+    assert out + content == text and calls is None and reason == "stop"
 
 
 def test_results_without_ids_answer_the_calls_in_turn():
