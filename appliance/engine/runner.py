@@ -722,6 +722,13 @@ class ModelRunner:
             self._stopping = True
             self.error, self.state = why, "failed"
         for seq in lost:
+            if seq.chain is not None:  # admitted: what it generated goes out, its samplers are freed
+                self._flush(seq)
+                free_chain(seq.chain)
+                seq.chain = None
+            if seq.grammar is not None:
+                seq.grammar.close()
+                seq.grammar = None
             seq.sink(Failed("internal", f"generation failed: {why}"))
         raise RuntimeError(why)
 
