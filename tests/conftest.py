@@ -181,3 +181,21 @@ def copy_model(src: Path, dst_dir: Path) -> Path:
     dst = dst_dir / src.name
     shutil.copyfile(src, dst)
     return dst
+
+
+@pytest.fixture
+def one_model_manager(real_models) -> Iterator[Any]:
+    """A started generic-strategy ModelManager for SmolLM2 as `m` (512 cells, one sequence, one
+    thread), stopped after the test; nothing is loaded yet."""
+    from appliance.config import parse_config
+    from appliance.engine.manager import ModelManager
+    from appliance.resources.cores import CoreBudget
+
+    config = parse_config({"policy": {"strategy": "generic"},
+                           "models": [model_entry("m", SMOLLM2, n_ctx=512, n_parallel=1, threads=1)]})
+    manager = ModelManager(config, CoreBudget(1))
+    manager.start()
+    try:
+        yield manager
+    finally:
+        manager.stop()

@@ -93,12 +93,8 @@ def migrate(
     on_sequence: Callable[[int, int, int], None] | None = None,
 ) -> None:
     """Copy the given sequences from `old_ctx` into `new_ctx` (whose KV types are type_k/type_v)."""
-    for seq_id in seq_ids:
-        raw = read_sequence(old_ctx, seq_id)
-        converted = convert_bytes(raw, type_k, type_v, rot)
-        write_sequence(new_ctx, seq_id, converted)
-        if on_sequence:
-            on_sequence(seq_id, len(raw), len(converted))
+    for seq_id in seq_ids:  # one state in host memory at a time
+        unstage(new_ctx, stage(old_ctx, [seq_id], type_k=type_k, type_v=type_v, rot=rot, on_sequence=on_sequence))
 
 
 def stage(

@@ -12,27 +12,12 @@ import threading
 
 import pytest
 
-from appliance.config import parse_config
 from appliance.engine import native
-from appliance.engine.manager import ModelManager
 from appliance.engine.runner import Failed, GenerationRequest, TextDelta
-from appliance.resources.cores import CoreBudget
-from conftest import SMOLLM2, model_entry
 
 
-@pytest.fixture
-def manager(real_models):
-    config = parse_config({"policy": {"strategy": "generic"},
-                           "models": [model_entry("m", SMOLLM2, n_ctx=512, n_parallel=1, threads=1)]})
-    manager = ModelManager(config, CoreBudget(1))
-    manager.start()
-    try:
-        yield manager
-    finally:
-        manager.stop()
-
-
-def test_a_kv_change_that_can_make_no_context_fails_the_model_cleanly(manager, monkeypatch):
+def test_a_kv_change_that_can_make_no_context_fails_the_model_cleanly(one_model_manager, monkeypatch):
+    manager = one_model_manager
     runner = manager.load("m")
     events: list = []
     generating, ended = threading.Event(), threading.Event()

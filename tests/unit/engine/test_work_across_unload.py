@@ -12,23 +12,12 @@ import concurrent.futures
 
 import pytest
 
-from appliance.config import parse_config
-from appliance.engine.manager import ModelManager
 from appliance.engine.runner import NotReady
-from appliance.resources.cores import CoreBudget
-from conftest import SMOLLM2, model_entry
 
 
 @pytest.fixture
-def runner(real_models):
-    config = parse_config({"policy": {"strategy": "generic"},
-                           "models": [model_entry("m", SMOLLM2, n_ctx=512, n_parallel=1, threads=1)]})
-    manager = ModelManager(config, CoreBudget(1))
-    manager.start()
-    try:
-        yield manager.load("m")
-    finally:
-        manager.stop()
+def runner(one_model_manager):
+    return one_model_manager.load("m")
 
 
 def test_work_queued_as_the_runner_stops_fails_with_not_ready(runner):
