@@ -214,9 +214,13 @@ async def chat_prompt_text(runner: ModelRunner, req: ChatRequest) -> str:
 
 async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> tuple[Any, ToolPlan | None]:
     native = native_tools.format_of(runner.template, runner.vocab)
-    # a large schema takes milliseconds: off the loop
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
-    plan = await asyncio.to_thread(tools.plan, req, native, budget) if req.tools else tools.plan(req)
+
+    def tool_plan() -> ToolPlan | None:  # with the response_format's grammar, if any, for a direct answer
+        return tools.plan(req, native, budget, grammar_text(req) if req.grammar is None else None)
+
+    # a large schema takes milliseconds: off the loop
+    plan = await asyncio.to_thread(tool_plan) if req.tools else tools.plan(req)
     messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
     extra = {**reasoning.budget_kwargs(runner.template.source, budget),
              **template_kwargs(runner.cfg.chat_template_kwargs, thinking_kwargs(req))}
@@ -230,7 +234,7 @@ async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[
     params = await request_sampling(req, runner.vocab, plan)
     think, inside = reasoning.for_answer(runner, req.reasoning_format, prompt)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
-    if req.response_format is not None and req.response_format.type != "text":
+    if req.response_format is not None and req.response_format.type != "text" and (plan is None or plan.reply):
         params = reasoning.think_first(runner, prompt, params, budget)
     params = reasoning.with_budget(runner, prompt, params, budget)
     return prompt, params, AnswerShape(plan, think, inside)

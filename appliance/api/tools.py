@@ -4,7 +4,9 @@ one this server reads (api/native_tools.py), else in EIE's format, described bel
 The tools are described in the system message; the answer is held by a grammar (built from the
 tools' parameter schemas by engine/schema_grammar.py) to one JSON object: {"tool_calls": [{"name",
 "arguments"}, ...]} or, where the model may answer directly (`auto`), {"response": "..."}; that
-object is read back into `tool_calls` or `content`. History in OpenAI's form (assistant messages
+object is read back into `tool_calls` or `content`. With a `response_format` under `auto`, the
+direct answer is the JSON that format asks for instead of {"response": ...}, in either kind of
+format: the answer is the calls or that JSON (`ToolPlan.reply`). History in OpenAI's form (assistant messages
 with `tool_calls`, `tool` messages with results) is written in the same terms, as user and
 assistant turns every chat template can render.
 """
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
+from ..engine.schema_grammar import OWN_ROOT, SchemaError, prefixed_rules, renamed_root, schema_to_gbnf
 from . import native_answers, native_grammars, native_tools, pythonic_calls
 from .errors import ApiError, bad_request
 from .call_stream import READ_ERRORS, Begun, CallReader, elements, json_call, members, skip_blanks, tool_calls
@@ -37,6 +39,8 @@ class ToolPlan:
     native: NativeFormat | None = None  # the model's own format: its template lists the tools
     template_tools: list[dict[str, Any]] | None = None
     triggers: tuple[int | str, ...] = ()  # the grammar waits for one of these tokens or texts (grammar.Constraint)
+    # A direct answer is the JSON the request's response_format asks for (the grammar: calls or that)
+    reply: bool = False
 
     @property
     def shown_tokens(self) -> tuple[int, ...]:
@@ -47,18 +51,21 @@ class ToolPlan:
         """A reader of the answer as it streams (`stream_calls`: calls go out as they are written)."""
         if self.native:
             return native_answers.AnswerReader(self.native, self.template_tools, stream_calls)
-        return AnswerReader(stream_calls)
+        return AnswerReader(stream_calls, self.reply)
 
     def read(self, text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
         if self.native:
             return native_answers.read_answer(self.native, text, finish_reason, self.template_tools)
-        return read_answer(text, finish_reason)
+        return read_answer(text, finish_reason, self.reply)
 
 
-def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int = -1) -> ToolPlan | None:
+def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int = -1,
+         reply: str | None = None) -> ToolPlan | None:
     """What the request's tools ask of the answer; None when no tool may be called. With `native`
     the answer is held to the model's own format, else to EIE's (`think_budget`: the tokens a
-    format whose grammar holds the thinking, gpt-oss's, lets it have; -1: no bound)."""
+    format whose grammar holds the thinking, gpt-oss's, lets it have; -1: no bound). `reply`: the
+    grammar of the request's response_format, which a direct answer follows under `auto` (under
+    `required` or a named function the answer is a call, and the format is for a later turn)."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
@@ -93,16 +100,18 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
     else:
         raise bad_request("tool_choice must be none, auto, required or {type: function, function: {name}}",
                           param="tool_choice")
-    for field, present in (("response_format", req.response_format is not None and req.response_format.type != "text"),
-                           ("grammar", req.grammar is not None), ("logprobs", bool(req.logprobs))):
+    for field, present in (("grammar", req.grammar is not None), ("logprobs", bool(req.logprobs))):
         if present:
             raise bad_request(f"{field} is not supported together with tools", param=field)
+    if mode != "auto":
+        reply = None
     callable_tools = [i for i, t in enumerate(req.tools) if named is None or t.function.name == named]
     for i, tool in enumerate(req.tools):  # the grammar below checks the callable ones
         if i not in callable_tools and tool.function.parameters is not None:
             _convert(tool.function.parameters, {"": i})
     if native is not None:
-        return _native_plan(req, native, mode, callable_tools, req.parallel_tool_calls and named is None, think_budget)
+        return _native_plan(req, native, mode, callable_tools, req.parallel_tool_calls and named is None, think_budget,
+                            reply)
     calls = [{"type": "object", "properties": {"name": {"const": req.tools[i].function.name},
                                                 "arguments": {OWN_ROOT: _parameters(req.tools[i])}},
               "required": ["name", "arguments"]} for i in callable_tools]
@@ -111,17 +120,30 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
         call_list["maxItems"] = 1
     with_calls = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
     answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
-    schema = {"anyOf": [with_calls, answer]} if mode == "auto" else with_calls
+    schema = {"anyOf": [with_calls, answer]} if mode == "auto" and reply is None else with_calls
     # where each callable tool's parameters sit in `schema`, for an error's path
-    items = ("anyOf.0." if mode == "auto" else "") + "properties.tool_calls.items"
+    items = ("anyOf.0." if schema is not with_calls else "") + "properties.tool_calls.items"
     where = {f"{items}{f'.anyOf.{k}' if len(calls) > 1 else ''}.properties.arguments": i
              for k, i in enumerate(callable_tools)}
-    return ToolPlan(mode, _convert(schema, where), _instructions(req, mode, named))
+    gbnf = _convert(schema, where)
+    if reply is not None:
+        return ToolPlan(mode, calls_or_reply(gbnf, reply), _instructions(req, mode, named, True), reply=True)
+    return ToolPlan(mode, gbnf, _instructions(req, mode, named))
+
+
+def calls_or_reply(calls: str, reply: str) -> str:
+    """One grammar from two: the calls' (start symbol `root`) or the reply's (response_format)."""
+    return ("root ::= calls-root | reply-root\n" + renamed_root(calls, "calls-root").rstrip("\n") + "\n"
+            + prefixed_rules(reply, "reply-"))
 
 
 def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_tools: list[int],
-                 parallel: bool, think_budget: int) -> ToolPlan:
-    """The plan for a model's own format: its grammar over the callable tools."""
+                 parallel: bool, think_budget: int, reply: str | None) -> ToolPlan:
+    """The plan for a model's own format: its grammar over the callable tools; with `reply`, the
+    calls (from the answer's start) or the reply, in one grammar that holds the whole answer."""
+    if reply is not None and native.name == "harmony":
+        raise bad_request("response_format is not supported together with tools for gpt-oss's format (its answer "
+                          "has channels of its own)", param="response_format")
     parallel = parallel and native.parallel
     xml = partial(native_grammars.xml_grammar, native)
     builders = {"qwen3-coder": xml, "glm": xml, "minicpm5": xml, "seed-oss": xml,
@@ -147,7 +169,9 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
         where = {(f"anyOf.{k}." if len(calls) > 1 else "")
                  + f"properties.{req.tools[i].function.name if native.name == 'apertus' else native.args_key}": i
                  for k, i in enumerate(callable_tools)}
-        gbnf = native_grammars.grammar(native, _convert(one, where), parallel, mode == "auto")
+        gbnf = native_grammars.grammar(native, _convert(one, where), parallel, mode == "auto" and reply is None)
+    if reply is not None:
+        return ToolPlan(mode, calls_or_reply(gbnf, reply), "", native, native_tools.template_tools(req), reply=True)
     triggers = (native.trigger,) if mode == "auto" and native.trigger is not None else ()
     return ToolPlan(mode, gbnf, "", native, native_tools.template_tools(req), triggers)
 
@@ -176,13 +200,15 @@ def _schema_error(tool: int, path: str, reason: str) -> ApiError:
     return bad_request(f"{param}: {reason}", param=param)
 
 
-def _instructions(req: ChatRequest, mode: str, named: str | None) -> str:
+def _instructions(req: ChatRequest, mode: str, named: str | None, reply: bool = False) -> str:
     listed = [{"name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
                "parameters": _parameters(t)} for t in req.tools or []]
     text = ("You can call these functions (JSON):\n" + json.dumps(listed, ensure_ascii=False) + "\n\n"
             'Reply with one JSON object. To call functions: {"tool_calls": [{"name": "<function name>", '
             '"arguments": {<its parameters>}}]}.')
-    if mode == "auto":
+    if mode == "auto" and reply:
+        text += " To answer without calling a function, reply with your answer in JSON instead."
+    elif mode == "auto":
         text += ' To answer without calling a function: {"response": "<your answer>"}.'
     elif named is not None:
         text += f" Call the function {named}."
@@ -278,23 +304,47 @@ def begun_calls(text: str) -> list[Begun]:
     return out
 
 
+CALLS_KEY = '{"tool_calls"'
+
+
+def _opens_calls(text: str) -> bool | None:
+    """Whether an answer held to a reply plan's grammar is tool calls (True), the reply (False),
+    or cannot tell yet (None): calls begin with their key, the blanks the grammar allows aside."""
+    compact = "".join(text.split())
+    if compact.startswith(CALLS_KEY):
+        return True
+    return None if CALLS_KEY.startswith(compact) else False
+
+
 class AnswerReader(CallReader):
     """Reads an answer held to a ToolPlan's grammar as it streams: a direct answer's text
-    ({"response": "..."}) goes out as it comes, decoded; tool calls go out as they are written
-    (`stream_calls`, call_stream.CallReader) or whole at the end."""
+    ({"response": "..."}, decoded; with `reply`, the response_format's JSON as it is) goes out as
+    it comes; tool calls go out as they are written (`stream_calls`, call_stream.CallReader) or
+    whole at the end."""
 
-    def __init__(self, stream_calls: bool = False) -> None:
+    def __init__(self, stream_calls: bool = False, reply: bool = False) -> None:
         super().__init__(_new_id, stream_calls)
         self.text = ""
         self.sent = 0  # characters of the decoded response already given out
         self.decoded_to: int | None = None  # where in `text` the response's string is decoded to
         self.closed = False  # its closing quote has come
+        self.reply = reply
+        self.calls: bool | None = None  # with `reply`: whether the answer is calls (None: not known yet)
 
     def push(self, piece: str) -> str:
         """The part of the direct answer's text that `piece` completes ("" while it is not known
         to be one, or for tool calls). The response's string is decoded from where the last
         piece left it, so a long answer costs what its length does, not its square."""
         self.text += piece
+        if self.reply:
+            if self.calls is None:
+                self.calls = _opens_calls(self.text)
+            if self.calls is False:
+                new, self.sent = self.text[self.sent:], len(self.text)
+                return new
+            if self.calls:
+                self.follow(lambda: begun_calls(self.text), len(self.text))
+            return ""
         if self.decoded_to is None:
             m = RESPONSE_START.match(self.text)
             if not m:
@@ -316,7 +366,7 @@ class AnswerReader(CallReader):
             return None, self.settle(whole), "tool_calls"
         if self.sent_calls is not None:
             return None, self.sent_calls, finish_reason
-        content, _, reason = read_answer(self.text, finish_reason)
+        content, _, reason = read_answer(self.text, finish_reason, self.reply)
         return (content[self.sent :] if content is not None else None), None, reason
 
 
@@ -336,13 +386,15 @@ def _whole_calls(text: str, finish_reason: str) -> list[Begun] | None:
     return begun if begun and all(c.whole for c in begun) else None
 
 
-def read_answer(text: str, finish_reason: str) -> tuple[str | None, list[ToolCall] | None, str]:
+def read_answer(text: str, finish_reason: str, reply: bool = False) -> tuple[str | None, list[ToolCall] | None, str]:
     """(content, tool_calls, finish_reason) from an answer held to a ToolPlan's grammar. A direct
     answer cut short (max_tokens, a stop string) is the text of its string so far; tool calls cut
-    short are the JSON text as it is."""
+    short are the JSON text as it is. With `reply`, a direct answer is its JSON text as it is."""
     whole = _whole_calls(text, finish_reason)
     if whole is not None:
         return None, tool_calls(whole, _new_id), "tool_calls"
+    if reply:
+        return text, None, finish_reason
     try:
         obj = json.loads(text) if finish_reason == "stop" else None
     except ValueError:

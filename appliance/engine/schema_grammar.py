@@ -630,6 +630,16 @@ def renamed_root(gbnf: str, name: str) -> str:
     return _ROOT_NAME.sub(lambda m: m.group(1) or name, gbnf)
 
 
+# A GBNF rule name outside literals and character classes (a token reference's `[id]` is one).
+_RULE_NAME = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])|(?<![\w-])([a-zA-Z][\w-]*)')
+
+
+def prefixed_rules(gbnf: str, prefix: str) -> str:
+    """`gbnf` with every rule name prefixed (its start symbol becomes `{prefix}root`): a grammar
+    that joins another without their rules meeting."""
+    return _RULE_NAME.sub(lambda m: m.group(1) or prefix + m.group(2), gbnf)
+
+
 def json_object_gbnf() -> str:
     """Any JSON object (response_format json_object)."""
     return schema_to_gbnf({"type": "object"})

@@ -194,7 +194,7 @@ def test_the_model_list_names_each_models_tool_format(server):
     assert cards == {"hermes": "hermes", "no-tag": "hermes", "mistral": "mistral", "mistral-args": "mistral-args",
                      "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "apriel": "apriel", "gigachat": "gigachat", "seed-oss": "seed-oss", "kimi-k2": "kimi-k2",
                      "deepseek-r1": "deepseek-r1", "gemma4": "gemma4",
-                     "functiongemma": "functiongemma"}
+                     "functiongemma": "functiongemma", "llama3-tag": "llama3"}
 
 
 OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "minicpm5", "lfm2", "gpt-oss", "granite", "nemotron",
@@ -250,6 +250,25 @@ def test_llama3_under_auto_answers_text_or_a_call_from_its_first_character(serve
     assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
     (call,) = called["message"]["tool_calls"]  # one call: Llama 3.x's templates take no more
     assert call["function"]["name"] in ("get_weather", "add")
+
+
+def test_tools_with_a_response_format_in_a_models_own_format(server):
+    """Under auto with a response_format, the answer is the calls in the model's format or, from its
+    first token, the JSON the format asks for (no text before either)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+        "additionalProperties": False}}}
+    (brace,) = [t["id"] for t in tokens(server, "hermes", content="{")["tokens"]]
+    replied = chat(server, WEATHER, response_format=fmt, logit_bias={str(brace): 100}).json()["choices"][0]
+    assert replied["finish_reason"] == "stop" and "tool_calls" not in replied["message"], replied
+    assert list(json.loads(replied["message"]["content"])) == ["city"]
+    # `add` only: its call has no free string, where the tag (pushed up everywhere) is valid text
+    called = chat(server, WEATHER, tools=[TOOLS[1]], response_format=fmt, logit_bias=CALL_FIRST,
+                  parallel_tool_calls=False).json()["choices"][0]
+    assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
+    assert [c["function"]["name"] for c in called["message"]["tool_calls"]] == ["add"]
+    r = chat(server, WEATHER, model="gpt-oss", response_format=fmt)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
 
 
 def test_llama3s_python_tag_opens_its_call_and_is_never_content(server):

@@ -296,3 +296,25 @@ def test_a_conversation_continues_across_a_restart(server_factory, tmp_path):
         "model": "smol", "previous_response_id": made["id"], "input": "Another?", "max_output_tokens": 8,
         "temperature": 0})
     assert went_on.status_code == 200 and went_on.json()["usage"]["input_tokens"] > made["usage"]["input_tokens"]
+
+
+def test_tools_with_a_text_format_answer_as_the_chat_route_does(server):
+    """Tools and text.format together (what the Agents SDK sends for an agent with an output type):
+    the answer is a call or the format's JSON, the same as chat's tools with response_format."""
+    ask = "Describe Ann, who is 31, as JSON."
+    r = post(server, input=ask, tools=WEATHER, max_output_tokens=60,
+             text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
+    assert r.status_code == 200, r.text
+    expected = chat(server, [{"role": "user", "content": ask}], max_tokens=60,
+                    tools=[{"type": "function", "function": {k: v for k, v in WEATHER[0].items() if k != "type"}}],
+                    response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    message = expected["choices"][0]["message"]
+    out = r.json()["output"]
+    if message.get("tool_calls"):
+        (call,) = [item for item in out if item["type"] == "function_call"]
+        assert (call["name"], call["arguments"]) == (message["tool_calls"][0]["function"]["name"],
+                                                     message["tool_calls"][0]["function"]["arguments"])
+    else:
+        (item,) = [item for item in out if item["type"] == "message"]
+        text = item["content"][0]["text"]
+        assert text == message["content"] and {"name", "age"} <= set(json.loads(text))

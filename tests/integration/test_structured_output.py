@@ -338,7 +338,6 @@ def test_a_conversation_with_tool_results_renders_for_every_template(server, mod
     ({"tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice.function.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": None, "tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"logprobs": True}, "logprobs"),
 ])
 def test_bad_tools_are_refused_by_field(server, change, param):
@@ -362,3 +361,41 @@ def test_a_streamed_direct_answer_goes_out_as_it_is_written(server):
                 if delta.get("content"):
                     parts.append(delta["content"])
     assert "".join(parts) == whole["message"]["content"] and len(parts) > 5
+
+
+def _first_key_token(server, model: str, key: str) -> int:
+    """The token that starts `key` in an object's first key, as the grammar lets the model write it."""
+    ids = [t["id"] for t in post(server, "/tokenize", {"model": model, "content": '{"' + key,
+                                                       "with_pieces": True}).json()["tokens"]]
+    base = [t["id"] for t in post(server, "/tokenize", {"model": model, "content": '{"',
+                                                        "with_pieces": True}).json()["tokens"]]
+    assert ids[:len(base)] == base, (ids, base)
+    return ids[len(base)]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tools_with_a_response_format_answer_in_that_format_or_call(server, model):
+    """Under auto, a direct answer is the JSON the response_format asks for (not {"response": ...}),
+    streamed as it is written; a call is a call. The model is pushed one way, then the other."""
+    tool = str(_first_key_token(server, model, "tool_calls"))
+    body = {"model": model, "messages": [{"role": "user", "content": ASK}], "tools": TOOLS, "temperature": 0,
+            "max_tokens": 80, "response_format": PERSON_FORMAT, "parallel_tool_calls": False}
+    replied = post(server, "/v1/chat/completions", {**body, "logit_bias": {tool: -100}}).json()["choices"][0]
+    assert replied["finish_reason"] == "stop" and "tool_calls" not in replied["message"], replied
+    check_person(replied["message"]["content"])
+    parts = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions",
+                      json={**body, "logit_bias": {tool: -100}, "stream": True}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                assert "tool_calls" not in delta
+                parts.append(delta.get("content") or "")
+    assert "".join(parts) == replied["message"]["content"] and len([p for p in parts if p]) > 3
+    called = post(server, "/v1/chat/completions", {**body, "logit_bias": {tool: 100}}).json()["choices"][0]
+    assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
+    (call,) = called["message"]["tool_calls"]
+    check_call(call)
+    # required: a call, the format being for a later turn
+    required = post(server, "/v1/chat/completions", {**body, "tool_choice": "required"}).json()["choices"][0]
+    assert required["finish_reason"] == "tool_calls"

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from appliance.api import native_answers, native_tools, tools
+from appliance.api.errors import ApiError
 from appliance.api.native_tools import NativeFormat
 from appliance.api.schemas import ChatMessage, ChatRequest, FunctionCall, ToolCall
 from appliance.engine import grammar
@@ -173,6 +174,18 @@ def test_each_formats_grammar_frames_its_calls():
     grammar.check(None, tagged.grammar)
     required = tools.plan(request(tools=tools_, tool_choice="required"), LLAMA3_TAGGED)
     assert required.grammar.startswith("root ::= <[9]>? call\n")
+    # with a response_format under auto: a call (after the tag or not) or that format's JSON, no free text
+    reply = tools.plan(request(tools=tools_), LLAMA3_TAGGED, reply='root ::= "{" "}"')
+    assert reply.reply and reply.triggers == ()
+    assert reply.grammar.startswith("root ::= calls-root | reply-root\ncalls-root ::= <[9]>? call\n")
+    assert reply.grammar.endswith('reply-root ::= "{" "}"')
+    grammar.check(None, reply.grammar)
+    hermes = tools.plan(request(tools=tools_), HERMES, reply='root ::= "{" "}"')
+    assert hermes.triggers == () and hermes.grammar.startswith("root ::= calls-root | reply-root\ncalls-root ::= ")
+    grammar.check(None, hermes.grammar)
+    with pytest.raises(ApiError) as refused:
+        tools.plan(request(tools=tools_), NativeFormat("harmony", tag_tokens=(1, 2, 3, 4, 5)), reply='root ::= "{" "}"')
+    assert refused.value.param == "response_format"
 
 
 def test_answers_are_read_into_content_and_calls():

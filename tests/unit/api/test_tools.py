@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 
 from appliance.api import tools
 from appliance.api.schemas import ChatMessage, ChatRequest
@@ -104,3 +105,46 @@ def test_a_parameters_schema_the_grammar_cannot_hold_is_named_by_its_path_in_eve
             assert param in e.message
         else:
             raise AssertionError(f"{body} was accepted")
+
+
+CITY = '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}'
+
+
+def test_a_response_format_with_tools_makes_the_direct_answer_that_json():
+    from appliance.engine import grammar
+    from appliance.engine.schema_grammar import schema_to_gbnf
+
+    reply = schema_to_gbnf(json.loads(CITY))
+    tools_ = [{"type": "function", "function": {"name": "w", "parameters": json.loads(CITY)}}]
+    plan = tools.plan(request(tools=tools_), reply=reply)
+    assert plan.reply and plan.mode == "auto"
+    assert plan.grammar.startswith("root ::= calls-root | reply-root\n")
+    assert "reply-root ::= " in plan.grammar and '"\\"response\\""' not in plan.grammar
+    assert "reply with your answer in JSON" in plan.instructions and '"response"' not in plan.instructions
+    grammar.check(None, plan.grammar)
+    # the two grammars' rules never meet: each side keeps its own
+    names = [line.split(" ::= ")[0] for line in plan.grammar.splitlines() if " ::= " in line]
+    assert len(names) == len(set(names))
+    required = tools.plan(request(tools=tools_, tool_choice="required"), reply=reply)
+    assert not required.reply and "reply-root" not in required.grammar  # a call; the format is for later
+    assert not tools.plan(request(tools=tools_)).reply
+
+
+@pytest.mark.parametrize("cut", [1, 4, 100])
+def test_a_streamed_reply_goes_out_as_written_and_calls_are_told_apart_by_their_key(cut):
+    text = '{ "city" : "Oslo \\"x\\"" }'
+    reader = tools.AnswerReader(reply=True)
+    out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
+    rest, calls, reason = reader.finish("stop")
+    assert out + (rest or "") == text and calls is None and reason == "stop"
+    text = '{\n "tool_calls": [{"name": "w", "arguments": {"city": "Oslo"}}]}'
+    reader = tools.AnswerReader(reply=True)
+    assert "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut)) == ""
+    rest, calls, reason = reader.finish("stop")
+    assert rest is None and reason == "tool_calls" and calls[0].function.name == "w"
+    text = '{"tool": 1}'  # begins as the calls' key would, then is not it
+    reader = tools.AnswerReader(reply=True)
+    out = "".join(reader.push(text[i:i + cut]) for i in range(0, len(text), cut))
+    assert out + (reader.finish("stop")[0] or "") == text
+    # a reply whose key is "response" is still the JSON as it is, not that key's string
+    assert tools.read_answer('{"response": "x"}', "stop", reply=True) == ('{"response": "x"}', None, "stop")
