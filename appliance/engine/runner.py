@@ -743,9 +743,13 @@ class ModelRunner:
                 commands = list(self._commands)
                 self._commands.clear()
                 self._admit_locked()
-            for command, _ in commands:
+            for command, fut in commands:
+                if self.state == "failed":  # an earlier command lost the context (_lose_context)
+                    if fut.set_running_or_notify_cancel():
+                        fut.set_exception(NotReady(self.error or "failed"))
+                    continue
                 command()
-            if self._stopping:  # a command lost the context (_lose_context)
+            if self._stopping:  # stopping, or the context is lost: no step
                 continue
             try:
                 self._step()

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from appliance.engine import native
-from appliance.engine.runner import Failed, GenerationRequest, TextDelta
+from appliance.engine.runner import Failed, GenerationRequest, NotReady, TextDelta
 
 
 def test_a_kv_change_that_can_make_no_context_fails_the_model_cleanly(one_model_manager, monkeypatch):
@@ -39,9 +39,13 @@ def test_a_kv_change_that_can_make_no_context_fails_the_model_cleanly(one_model_
         raise native.LoadError("failed to allocate buffer for kv cache")
 
     monkeypatch.setattr(native, "new_context", no_memory)
-    change = runner.change_kv_types("q8_0", "q8_0", "test")
+    with runner._cond:  # both queued before the runner looks: they run as one batch of commands
+        change = runner.change_kv_types("q8_0", "q8_0", "test")
+        flush = runner.flush_prefix_cache()
     with pytest.raises(RuntimeError, match="the old types could not come back either"):
         change.result(timeout=30)
+    with pytest.raises(NotReady, match="could not come back"):  # never run on a model without a context
+        flush.result(timeout=30)
     assert calls == [("q8_0", "q8_0"), ("f16", "f16")]  # the new types, then the old ones
     assert ended.wait(30)
     assert isinstance(events[-1], Failed) and "could not come back" in events[-1].message
