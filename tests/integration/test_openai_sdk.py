@@ -213,3 +213,28 @@ def test_tool_calls_through_the_sdk(client):
     after = client.chat.completions.create(model="gemma3-270m", messages=messages, tools=tools, tool_choice="none",
                                            temperature=0, max_tokens=30)
     assert after.choices[0].message.content
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_parse_with_tools_and_an_output_model(client, model):
+    """parse() with a pydantic output model and strict function tools (what an agent with an output
+    type sends): the answer parses as the model, or as a call whose arguments parse as the tool's."""
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    class GetWeather(BaseModel):
+        city: str
+
+    done = client.chat.completions.parse(
+        model=model, temperature=0, max_tokens=80, response_format=Person,
+        tools=[openai.pydantic_function_tool(GetWeather)],
+        messages=[{"role": "user", "content": "Ann is 31. Describe her as JSON."}])
+    message = done.choices[0].message
+    if message.tool_calls:
+        assert done.choices[0].finish_reason == "tool_calls"
+        assert isinstance(message.tool_calls[0].function.parsed_arguments, GetWeather), done
+    else:
+        assert isinstance(message.parsed, Person), done
