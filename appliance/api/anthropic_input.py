@@ -14,6 +14,8 @@ from .schemas import (
     ChatRequest,
     FunctionCall,
     FunctionDef,
+    JsonSchemaFormat,
+    ResponseFormat,
     Tool,
     ToolCall,
     ToolChoice,
@@ -111,7 +113,7 @@ def chat_request(req: MessagesRequest) -> ChatRequest:
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repeat_penalty=req.repeat_penalty, seed=req.seed, stop=stops or None, logit_bias=req.logit_bias,
-        grammar=req.grammar, tools=_tools(req), tool_choice=_tool_choice(req),
+        grammar=req.grammar, response_format=_response_format(req), tools=_tools(req), tool_choice=_tool_choice(req),
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
         reasoning_format=req.reasoning_format, chat_template_kwargs=kwargs, thinking_budget_tokens=budget,
         speculative=req.speculative,
@@ -145,8 +147,26 @@ def _tool_choice(req: MessagesRequest) -> str | ToolChoice | None:
                       param="tool_choice")
 
 
+def _response_format(req: MessagesRequest) -> ResponseFormat | None:
+    """Structured output (`output_config.format`, or the beta's `output_format`) as chat's
+    response_format: the answer's text is JSON of the schema."""
+    if req.output_config is not None and req.output_config.format is not None:
+        fmt, where = req.output_config.format, "output_config.format"
+    elif req.output_format is not None:
+        fmt, where = req.output_format, "output_format"
+    else:
+        return None
+    if fmt.type != "json_schema":
+        raise bad_request(f"{where}.type must be json_schema", param=f"{where}.type")
+    if fmt.schema is None:
+        raise bad_request(f"{where} needs a schema", param=f"{where}.schema")
+    return ResponseFormat("json_schema", JsonSchemaFormat("output", fmt.schema))
+
+
 _RENAMES = (
     (re.compile(r"^(tools\[\d+\])\.function\.parameters"), r"\1.input_schema"),
+    (re.compile(r"^response_format\.json_schema\.schema"), "output_config.format.schema"),
+    (re.compile(r"^response_format"), "output_config.format"),
     (re.compile(r"^(tools\[\d+\])\.function"), r"\1"),
     (re.compile(r"^tool_choice\.function\.name$"), "tool_choice.name"),
     (re.compile(r"^max_(completion_)?tokens$"), "max_tokens"),

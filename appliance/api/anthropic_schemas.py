@@ -33,6 +33,15 @@ class ThinkingConfig(Struct, frozen=True):
     budget_tokens: int | None = None
 
 
+class OutputFormat(Struct, frozen=True):
+    type: str  # json_schema
+    schema: Any = None
+
+
+class OutputConfig(Struct, frozen=True):
+    format: OutputFormat | None = None  # structured output: the answer's text is JSON of this schema
+
+
 class MessageParam(Struct, frozen=True):
     role: Literal["user", "assistant"]
     content: str | list[Any]
@@ -49,6 +58,8 @@ class MessagesRequest(SamplingKnobs, frozen=True, kw_only=True):
     tools: Annotated[list[AnthropicTool], Meta(max_length=128)] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
     metadata: Any = None
     service_tier: str | None = None
     # EIE's extensions, as on chat requests

@@ -173,6 +173,11 @@ def test_stop_sequences_and_max_tokens(client):
     ({"max_tokens": 8, "messages": ASK, "thinking": {"type": "maybe"}}, "thinking.type"),
     ({"max_tokens": 8, "messages": ASK, "system": [{"type": "image"}]}, "system[0]"),
     ({"max_tokens": 100000, "messages": ASK}, "max_tokens"),
+    ({"max_tokens": 8, "messages": ASK, "output_config": {"format": {"type": "text"}}}, "output_config.format.type"),
+    ({"max_tokens": 8, "messages": ASK, "output_format": {"type": "json_schema"}}, "output_format.schema"),
+    ({"max_tokens": 8, "messages": ASK, "output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}}}},
+     "output_config.format.schema.properties.n.multipleOf"),
     ({"max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
 ])
 def test_bad_requests_get_anthropics_envelope_naming_the_field(server, body, param):
@@ -180,6 +185,32 @@ def test_bad_requests_get_anthropics_envelope_naming_the_field(server, body, par
     assert r.status_code == 400, r.text
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_structured_output_is_the_chat_routes_with_that_response_format(server):
+    """output_config.format (and the beta's output_format): the text block is JSON of the schema,
+    the same greedy answer as chat's response_format; with tools, a call or that JSON."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+              "additionalProperties": False}
+    ask = [{"role": "user", "content": "Which city is the capital of Norway? Answer as JSON."}]
+    expected = chat(server, ask, max_tokens=40, response_format={
+        "type": "json_schema", "json_schema": {"name": "output", "schema": schema}})["choices"][0]["message"]["content"]
+    assert list(json.loads(expected)) == ["city"]
+    for shape in ({"output_config": {"format": {"type": "json_schema", "schema": schema}}},
+                  {"output_format": {"type": "json_schema", "schema": schema}}):
+        r = httpx.post(server.base + "/v1/messages", headers={"x-api-key": KEY}, timeout=300,
+                       json={"model": "smol", "max_tokens": 40, "temperature": 0, "messages": ask, **shape})
+        assert r.status_code == 200, r.text
+        assert [b["text"] for b in r.json()["content"] if b["type"] == "text"] == [expected]
+    r = httpx.post(server.base + "/v1/messages", headers={"x-api-key": KEY}, timeout=300, json={
+        "model": "smol", "max_tokens": 60, "temperature": 0, "messages": ask, "tools": [WEATHER],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    blocks = r.json()["content"]
+    if r.json()["stop_reason"] == "tool_use":
+        assert [b["name"] for b in blocks if b["type"] == "tool_use"] == ["get_weather"]
+    else:
+        assert list(json.loads("".join(b["text"] for b in blocks if b["type"] == "text"))) == ["city"]
 
 
 def test_keys_and_unknown_models(server, client):
