@@ -212,7 +212,19 @@ async def chat_prompt_text(runner: ModelRunner, req: ChatRequest) -> str:
     return text
 
 
+def refuse_unsupported(req: ChatRequest) -> None:
+    """A 400 naming a field of OpenAI's that this server cannot honour."""
+    if req.functions is not None or req.function_call is not None:
+        raise bad_request("the deprecated functions and function_call are not supported: send tools and tool_choice",
+                          param="functions" if req.functions is not None else "function_call")
+    if req.audio is not None or any(m != "text" for m in req.modalities or ()):
+        raise bad_request("audio output is not supported: text only", param="audio" if req.audio is not None else "modalities")
+    if req.web_search_options is not None:
+        raise bad_request("web search is not available on this server", param="web_search_options")
+
+
 async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> tuple[Any, ToolPlan | None]:
+    refuse_unsupported(req)
     native = native_tools.format_of(runner.template, runner.vocab)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
 

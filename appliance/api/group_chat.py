@@ -24,6 +24,7 @@ from ..groups.executor import GroupCall, GroupResult, MemberResult
 from .answer_relay import AnswerWriter, Ending, Event, named_event, relay_whole
 from .chat_answer import Parts
 from .errors import ApiError, bad_request
+from .generation import refuse_unsupported
 from .group_routes import GroupRoutes, failure_body
 from .http import EventStream, Request
 from .openai_routes import FINGERPRINT
@@ -80,6 +81,7 @@ class GroupChat:
 
     async def _call(self, req: ChatRequest, group: GroupConfig) -> GroupCall:
         """The group call a chat request makes; a field that is per model is a 400 naming it."""
+        refuse_unsupported(req)
         for field in _PER_MODEL:
             if getattr(req, field):
                 raise bad_request(f"{field} is per model: it cannot be sent to the group {group.name!r}", param=field)

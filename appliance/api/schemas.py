@@ -172,6 +172,13 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     # OpenAI's predicted outputs: the answer expected (most of it), a draft source for speculative
     # decoding (where the model speculates); the answer is the model's all the same.
     prediction: Prediction | None = None
+    # OpenAI's fields this server cannot honour, decoded only to be refused by name (ignoring
+    # them would answer another question): the legacy functions, audio output, web search.
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    web_search_options: Any = None
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):

@@ -127,6 +127,12 @@ def test_413_body_too_large(strict_server):
         (chat(logit_bias={"abc": 1}), "logit_bias"),
         (chat(tools=[{"type": "function"}]), "tools[0].function"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content[0].type"),
+        # OpenAI's fields that cannot be honoured are refused, not ignored
+        (chat(functions=[{"name": "f", "parameters": {"type": "object"}}]), "functions"),
+        (chat(function_call="auto"), "function_call"),
+        (chat(modalities=["text", "audio"]), "modalities"),
+        (chat(audio={"voice": "alloy", "format": "wav"}), "audio"),
+        (chat(web_search_options={}), "web_search_options"),
     ],
 )
 def test_400_names_the_offending_field(strict_server, body, param):
