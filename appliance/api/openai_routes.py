@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -230,21 +231,29 @@ class OpenAIRoutes:
         stops = stop_list(req)
         until = deadline(self.config)
         score = req.logprobs if req.echo else None
+        candidates = _candidates(req)
         seqs = [
             # a scored prompt is prefilled by each of its choices (a copied prefill has no logits to score)
             GenerationRequest(list(p) if score is not None else p, m, with_seed_offset(params, i), stops, until,
-                              top_logprobs=req.logprobs, speculative=req.speculative, prompt_logprobs=score)
+                              logprobs=candidates > req.n, top_logprobs=req.logprobs, speculative=req.speculative,
+                              prompt_logprobs=score)
             for p, m in zip(prompts, limits)
-            for i in range(req.n)
+            for i in range(candidates)
         ]
         echoes = None
         if req.echo:
             texts = await asyncio.to_thread(echo_texts, runner, req, prompts)
-            echoes = [(texts[k // req.n], runner.vocab.piece(seqs[k].prompt[0])) for k in range(len(seqs))]
+            echoes = [(texts[k // candidates], runner.vocab.piece(seqs[k].prompt[0])) for k in range(len(seqs))]
+
+        def respond(outs, model: str, logprobs: bool) -> Completion:
+            kept = best_of(outs, candidates, req.n)
+            return self._completion_response([outs[k] for k in kept], model, logprobs,
+                                             [echoes[k] for k in kept] if echoes else None, counted=outs)
+
         await self._run(request, Generations(runner, seqs), req.stream,
                         req.stream_options and req.stream_options.include_usage,
-                        lambda *a: self._completion_stream(*a, echoes=echoes),
-                        lambda *a: self._completion_response(*a, echoes=echoes), req.model, req.logprobs is not None)
+                        lambda *a: self._completion_stream(*a, echoes=echoes), respond, req.model,
+                        req.logprobs is not None)
 
     async def _run(self, request: Request, gens: Generations, stream: bool, include_usage: bool | None,
                    streamer: Callable, responder: Callable, model: str, logprobs: bool) -> None:
@@ -328,16 +337,18 @@ class OpenAIRoutes:
     # ---- completions -----------------------------------------------------------------------
 
     @staticmethod
-    def _completion_response(outs, model: str, logprobs: bool,
-                             echoes: list[tuple[str, bytes]] | None = None) -> Completion:
+    def _completion_response(outs, model: str, logprobs: bool, echoes: list[tuple[str, bytes]] | None = None,
+                             counted=None) -> Completion:
+        """The completion of `outs` (`counted`: what usage counts, all the candidates of best_of)."""
         choices = []
         for i, o in enumerate(outs):
             echoed = Echo(echoes[i][1], o.prompt_logprobs) if echoes and o.prompt_logprobs is not None else None
             choices.append(CompletionChoice(i, (echoes[i][0] if echoes else "") + o.text, o.finish_reason,
                                             completion_logprobs(o.logprobs, echoed) if logprobs else None))
-        prompt = sum(o.prompt_tokens for o in outs)
-        completion = sum(o.completion_tokens for o in outs)
-        cached = sum(o.cached_tokens for o in outs)
+        counted = outs if counted is None else counted
+        prompt = sum(o.prompt_tokens for o in counted)
+        completion = sum(o.completion_tokens for o in counted)
+        cached = sum(o.cached_tokens for o in counted)
         return Completion(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
                           system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion, cached))
 
@@ -407,3 +418,27 @@ class OpenAIRoutes:
             await sse.close()
         except OSError:  # client went away mid-stream
             gens.cancel()
+
+
+def _candidates(req: CompletionRequest) -> int:
+    """How many completions each prompt gets generated: best_of (at least n, not streamed), else n."""
+    if req.best_of is None or req.best_of == req.n:
+        return req.n
+    if req.best_of < req.n:
+        raise bad_request(f"best_of ({req.best_of}) must be at least n ({req.n})", param="best_of")
+    if req.stream:
+        raise bad_request("best_of cannot be streamed: the best are known once all are done", param="best_of")
+    return req.best_of
+
+
+def best_of(outs: list, candidates: int, n: int) -> list[int]:
+    """Of each prompt's `candidates` consecutive outputs, the indices of the `n` with the highest
+    mean token log-probability, best first (all of them, in order, when there is no choice)."""
+    if candidates == n:
+        return list(range(len(outs)))
+    kept: list[int] = []
+    for start in range(0, len(outs), candidates):
+        block = range(start, start + candidates)
+        ranked = sorted(block, key=lambda k: -outs[k].mean_logprob if outs[k].mean_logprob is not None else math.inf)
+        kept += ranked[:n]
+    return kept

@@ -191,7 +191,9 @@ class CompletionRequest(SamplingFields, frozen=True, kw_only=True):
     # The prompt's text before the answer; with logprobs, each prompt token's log-probability too.
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    # Candidates generated per prompt, of which the n with the highest mean token log-probability
+    # come back (OpenAI's legacy best_of; not streamed).
+    best_of: Annotated[int, Meta(ge=1, le=16)] | None = None
 
 
 class TokenizeRequest(Struct, frozen=True, kw_only=True):

@@ -103,3 +103,22 @@ def test_the_other_apis_hand_the_samplers_on(server):
     typical = client.chat(model="plain", messages=ASK, options={"temperature": 0.8, "typical_p": 0.2, "seed": 5,
                                                                 "num_predict": 60, "top_k": 0, "top_p": 1.0})
     assert typical.message.content == chat(server, temperature=0.8, seed=5, typical_p=0.2)
+
+
+def test_best_of_returns_the_candidates_with_the_highest_mean_logprob(server):
+    """best_of: that many seeded candidates per prompt, the n with the highest mean token
+    log-probability back, best first; usage counts every candidate. The same candidates asked as
+    n=5 with logprobs say which are best."""
+    body = {"model": "plain", "prompt": "The sea is", "max_tokens": 12, "temperature": 1.0, "seed": 7}
+    best = httpx.post(server.base + "/v1/completions", timeout=300, json={**body, "n": 2, "best_of": 5}).json()
+    every = httpx.post(server.base + "/v1/completions", timeout=300, json={**body, "n": 5, "logprobs": 0}).json()
+    means = sorted(((sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token_logprobs"]), c["text"])
+                    for c in every["choices"]), reverse=True)
+    assert len({text for _, text in means}) > 2  # the candidates differ: the choice means something
+    assert [c["text"] for c in best["choices"]] == [text for _, text in means[:2]]
+    assert [c["index"] for c in best["choices"]] == [0, 1]
+    assert best["usage"]["completion_tokens"] == every["usage"]["completion_tokens"]
+    for change, param in (({"n": 3, "best_of": 2}, "best_of"), ({"best_of": 3, "stream": True}, "best_of"),
+                          ({"best_of": 17}, "best_of")):
+        r = httpx.post(server.base + "/v1/completions", timeout=60, json={**body, **change})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
