@@ -105,6 +105,20 @@ def test_tool_calls_and_tool_results(server, client):
     assert [c.function.name for p in streamed for c in p.message.tool_calls or []] == [c.function.name for c in calls]
 
 
+def test_format_beside_tools_is_a_call_or_that_json(server, client):
+    """format with tools: the answer is a call or JSON of the schema, as chat's response_format
+    with tools answers the same conversation."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    ask = [{"role": "user", "content": "Which city is the capital of France? Answer as JSON."}]
+    got = client.chat(model="smol", messages=ask, tools=WEATHER, format=schema, options=GREEDY)
+    expected = chat(server, ask, tools=WEATHER, temperature=0, max_tokens=GREEDY["num_predict"], response_format={
+        "type": "json_schema", "json_schema": {"name": "format", "schema": schema}})["choices"][0]["message"]
+    if expected.get("tool_calls"):
+        assert [c.function.name for c in got.message.tool_calls] == [c["function"]["name"] for c in expected["tool_calls"]]
+    else:
+        assert got.message.content == expected["content"] and "city" in json.loads(got.message.content)
+
+
 def test_format_and_logprobs(client):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
