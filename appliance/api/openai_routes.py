@@ -232,12 +232,13 @@ class OpenAIRoutes:
         until = deadline(self.config)
         score = req.logprobs if req.echo else None
         candidates = _candidates(req)
+        # A prompt's choices share one list, so that the first prefills it (scoring it, where the
+        # prompt is scored) and the others copy its KV: the scores are the first's for them all.
         seqs = [
-            # a scored prompt is prefilled by each of its choices (a copied prefill has no logits to score)
-            GenerationRequest(list(p) if score is not None else p, m, with_seed_offset(params, i), stops, until,
-                              logprobs=candidates > req.n, top_logprobs=req.logprobs, speculative=req.speculative,
-                              prompt_logprobs=score)
-            for p, m in zip(prompts, limits)
+            GenerationRequest(shared, m, with_seed_offset(params, i), stops, until, logprobs=candidates > req.n,
+                              top_logprobs=req.logprobs, speculative=req.speculative,
+                              prompt_logprobs=score if i == 0 else None)
+            for shared, m in ((list(p), m) for p, m in zip(prompts, limits))
             for i in range(candidates)
         ]
         echoes = None
@@ -246,14 +247,17 @@ class OpenAIRoutes:
             echoes = [(texts[k // candidates], runner.vocab.piece(seqs[k].prompt[0])) for k in range(len(seqs))]
 
         def respond(outs, model: str, logprobs: bool) -> Completion:
+            for k, o in enumerate(outs):  # a follower's prompt scores: its prompt's first choice's
+                if o.prompt_logprobs is None:
+                    o.prompt_logprobs = outs[k - k % candidates].prompt_logprobs
             kept = best_of(outs, candidates, req.n)
             return self._completion_response([outs[k] for k in kept], model, logprobs,
                                              [echoes[k] for k in kept] if echoes else None, counted=outs)
 
         await self._run(request, Generations(runner, seqs), req.stream,
                         req.stream_options and req.stream_options.include_usage,
-                        lambda *a: self._completion_stream(*a, echoes=echoes), respond, req.model,
-                        req.logprobs is not None)
+                        lambda *a: self._completion_stream(*a, echoes=echoes, choices=candidates), respond,
+                        req.model, req.logprobs is not None)
 
     async def _run(self, request: Request, gens: Generations, stream: bool, include_usage: bool | None,
                    streamer: Callable, responder: Callable, model: str, logprobs: bool) -> None:
@@ -353,7 +357,8 @@ class OpenAIRoutes:
                           system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion, cached))
 
     async def _completion_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
-                                 logprobs: bool, echoes: list[tuple[str, bytes]] | None = None) -> None:
+                                 logprobs: bool, echoes: list[tuple[str, bytes]] | None = None,
+                                 choices: int = 1) -> None:
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
@@ -361,9 +366,10 @@ class OpenAIRoutes:
         def chunk(choices, usage=None) -> Completion:
             return Completion(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
 
-        def echo(i: int, ev: PromptScored) -> Completion:  # the echoed prompt's chunk, scored
-            return chunk([CompletionChoice(i, echoes[i][0], None,
-                                           completion_logprobs((), Echo(echoes[i][1], ev.logprobs)))])
+        def echo(i: int, ev: PromptScored) -> list[Completion]:
+            """The echoed prompt's chunk, scored, for each choice of the prompt (its first scores it)."""
+            return [chunk([CompletionChoice(j, echoes[j][0], None, completion_logprobs((), Echo(echoes[j][1], ev.logprobs)))])
+                    for j in range(i, i + choices)]
 
         await self._stream(
             sse, gens, include_usage,
@@ -402,8 +408,8 @@ class OpenAIRoutes:
                     for out in delta(i, ev):  # none: held back (a tag's start, blanks)
                         await sse.event(out)
                 elif isinstance(ev, PromptScored):
-                    if scored is not None:
-                        await sse.event(scored(i, ev))
+                    for out in scored(i, ev) if scored is not None else ():
+                        await sse.event(out)
                 elif isinstance(ev, Finished):
                     prompt_tokens[i] = (ev.prompt_tokens, ev.cached_tokens)
                     completion += ev.completion_tokens

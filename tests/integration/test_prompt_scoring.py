@@ -105,8 +105,21 @@ def test_token_id_prompts_in_a_batch_score_as_their_text_does_and_a_cached_prefi
 def test_streamed_and_fanned_out_echo_carries_the_same_scores(server):
     body = {"model": "smollm2-135m", "prompt": "One, two, three, four,", "max_tokens": 3, "logprobs": 2,
             "echo": True}
+    scored = lambda: metric(httpx.get(server.base + "/metrics").text, "eie_prompt_scored_tokens_total",  # noqa: E731
+                            model="smollm2-135m")
+    before = scored()
     whole = complete(server, **body, n=2)
     assert whole["choices"][0]["logprobs"] == whole["choices"][1]["logprobs"]
+    n_prompt = whole["usage"]["prompt_tokens"] // 2
+    assert scored() - before == n_prompt  # one scored prefill, which the second choice copies
+    alone = complete(server, **body)["choices"][0]["logprobs"]
+    assert alone["token_logprobs"][:n_prompt] == whole["choices"][1]["logprobs"]["token_logprobs"][:n_prompt]
+    # streamed, each choice's echo chunk carries the scores
+    with httpx.stream("POST", server.base + "/v1/completions", json={**body, "temperature": 0, "stream": True, "n": 2},
+                      timeout=120) as r:
+        fanned = [json.loads(ln[6:])["choices"][0] for ln in r.iter_lines() if ln.startswith("data: {")]
+    echoes = {c["index"]: c["logprobs"]["token_logprobs"] for c in fanned if c["text"] == body["prompt"]}
+    assert echoes == {0: alone["token_logprobs"][:n_prompt], 1: alone["token_logprobs"][:n_prompt]}
     with httpx.stream("POST", server.base + "/v1/completions", json={**body, "temperature": 0, "stream": True},
                       timeout=120) as r:
         assert r.status_code == 200
