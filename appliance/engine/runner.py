@@ -121,6 +121,16 @@ class NotReady(Exception):
     pass
 
 
+def _free_samplers(seq: _Sequence) -> None:
+    """Free a sequence's sampler chain and grammar (none: nothing to free)."""
+    if seq.chain is not None:
+        free_chain(seq.chain)
+        seq.chain = None
+    if seq.grammar is not None:
+        seq.grammar.close()
+        seq.grammar = None
+
+
 class MigrationReverted(RuntimeError):
     """A KV type change could not create its new context: the model is back on its old types."""
 
@@ -722,13 +732,9 @@ class ModelRunner:
             self._stopping = True
             self.error, self.state = why, "failed"
         for seq in lost:
-            if seq.chain is not None:  # admitted: what it generated goes out, its samplers are freed
+            if seq.chain is not None:  # admitted: what it generated goes out
                 self._flush(seq)
-                free_chain(seq.chain)
-                seq.chain = None
-            if seq.grammar is not None:
-                seq.grammar.close()
-                seq.grammar = None
+            _free_samplers(seq)
             seq.sink(Failed("internal", f"generation failed: {why}"))
         raise RuntimeError(why)
 
@@ -823,11 +829,7 @@ class ModelRunner:
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         if self.spec is not None:
             self.spec.finished(seq.seq_id, seq.spec if isinstance(event, Finished) else None)
-        free_chain(seq.chain)
-        seq.chain = None
-        if seq.grammar is not None:
-            seq.grammar.close()
-            seq.grammar = None
+        _free_samplers(seq)
         with self._cond:
             self._active.remove(seq)
             self._by_id.remove(seq)
