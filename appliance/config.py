@@ -110,6 +110,17 @@ class SpeculativeConfig(Struct, frozen=True, forbid_unknown_fields=True):
     history_tokens: Annotated[int, Meta(ge=256, le=16_777_216)] = 65536
 
 
+class LoraAdapterConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """A LoRA adapter of a model (engine/adapters.py): served under its own name as the model's
+    weights with this adapter applied, on the model's context beside the model itself."""
+
+    name: ModelName
+    # A LoRA GGUF for this model's architecture and shapes (general.type adapter), relative to model_dir.
+    path: Annotated[str, Meta(min_length=1)]
+    # Multiplies the adapter's alpha / rank; 0 serves the base model's answers.
+    scale: Annotated[float, Meta(ge=-16, le=16)] = 1.0
+
+
 class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     name: ModelName
     path: Annotated[str, Meta(min_length=1)]
@@ -150,6 +161,8 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # With pooling rank (a cross-encoder's GGUF names it) it serves /v1/rerank instead.
     embedding: bool = False
     pooling: Literal["auto", "mean", "cls", "last", "rank"] = "auto"
+    # LoRA adapters loaded with the weights, each served as a model of its own name (at most 16).
+    lora: Annotated[list[LoraAdapterConfig], Meta(max_length=16)] = []
 
 
 # Model fields read at each request, not at the load: a reload applies a change to the next request.
@@ -395,6 +408,23 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
                 return m
         return None
 
+    def adapter(self, name: str) -> tuple[ModelConfig, int] | None:
+        """The model a LoRA adapter name belongs to, with the adapter's index in its `lora` list."""
+        for m in self.models:
+            for i, a in enumerate(m.lora):
+                if a.name == name:
+                    return m, i
+        return None
+
+    def base_of(self, name: str) -> str:
+        """The configured model that serves `name`: itself, or the model a LoRA adapter name belongs to."""
+        found = self.adapter(name)
+        return found[0].name if found is not None else name
+
+    def adapter_path(self, adapter: LoraAdapterConfig) -> Path:
+        path = Path(adapter.path)
+        return path if path.is_absolute() else (self.model_base() / path).resolve()
+
     def group(self, name: str) -> GroupConfig | None:
         for g in self.groups:
             if g.name == name:
@@ -595,10 +625,13 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         if m.get("pooling", "auto") != "auto" and m.get("embedding") is not True:
             problems.append(f"models[{i}].pooling: {_got(m.get('pooling'))} pools an embedding model's token states; "
                             f"set models[{i}].embedding: true, or leave pooling out")
+        _lora_checks(i, m, problems)
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
-    _group_checks(raw, {m.get("name") for m in models if isinstance(m, dict)},
+    _adapter_name_checks(models, problems)
+    served = {m.get("name") for m in models if isinstance(m, dict)} | set(_adapter_names(models))
+    _group_checks(raw, served,
                   {m.get("name") for m in models if isinstance(m, dict) and m.get("embedding") is True}, problems)
     vram = raw.get("vram")
     if isinstance(vram, dict):
@@ -615,6 +648,42 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         keys = server.get("api_keys")
         if isinstance(keys, list) and len(set(map(str, keys))) != len(keys):
             problems.append("server.api_keys: duplicate keys")
+
+
+def _adapter_names(models: list[Any]) -> dict[str, str]:
+    """Each LoRA adapter's name -> its key path (models[i].lora[j].name)."""
+    out: dict[str, str] = {}
+    for i, m in enumerate(models):
+        adapters = m.get("lora") if isinstance(m, dict) else None
+        for j, a in enumerate(adapters if isinstance(adapters, list) else []):
+            if isinstance(a, dict) and isinstance(a.get("name"), str):
+                out.setdefault(a["name"], f"models[{i}].lora[{j}].name")
+    return out
+
+
+def _lora_checks(i: int, m: dict[str, Any], problems: list[str]) -> None:
+    if m.get("lora") and m.get("embedding") is True:
+        problems.append(f"models[{i}].lora: an embedding model serves no adapters; leave lora out")
+
+
+def _adapter_name_checks(models: list[Any], problems: list[str]) -> None:
+    """An adapter is asked by its name where a model's goes: the names of models and adapters differ."""
+    model_names = {m.get("name") for m in models if isinstance(m, dict)}
+    seen: dict[str, str] = {}
+    for i, m in enumerate(models):
+        adapters = m.get("lora") if isinstance(m, dict) else None
+        for j, a in enumerate(adapters if isinstance(adapters, list) else []):
+            name = a.get("name") if isinstance(a, dict) else None
+            if not isinstance(name, str):
+                continue
+            at = f"models[{i}].lora[{j}].name"
+            if name in model_names:
+                problems.append(f"{at}: {_got(name)} is also a model's name; an adapter is asked by its name "
+                                "where a model's goes, so the names must differ")
+            elif name in seen:
+                problems.append(f"{at}: duplicate adapter name {_got(name)} (also {seen[name]})")
+            else:
+                seen[name] = at
 
 
 def _plugin_check(raw: dict[str, Any], source_dir: str, problems: list[str]) -> None:

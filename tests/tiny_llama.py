@@ -21,9 +21,11 @@ def vocabulary(n_vocab: int = 300) -> list[str]:
 
 def write_tiny_llama(path: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 128, block_count: int | None = None, eps: float = 1e-5,
-                     tensor_types: dict[str, Any] | None = None, seed: int = 0) -> Path:
+                     tensor_types: dict[str, Any] | None = None, seed: int = 0,
+                     deltas: dict[str, np.ndarray] | None = None) -> Path:
     """`block_count` is what the metadata says (the tensors have `n_layer` blocks); `tensor_types`
-    stores the named tensors in another ggml type (quantized from the f32 values, or ints)."""
+    stores the named tensors in another ggml type (quantized from the f32 values, or ints);
+    `deltas` are added to the named tensors' values (a LoRA merged into the weights)."""
     rng = np.random.default_rng(seed)
     head = n_embd // n_head
     w = gguf.GGUFWriter(str(path), "llama")
@@ -58,6 +60,8 @@ def write_tiny_llama(path: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: 
     for name, shape in shapes.items():
         values = (1 + 0.01 * rng.standard_normal(shape) if len(shape) == 1
                   else rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+        if deltas and name in deltas:
+            values = (values.astype(np.float64) + deltas[name]).astype(np.float32)
         kind = (tensor_types or {}).get(name)
         if kind is None:
             w.add_tensor(name, values)

@@ -121,11 +121,13 @@ class AdminRoutes:
                 "kv_cache_bytes": b.kv if b else 0,
                 "compute_bytes": (b.compute + b.output) if b else 0,
                 "draft_model_bytes": self.manager.draft_measured(r),
+                "lora_adapter_bytes": r.adapter_bytes,
                 "total_bytes": self.manager.measured(r),
                 "gpu_memory_bytes": b.device if b else 0,
                 "host_memory_bytes": (b.total - b.device) if b else 0,
                 "estimate": {"weights_bytes": est.weights, "kv_cache_bytes": est.kv, "compute_bytes": est.compute,
-                             "draft_model_bytes": est.draft_model, "total_bytes": est.total,
+                             "draft_model_bytes": est.draft_model, "lora_adapter_bytes": est.lora_adapters,
+                             "total_bytes": est.total,
                              "gpu_memory_bytes": self.manager.estimated_gpu_bytes(name)} if est else None,
                 "kv_type_k": r.kv_types[0],
                 "kv_type_v": r.kv_types[1],
@@ -145,7 +147,7 @@ class AdminRoutes:
         }
         groups = [
             {"name": g.name, "type": g.type, "models": g.models, "pinned": g.pinned,
-             "resident": all(self.manager.runners[m].state == "ready" for m in g.models),
+             "resident": all(self.manager.runners[self.config.base_of(m)].state == "ready" for m in g.models),
              "fallback": g.fallback if isinstance(g.fallback, str) else {"replace_with": g.fallback.replace_with},
              **({"select": g.select, "samples": g.samples} if g.type == "fanout" else {})}
             for g in self.config.groups

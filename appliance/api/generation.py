@@ -12,6 +12,7 @@ from ..config import Config
 from ..engine.client import GenerationFailed, Generations, PromptError, chat_text, render_chat
 from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
+from ..engine.adapted_runner import AdaptedRunner
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..policy import PluginError
 from ..engine import grammar, reasoning
@@ -26,18 +27,37 @@ from .chat_answer import AnswerShape
 from .errors import ApiError, bad_request
 from .http import Request
 from .infill import infill_prompt
-from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingOptions, TextPart
+from .schemas import ChatMessage, ChatRequest, CompletionRequest, LoraScale, SamplingOptions, TextPart
 from .tools import ToolPlan
 
 RETRY_AFTER = [(b"retry-after", b"1")]
 
 
-async def generation_runner(manager: ModelManager, name: str) -> ModelRunner:
-    """resolve_runner for a request that generates: an embedding model is a 400."""
+async def generation_runner(manager: ModelManager, name: str, lora: list[LoraScale] | None = None) -> ModelRunner:
+    """resolve_runner for a request that generates: an embedding model is a 400. `lora` is
+    llama-server's per-request adapter list (request_adapters)."""
     runner = await resolve_runner(manager, name)
     if runner.cfg.embedding:
         raise bad_request(f"model '{name}' is an embedding model: it serves /v1/embeddings only", param="model")
-    return runner
+    return request_adapters(runner, lora) if lora is not None else runner
+
+
+def request_adapters(runner: ModelRunner, lora: list[LoraScale]) -> ModelRunner:
+    """The runner decoding with the adapters `lora` names: [{id, scale}] over the model's
+    models[].lora by index, as llama-server takes them; unlisted adapters are off, and the set
+    replaces the one the model name gave (an adapter's name is its model with that adapter)."""
+    base = runner.base if isinstance(runner, AdaptedRunner) else runner
+    adapters = base.cfg.lora
+    chosen: dict[int, float] = {}
+    for i, item in enumerate(lora):
+        if item.id >= len(adapters):
+            have = f"ids 0..{len(adapters) - 1}" if adapters else "none (models[].lora)"
+            raise bad_request(f"lora[{i}].id: model '{base.name}' has no adapter {item.id} (it has {have})",
+                              param=f"lora[{i}].id")
+        if item.id in chosen:
+            raise bad_request(f"lora[{i}].id: adapter {item.id} is listed twice", param=f"lora[{i}].id")
+        chosen[item.id] = float(item.scale)
+    return AdaptedRunner(base, runner.name, tuple(sorted((i, s) for i, s in chosen.items() if s)))
 
 
 async def resolve_runner(manager: ModelManager, name: str) -> ModelRunner:

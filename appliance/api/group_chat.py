@@ -42,7 +42,7 @@ from .schemas import (
     encoder,
 )
 
-_PER_MODEL = ("tools", "logprobs", "top_logprobs", "chat_template_kwargs")  # and logit_bias (group_call)
+_PER_MODEL = ("tools", "logprobs", "top_logprobs", "chat_template_kwargs", "lora")  # and logit_bias (group_call)
 
 
 def _usage(result: GroupResult) -> Usage:

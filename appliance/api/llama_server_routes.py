@@ -22,7 +22,7 @@ from ..config import Config
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
-from .errors import bad_request, decoded
+from .errors import ApiError, bad_request, decoded
 from .generation import (ENGINE_ERRORS, chat_prompt_text, deadline, engine_error, failure_error, generation_runner,
                          request_sampling, resolve_runner, serve, stop_list, token_lists)
 from .http import EventStream, Request
@@ -163,9 +163,22 @@ class LlamaServerRoutes:
             "build_info": BUILD_INFO, "is_sleeping": False, "endpoint_slots": False, "endpoint_props": False,
             "endpoint_metrics": True})
 
+    async def lora_adapters(self, request: Request) -> None:
+        """llama-server's GET /lora-adapters for ?model= (a model, or one of its adapters' names):
+        the model's adapters by the id a request's `lora` names them with, at their configured scale."""
+        name = request.query("model")
+        if not name:
+            raise bad_request("model: required (?model=), the model whose adapters to list", param="model")
+        config = self.manager.config
+        cfg = config.model(config.base_of(name))
+        if cfg is None:
+            raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
+        await request.json(200, [{"id": i, "name": a.name, "path": str(config.adapter_path(a)), "scale": a.scale}
+                                 for i, a in enumerate(cfg.lora)])
+
     async def apply_template(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = await generation_runner(self.manager, req.model)
+        runner = await generation_runner(self.manager, req.model, req.lora)
         try:
             text = await chat_prompt_text(runner, req)
         except ENGINE_ERRORS as e:
@@ -175,7 +188,7 @@ class LlamaServerRoutes:
     async def _runner(self, req: SamplingFields) -> ModelRunner:
         if req.n != 1:
             raise bad_request("llama-server's endpoints give one answer: n must be 1", param="n")
-        return await generation_runner(self.manager, req.model)
+        return await generation_runner(self.manager, req.model, req.lora)
 
     async def _generate(self, request: Request, runner: ModelRunner, req: InfillRequest | NativeCompletionRequest,
                         prompt: InfillPrompt, requested: int | None, param: str) -> None:

@@ -240,6 +240,9 @@ class OllamaRoutes:
                 details, size, digest, modified = self._facts(name, runner)
                 out.append(OllamaListedModel(name=name, model=name, modified_at=modified, size=size, digest=digest,
                                        details=details))
+                for adapter in runner.cfg.lora:  # served on the model's weights (models[].lora)
+                    out.append(OllamaListedModel(name=adapter.name, model=adapter.name, modified_at=modified,
+                                                 size=size, digest=digest, details=details))
             for group in self.config.groups if self.groups is not None else ():
                 if group.type != "parallel":  # one answer: /api/chat takes it as a model
                     out.append(OllamaListedModel(name=group.name, model=group.name, modified_at=_iso(0), size=0,
@@ -269,10 +272,11 @@ class OllamaRoutes:
     async def show(self, request: Request) -> None:
         req: OllamaModelRequest = await self._body(request, _model)
         name = self._name(req.model or req.name or "")
-        runner = self.manager.runners.get(name)
+        base = self.manager.config.base_of(name)  # a LoRA adapter shows its model's facts
+        runner = self.manager.runners.get(base)
         if runner is None:
             raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
-        details, _, _, modified = await asyncio.to_thread(self._facts, name, runner)
+        details, _, _, modified = await asyncio.to_thread(self._facts, base, runner)
         meta = await asyncio.to_thread(self._metadata, runner)
         info = {k: _number(v) for k, v in meta.items() if not k.startswith("tokenizer.")}
         if runner.cfg.embedding:

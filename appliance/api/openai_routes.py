@@ -132,7 +132,7 @@ class OpenAIRoutes:
         self.groups: GroupChat | None = None  # a group asked as a model (api/group_chat.py; set by the app)
 
     async def models(self, request: Request) -> None:
-        cards = [self._card(name, r) for name, r in self.manager.runners.items()]
+        cards = [card for name, r in self.manager.runners.items() for card in self._cards(name, r)]
         if request.header("anthropic-version") is None:
             await request.json(200, ModelList(cards + [self._group_card(g) for g in self.config.groups]))
             return
@@ -146,8 +146,10 @@ class OpenAIRoutes:
         form when anthropic-version is sent (models only, as in the list)."""
         name = request.path_params["model_id"]
         anthropic = request.header("anthropic-version") is not None
-        if name in self.manager.runners:
-            card = self._card(name, self.manager.runners[name])
+        base = self.manager.config.base_of(name)
+        runner = self.manager.runners.get(base)
+        card = next((c for c in self._cards(base, runner) if c.id == name), None) if runner is not None else None
+        if card is not None:
             await request.json(200, self._anthropic_card(card) if anthropic else card)
             return
         group = self.config.group(name)
@@ -162,11 +164,16 @@ class OpenAIRoutes:
 
     def _group_card(self, group: GroupConfig) -> ModelCard:
         """A group, which /v1/chat/completions takes as a model (api/group_chat.py)."""
-        runners = [self.manager.runners[m] for m in group.models]
+        runners = [self.manager.runners[self.config.base_of(m)] for m in group.models]
         state = next((r.state for r in runners if r.state != "ready"), "ready")  # the first member not ready
         return ModelCard(group.name, self.created, "eie", state, kind="group",
                          context_length=min(r.n_ctx for r in runners), group_type=group.type,
                          members=list(group.models))
+
+    def _cards(self, name: str, runner: ModelRunner) -> list[ModelCard]:
+        """The model's card, then one per LoRA adapter it serves."""
+        card = self._card(name, runner)
+        return [card, *(msgspec.structs.replace(card, id=a.name, adapter_of=name) for a in runner.cfg.lora)]
 
     def _card(self, name: str, runner: ModelRunner) -> ModelCard:
         reranks = runner.reranker or runner.cfg.pooling == "rank"
@@ -202,7 +209,7 @@ class OpenAIRoutes:
         if group is not None and self.groups is not None:
             await self.groups.chat(request, req, group)
             return
-        runner = await generation_runner(self.manager, req.model)
+        runner = await generation_runner(self.manager, req.model, req.lora)
         prompt, params, shape = await chat_answer_plan(runner, req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
@@ -223,7 +230,7 @@ class OpenAIRoutes:
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = decoded(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = await generation_runner(self.manager, req.model)
+        runner = await generation_runner(self.manager, req.model, req.lora)
         params = await request_sampling(req, runner.vocab)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)
         # OpenAI's default for the legacy completions endpoint is 16 tokens.

@@ -40,6 +40,8 @@ OPERATIONS: tuple[Op, ...] = (
        ls.InfillRequest, ls.CompletionResult),
     Op("get", "/props", "llama-server's model properties (without `model`, a router's, as llama-server's own)",
        query=(("model", "the model whose properties are asked (loaded if need be)"),)),
+    Op("get", "/lora-adapters", "llama-server's list of a model's LoRA adapters: [{id, name, path, scale}]",
+       query=(("model", "a model, or one of its adapters' names"),)),
     Op("post", "/apply-template", "llama-server's: the prompt text a chat renders to", s.ChatRequest,
        ls.AppliedTemplate),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),

@@ -60,7 +60,7 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
             plan.restart_required.append(f"models.{name} (removed)")
     groups = old.groups
     if old.groups != new.groups:
-        known = {m.name for m in models}
+        known = {m.name for m in models} | {a.name for m in models for a in m.lora}
         if all(set(g.models) <= known for g in new.groups):
             groups = new.groups
             plan.applied.append("groups")

@@ -138,11 +138,21 @@ class SamplingOptions(SamplingKnobs, frozen=True, kw_only=True):
     response_format: ResponseFormat | None = None
 
 
+class LoraScale(Struct, frozen=True, forbid_unknown_fields=True):
+    """llama-server's per-request adapter: the index of one of the model's models[].lora, and its scale."""
+
+    id: Annotated[int, Meta(ge=0, le=15)]
+    scale: Annotated[float, Meta(ge=-16.0, le=16.0)]
+
+
 class SamplingFields(SamplingOptions, frozen=True, kw_only=True):
     model: Annotated[str, Meta(min_length=1, max_length=256)]
     n: Annotated[int, Meta(ge=1, le=16)] = 1
     # EIE extension: false opts this request out of speculative decoding.
     speculative: bool = True
+    # llama-server's: the model's LoRA adapters this request decodes with, by index (unlisted: 0),
+    # in place of the set its model name gives (api/generation.py request_adapters).
+    lora: Annotated[list[LoraScale], Meta(max_length=16)] | None = None
 
 
 class Prediction(Struct, frozen=True):
@@ -438,6 +448,7 @@ class ModelCard(Struct, frozen=True):
     reasoning: bool | None = None
     group_type: str | None = None  # a group's: parallel | sequential | fanout
     members: list[str] | None = None  # a group's models
+    adapter_of: str | None = None  # a LoRA adapter's: the model it is served on (models[].lora)
 
 
 class ModelList(Struct, frozen=True):

@@ -32,6 +32,8 @@ from .speculative.draft_model import DraftModel
 from .speculative.history import HistoryIndex
 from .speculative.speculator import Speculator
 from .runner import ModelRunner, NotReady
+from .adapted_runner import AdaptedRunner
+from .adapters import lora_set
 
 log = logging.getLogger("eie.manager")
 MIB = 1024 * 1024
@@ -133,7 +135,7 @@ class ModelManager:
         self._group_of = {}
         for g in config.groups:
             for m in g.models:
-                self._group_of.setdefault(m, g)
+                self._group_of.setdefault(config.base_of(m), g)
         # The GPU backend llama.cpp offloads to (None: the CPU). A GPU's budget counts what models
         # put in its memory; the RAM's counts everything (resources/offload.py).
         self.gpu = native.gpu_backend()
@@ -152,7 +154,18 @@ class ModelManager:
     def _new_runner(self, cfg: ModelConfig) -> ModelRunner:
         return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores,
                            prefix_factory=self._prefix_cache, speculator_factory=self._speculator,
-                           cache_dir=self.config.cache_dir(), cancel=self._stop)
+                           cache_dir=self.config.cache_dir(), cancel=self._stop,
+                           adapter_files=[(a.name, self.config.adapter_path(a)) for a in cfg.lora])
+
+    def _adapter_estimate(self, cfg: ModelConfig) -> int:
+        """What the model's LoRA adapters will take: their files' size (an unreadable one: 0, its load says why)."""
+        total = 0
+        for a in cfg.lora:
+            try:
+                total += self.config.adapter_path(a).stat().st_size
+            except OSError:
+                pass
+        return total
 
     def _speculator(self, runner: ModelRunner) -> Speculator | None:
         """The speculative decoding of a runner whose model just loaded (None when it has no
@@ -253,7 +266,7 @@ class ModelManager:
             extra = self._draft_estimate(cfg)
         except (OSError, ValueError):
             extra = 0  # unreadable: the draft model's load reports why
-        return KvInput(cfg, shape, extra_bytes=extra)
+        return KvInput(cfg, shape, extra_bytes=extra + self._adapter_estimate(cfg))
 
     def kv_status(self, name: str) -> dict:
         """How the model's KV cache types came about, for /v1/admin/vram/status."""
@@ -419,7 +432,8 @@ class ModelManager:
         if self._estimated.get(name) != runner.cfg:  # a new runner may have other KV types (auto)
             try:
                 est = estimate(shape_of(runner.path, self.config.cache_dir()), runner.cfg)
-                self.estimates[name] = dataclasses.replace(est, draft_model=self._draft_estimate(runner.cfg))
+                self.estimates[name] = dataclasses.replace(est, draft_model=self._draft_estimate(runner.cfg),
+                                                           lora_adapters=self._adapter_estimate(runner.cfg))
             except (OSError, ValueError):
                 self.estimates[name] = None  # unreadable: the load itself reports why
             self._estimated[name] = runner.cfg
@@ -473,10 +487,11 @@ class ModelManager:
         return self._charge(spec.draft.loaded.buffers) if spec is not None and spec.draft is not None else 0
 
     def measured(self, runner: ModelRunner) -> int:
-        """Bytes of a loaded model (and its draft model) on the budget's device."""
+        """Bytes of a loaded model (and its draft model and LoRA adapters) on the budget's device;
+        adapters are charged whole (on a GPU llama.cpp puts an adapter's tensors beside the layer's)."""
         if runner.loaded is None:
             return 0
-        return self._charge(runner.loaded.buffers) + self.draft_measured(runner)
+        return self._charge(runner.loaded.buffers) + self.draft_measured(runner) + runner.adapter_bytes
 
     def _held(self, name: str) -> int:
         """Memory a model holds now: measured when loaded, estimated while loading. Saved prefixes
@@ -746,6 +761,10 @@ class ModelManager:
 
         Raises KeyError (unknown model), NotReady, PolicyRefused, InsufficientMemory or TimeoutError.
         """
+        if name not in self.runners and (found := self.config.adapter(name)) is not None:
+            cfg, index = found
+            base = await self.ready_runner(cfg.name)
+            return AdaptedRunner(base, name, lora_set(index, cfg.lora[index].scale))
         runner = self.runners[name]
         self.last_used[name] = time.monotonic()
         if runner.state == "ready":
@@ -802,7 +821,7 @@ class ModelManager:
             self._group_of = {}
             for g in config.groups:
                 for m in g.models:
-                    self._group_of.setdefault(m, g)
+                    self._group_of.setdefault(config.base_of(m), g)
             # Decide auto KV types again (the budget or the set of models may have changed); a
             # model that is not loaded takes its new choice now, a loaded one at its next load.
             self.kv_choices = self._choose_kv()

@@ -6,6 +6,7 @@ it off the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -13,7 +14,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import llama_cpp as lc
 import numpy as np
@@ -107,6 +108,18 @@ def init_backend() -> None:
             _router = _LogRouter()
             backends.registry.load()  # before llama_backend_init, which would search the cwd
             lc.llama_backend_init()
+
+
+@contextlib.contextmanager
+def log_capture() -> Iterator[Capture]:
+    """llama.cpp's log lines of the calls made in the block, on this thread."""
+    init_backend()
+    assert _router is not None
+    lines = _router.start_capture()
+    try:
+        yield lines
+    finally:
+        _router.stop_capture()
 
 
 @dataclass(frozen=True)

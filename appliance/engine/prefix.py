@@ -100,13 +100,16 @@ class PrefixCache:
         else:
             self._root = hashlib.blake2b(self.store.identity + f"|{type_k}|{type_v}".encode(), digest_size=16).digest()
 
-    def keys(self, prompt: list[int]) -> list[bytes]:
+    def keys(self, prompt: list[int], adapters: bytes = b"") -> list[bytes]:
         """Block keys of the cacheable prefix (all but at least the last prompt token)."""
-        return self.keys_of(prompt[: len(prompt) - 1])
+        return self.keys_of(prompt[: len(prompt) - 1], adapters)
 
-    def keys_of(self, tokens: list[int]) -> list[bytes]:
-        """Block keys of `tokens`' whole blocks, for the context's current KV types."""
-        return block_keys(self._root, tokens, self.block)
+    def keys_of(self, tokens: list[int], adapters: bytes = b"") -> list[bytes]:
+        """Block keys of `tokens`' whole blocks, for the context's current KV types; `adapters` is
+        the identity of the LoRA adapters the states are computed with (engine/adapters.py, b""
+        for none), so no state of one set answers for another."""
+        root = self._root if not adapters else hashlib.blake2b(self._root + adapters, digest_size=16).digest()
+        return block_keys(root, tokens, self.block)
 
     def restore(self, ctx: lc.llama_context_p, mem, seq_id: int, keys: list[bytes],
                 types: tuple[str, str]) -> tuple[int, str | None]:

@@ -28,7 +28,8 @@ from .prefix import PrefixCache, build_id
 from ..resources import file_facts, heap, outputs
 from ..resources.kv_choice import kv_label
 from ..resources.cores import CoreBudget
-from . import held_gil, native
+from . import adapters as lora, held_gil, native
+from .adapters import BASE, AdapterSet, AdapterSwitch, LoadedAdapter
 from .decode import decode_with_cores
 from .load_cancel import LoadCancelled, raise_if_set
 from .chat_template import ChatTemplate, default_template
@@ -65,6 +66,9 @@ class GenerationRequest:
     speculative: bool = True
     # The answer the client expects (OpenAI's predicted outputs): a draft source of its own.
     predicted: PredictionIndex | None = None
+    # The model's LoRA adapters this sequence decodes with ((index, scale), non-zero scales,
+    # ascending index; engine/adapters.py); () the model itself.
+    adapters: AdapterSet = BASE
 
 
 @dataclass(frozen=True)
@@ -243,8 +247,14 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, path: Path, cores: CoreBudget,
                  prefix_factory: Callable[["ModelRunner"], PrefixCache | None] | None = None,
                  speculator_factory: Callable[["ModelRunner"], Speculator | None] | None = None,
-                 cache_dir: Path | None = None, cancel: threading.Event | None = None):
+                 cache_dir: Path | None = None, cancel: threading.Event | None = None,
+                 adapter_files: list[tuple[str, Path]] | None = None):
         self.cfg = cfg
+        self.adapter_files = adapter_files or []  # (name, path) of the model's LoRA adapters, in cfg.lora order
+        self.adapters: list[LoadedAdapter] = []
+        self._switch = AdapterSwitch([])
+        self._served: dict[AdapterSet, int] = {}  # adapter set -> the last step that decoded it
+        self._step_no = 0
         self.cancel = cancel or threading.Event()  # set: a load in progress gives up (engine/load_cancel.py)
         self.cache_dir = cache_dir  # where measured K means are kept (engine/k_centering.py)
         self._prefix_factory = prefix_factory
@@ -289,7 +299,7 @@ class ModelRunner:
                       "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
                       "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_masks": 0,
                       "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0,
-                      "reasoning_budget_cuts": 0}
+                      "reasoning_budget_cuts": 0, "adapter_switches": 0}
         # work for the runner thread between two steps, with the future its caller waits on
         self._commands: collections.deque[tuple[Callable[[], None], concurrent.futures.Future]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
@@ -323,6 +333,8 @@ class ModelRunner:
                 pooling=self.cfg.pooling if self.cfg.embedding else None,
             )
             self.swa_window = self.loaded.swa_window
+            self.adapters = lora.load(self.loaded.model, self.adapter_files)
+            self._switch = AdapterSwitch(self.adapters)
             if self.cfg.embedding:
                 self._read_pooled_shape()
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
@@ -400,6 +412,7 @@ class ModelRunner:
         key, max_rows = self._exact_rows_key()
         granted = self.cores.acquire(self.threads)
         try:
+            self._use_adapters(BASE)
             lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
             self._threads_set = granted
             self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id,
@@ -426,12 +439,18 @@ class ModelRunner:
         if self.spec is not None:
             self.spec.close()
             self.spec = None
+        self.adapters, self._switch = [], AdapterSwitch([])  # llama.cpp frees them with the model
         if self.loaded:  # last: its free() trims the heap, the states dropped above included
             lc.llama_batch_free(self._batch)
             self.loaded.free()
             self.loaded = None
 
     # ---- requests --------------------------------------------------------------------------
+
+    @property
+    def adapter_bytes(self) -> int:
+        """The LoRA adapters' buffers, as llama.cpp allocated them."""
+        return sum(a.bytes for a in self.adapters)
 
     @property
     def n_ctx(self) -> int:
@@ -639,6 +658,7 @@ class ModelRunner:
         else:
             self._staged_migration(moving, type_k, type_v, rot, count)
         self._mem = lc.llama_get_memory(self.loaded.ctx)
+        self._switch.new_context()
         for seq in moving:
             seq.migrated = True
         for seq in self._by_id:
@@ -712,6 +732,7 @@ class ModelRunner:
             self._lose_context(f"KV change to {why}; the sequences could not go back into {kv_label(type_k, type_v)}: {e}")
         self.loaded.install_context(ctx, buffers, type_k, type_v)
         self._mem = lc.llama_get_memory(ctx)
+        self._switch.new_context()
         for seq in moving:
             seq.migrated = True
         self._threads_set = self.threads
@@ -860,7 +881,8 @@ class ModelRunner:
                 self._finish(seq, Failed("cancelled", "request cancelled"))
             elif now > seq.req.deadline:
                 self._finish(seq, Failed("timeout", "request deadline passed during generation"))
-        decoding = [s for s in self._by_id if s.n_prefilled >= len(s.req.prompt)]
+        chosen = self._step_adapters()
+        decoding = [s for s in self._by_id if s.n_prefilled >= len(s.req.prompt) and s.req.adapters == chosen]
         if decoding:
             t_step = time.perf_counter()
             speculating = [s for s in decoding if s.spec is not None]
@@ -889,6 +911,7 @@ class ModelRunner:
             # width: the cost model learns switch costs from step-to-step changes only
             before = self.spec.costs.previous if self.spec is not None and self._last_was_step else None
             t0 = time.perf_counter()
+            self._use_adapters(chosen)
             self._decode(n, step=True)
             took = time.perf_counter() - t0
             self._decode_times.append(took)
@@ -909,7 +932,7 @@ class ModelRunner:
         budget = self.batch_cap
         for seq in list(self._active):  # prompt chunks, oldest request first
             remaining = len(seq.req.prompt) - seq.n_prefilled
-            if remaining <= 0:
+            if remaining <= 0 or seq.req.adapters != chosen:
                 continue
             if seq.leader is not None:
                 if self._follow(seq):
@@ -938,6 +961,24 @@ class ModelRunner:
                 else:
                     self._sample([seq])
 
+    def _use_adapters(self, chosen: AdapterSet) -> None:
+        if self._switch.use(self.loaded.ctx, chosen):
+            self.stats["adapter_switches"] += 1
+
+    def _step_adapters(self) -> AdapterSet:
+        """The adapter set whose sequences this step runs (llama.cpp applies adapters to the whole
+        context): with several, the one served least recently, the current one on a tie, so each
+        set gets every n-th step and a lone set never switches."""
+        sets = {s.req.adapters for s in self._active}
+        if len(sets) <= 1:
+            return next(iter(sets), self._switch.current)
+        served = self._served
+        chosen = min(sets, key=lambda a: (served.get(a, -1), a != self._switch.current))
+        self._step_no += 1
+        self._served = {a: served.get(a, -1) for a in sets}
+        self._served[chosen] = self._step_no
+        return chosen
+
     def _propose(self, decoding: list[_Sequence], speculating: list[_Sequence]) -> None:
         """Drafts for the speculating sequences, within the batch, max_tokens and n_ctx; the
         step stays under the rows where kernels stop being batch-invariant (exactness.py)."""
@@ -954,7 +995,7 @@ class ModelRunner:
     def _prefix_start(self, seq: _Sequence) -> None:
         """Find the prompt's cached prefix: in a live sequence, or saved (RAM, then disk)."""
         prefix = self.prefix
-        keys = prefix.keys(seq.req.prompt)
+        keys = prefix.keys(seq.req.prompt, self._adapter_identity(seq))
         seq.prefix_keys = keys
         seq.save_at = len(keys) * prefix.block
         if not keys:
@@ -1003,7 +1044,10 @@ class ModelRunner:
         if n_tokens <= seq.save_at or n_tokens < seq.cut_floor:
             return  # nothing new, or the window cells the cut would keep may have been reused
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, n_tokens, -1)
-        prefix.save(self.loaded.ctx, seq.seq_id, prefix.keys_of(tokens[:n_tokens]))
+        prefix.save(self.loaded.ctx, seq.seq_id, prefix.keys_of(tokens[:n_tokens], self._adapter_identity(seq)))
+
+    def _adapter_identity(self, seq: _Sequence) -> bytes:
+        return lora.identity(self.adapters, seq.req.adapters)
 
     def _follow(self, seq: _Sequence) -> bool:
         """Take the leader's prompt KV once it exists; True while the follower must wait."""
@@ -1050,6 +1094,7 @@ class ModelRunner:
         if seq.n_prefilled == len(seq.req.prompt):
             logits[take - 1] = 1
             seq.out_index = take - 1
+        self._use_adapters(seq.req.adapters)
         self._decode(take)
         self.stats["prefill_tokens"] += take
         if scores is not None:

@@ -34,6 +34,7 @@ RUNNER_COUNTERS = {
     "reasoning_budget_cuts": ("eie_reasoning_budget_cuts", "Think blocks closed by the server when their reasoning budget was spent"),
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
     "kv_migration_reverts": ("eie_kv_type_change_reverts", "KV type changes whose new context could not be made, the old types put back"),
+    "adapter_switches": ("eie_lora_adapter_switches", "Decodes that changed the context's LoRA adapters (models[].lora; each makes llama.cpp reserve its graph again)"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),
 }

@@ -77,7 +77,7 @@ class PinnedGroupStrategy(GenericStrategy):
 
     def reconfigure(self, config: Config) -> None:
         super().reconfigure(config)
-        self._pinned = {m for g in config.groups if g.pinned for m in g.models}
+        self._pinned = {config.base_of(m) for g in config.groups if g.pinned for m in g.models}
 
     def boot_models(self) -> list[str]:
         return [m.name for m in self.config.models if m.name in self._pinned]

@@ -29,10 +29,11 @@ class Estimate:
     kv: int
     compute: int
     draft_model: int = 0  # a speculative draft model's weights, KV and compute (its own context)
+    lora_adapters: int = 0  # the model's LoRA adapters' tensors (their files' size)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute + self.draft_model
+        return self.weights + self.kv + self.compute + self.draft_model + self.lora_adapters
 
 
 @dataclass(frozen=True)

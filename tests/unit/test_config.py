@@ -150,3 +150,39 @@ def test_state_and_cache_dirs_come_from_config_then_eie_env_then_systemd_env(tmp
     assert cfg.state_dir() == Path("/srv/state") and cfg.cache_dir() == Path("/srv/cache")
     cfg = parse_config({**raw, "server": {"state_dir": "st", "cache_dir": "ca"}}, source_dir=str(tmp_path))
     assert cfg.state_dir() == tmp_path / "st" and cfg.kv_disk_dir(cfg.models[0]) == tmp_path / "ca" / "kv"
+
+
+LORA = {"name": "m-tuned", "path": "tuned.gguf"}
+
+
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ({"models": [{**GOOD_MODEL, "lora": [{**LORA, "name": "m"}]}]},
+         'models[0].lora[0].name: "m" is also a model\'s name'),
+        ({"models": [{**GOOD_MODEL, "lora": [LORA]}, {"name": "n", "path": "n.gguf", "lora": [LORA]}]},
+         'models[1].lora[0].name: duplicate adapter name "m-tuned" (also models[0].lora[0].name)'),
+        ({"models": [{**GOOD_MODEL, "lora": [{**LORA, "scale": 20}]}]},
+         "models[0].lora[0].scale: expected number >= -16 and <= 16, got 20"),
+        ({"models": [{**GOOD_MODEL, "lora": [{"name": "x"}]}]}, "models[0].lora[0].path: required key is missing"),
+        ({"models": [{**GOOD_MODEL, "embedding": True, "lora": [LORA]}]},
+         "models[0].lora: an embedding model serves no adapters"),
+        ({"models": [{**GOOD_MODEL, "lora": [LORA]}], "groups": [{"name": "m-tuned", "models": ["m"]}]},
+         'groups[0].name: "m-tuned" is also a model\'s name'),
+        ({"models": [GOOD_MODEL], "groups": [{"name": "g", "models": ["m", "m-tuned"]}]},
+         'groups[0].models[1]: unknown model "m-tuned"'),
+    ],
+)
+def test_lora_problems(raw, expected):
+    assert any(p.startswith(expected) for p in problems(raw)), problems(raw)
+
+
+def test_lora_adapters_are_served_names():
+    config = parse_config({"models": [{**GOOD_MODEL, "lora": [LORA, {"name": "m-half", "path": "/a/t.gguf", "scale": 0.5}]}],
+                           "groups": [{"name": "g", "models": ["m", "m-tuned"], "pinned": True}],
+                           "policy": {"strategy": "pinned-group"}})
+    assert config.base_of("m-half") == "m" and config.base_of("m") == "m" and config.base_of("other") == "other"
+    model, index = config.adapter("m-half")
+    assert model.name == "m" and index == 1 and model.lora[1].scale == 0.5
+    assert str(config.adapter_path(model.lora[1])) == "/a/t.gguf"
+    assert config.adapter_path(model.lora[0]) == config.model_base() / "tuned.gguf"

@@ -22,13 +22,14 @@ def stand_in(window: int, donor_floor: int, calls: list):
     keys = [bytes([i]) for i in range(40)]  # 40 blocks of the same prompt prefix
     donor = SimpleNamespace(prefix_keys=keys, seq_id=0, n_prefilled=40 * BLOCK, cut_floor=donor_floor,
                             migrated=False)
-    prefix = SimpleNamespace(keys=lambda prompt: keys, block=BLOCK,
+    prefix = SimpleNamespace(keys=lambda prompt, adapters=b"": keys, block=BLOCK,
                              store=SimpleNamespace(contains=lambda k: False),
                              restore=lambda *a: (calls.append(("restore",)) or (0, None)))
     seq = SimpleNamespace(req=SimpleNamespace(prompt=[0] * (41 * BLOCK)), prefix_keys=None, save_at=0, seq_id=1,
                           n_prefilled=0, pos=0, restored=0, cut_floor=0)
     runner = SimpleNamespace(prefix=prefix, _active=[donor, seq], _mem=None, swa_window=window, kv_types=("f16", "f16"),
-                             loaded=SimpleNamespace(ctx=None), stats=collections.Counter())
+                             loaded=SimpleNamespace(ctx=None), stats=collections.Counter(),
+                             _adapter_identity=lambda seq: b"")
     return runner, seq
 
 
