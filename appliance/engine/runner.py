@@ -28,8 +28,8 @@ from .prefix import PrefixCache, build_id
 from ..resources import file_facts, heap, outputs
 from ..resources.kv_choice import kv_label
 from ..resources.cores import CoreBudget
-from . import adapters as lora, held_gil, native
-from .adapters import BASE, AdapterSet, AdapterSwitch, LoadedAdapter
+from . import held_gil, native
+from .adapters import BASE, AdapterSet, AdapterSwitch, LoadedAdapter, identity as adapter_identity, load as load_adapters
 from .decode import decode_with_cores
 from .load_cancel import LoadCancelled, raise_if_set
 from .chat_template import ChatTemplate, default_template
@@ -333,7 +333,7 @@ class ModelRunner:
                 pooling=self.cfg.pooling if self.cfg.embedding else None,
             )
             self.swa_window = self.loaded.swa_window
-            self.adapters = lora.load(self.loaded.model, self.adapter_files)
+            self.adapters = load_adapters(self.loaded.model, self.adapter_files)
             self._switch = AdapterSwitch(self.adapters)
             if self.cfg.embedding:
                 self._read_pooled_shape()
@@ -910,8 +910,8 @@ class ModelRunner:
             # a decode right after a prompt chunk is slowed by the chunk as much as by the change of
             # width: the cost model learns switch costs from step-to-step changes only
             before = self.spec.costs.previous if self.spec is not None and self._last_was_step else None
-            t0 = time.perf_counter()
             self._use_adapters(chosen)
+            t0 = time.perf_counter()
             self._decode(n, step=True)
             took = time.perf_counter() - t0
             self._decode_times.append(took)
@@ -1047,7 +1047,7 @@ class ModelRunner:
         prefix.save(self.loaded.ctx, seq.seq_id, prefix.keys_of(tokens[:n_tokens], self._adapter_identity(seq)))
 
     def _adapter_identity(self, seq: _Sequence) -> bytes:
-        return lora.identity(self.adapters, seq.req.adapters)
+        return adapter_identity(self.adapters, seq.req.adapters)
 
     def _follow(self, seq: _Sequence) -> bool:
         """Take the leader's prompt KV once it exists; True while the follower must wait."""
