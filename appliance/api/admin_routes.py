@@ -9,6 +9,7 @@ import msgspec
 
 from ..config import Config, KvType
 from ..engine import native
+from ..engine.adapters import BASE, lora_set
 from ..engine.client import PromptError, render_chat
 from ..engine.runner import MigrationReverted, NotReady, QueueFull
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
@@ -230,7 +231,9 @@ class AdminRoutes:
         req = decoded(_kv_warm, await request.body(self.config.server.limits.max_body_bytes))
         if (req.prompt is None) == (req.messages is None):
             raise ApiError(400, "give exactly one of prompt and messages", param="prompt")
-        runner = self._prefix_runner(req.model)
+        adapter = self.manager.config.adapter(req.model)  # a LoRA adapter's name: its model, with it
+        runner = self._prefix_runner(adapter[0].name if adapter else req.model)
+        adapters = lora_set(adapter[1], adapter[0].lora[adapter[1]].scale) if adapter else BASE
         try:
             if req.messages is not None:
                 msgs = [{"role": m.role, "content": m.content} for m in req.messages]
@@ -244,7 +247,7 @@ class AdminRoutes:
             raise ApiError(400, f"the prefix has {len(tokens)} tokens; it must have 2 to {runner.n_ctx - 1}",
                            param="prompt" if req.prompt is not None else "messages")
         try:
-            fut = runner.warm(tokens)
+            fut = runner.warm(tokens, adapters)
         except QueueFull:
             raise ApiError(429, f"model '{req.model}' is busy", code="queue_full") from None
         try:

@@ -92,7 +92,9 @@ def manager_error(e: Exception) -> ApiError:
     raise e
 
 
-def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:
+def sampling_params(req: SamplingOptions, n_vocab: int, with_grammar: bool = True) -> SamplingParams:
+    """`with_grammar` false: the caller sets the grammar (a tool plan's, which holds the
+    response_format's already), so the format's schema is not converted a second time."""
     bias: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
         try:
@@ -103,7 +105,7 @@ def sampling_params(req: SamplingOptions, n_vocab: int) -> SamplingParams:
             raise bad_request(f"logit_bias token id {tok} is outside the vocabulary (0..{n_vocab - 1})", param="logit_bias")
         bias[tok] = value
     return SamplingParams(
-        grammar=grammar_text(req),
+        grammar=grammar_text(req) if with_grammar else None,
         temperature=req.temperature,
         top_k=req.top_k,
         top_p=req.top_p,
@@ -172,7 +174,7 @@ async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_plan:
         return sampling_params(req, n_vocab)
 
     def build() -> SamplingParams:
-        params = sampling_params(req, n_vocab)
+        params = sampling_params(req, n_vocab, with_grammar=tool_plan is None)
         if tool_plan is not None:
             params = replace(params, grammar=tool_plan.grammar, grammar_triggers=tool_plan.triggers,
                              shown_tokens=tool_plan.shown_tokens)

@@ -152,13 +152,21 @@ def harmony_grammar(fmt: NativeFormat, auto: bool, think_budget: int, functions:
             f'call ::= {channel} "commentary to=functions." ({calls})\n' + rules)
 
 
-def _xml_text(schema: Any) -> str | None:
+def _xml_text(schema: Any, cdata: bool) -> str | None:
     """The grammar of a qwen3-coder parameter written as raw text (a string's), None for one
-    written as JSON."""
+    written as JSON. A string's minLength/maxLength bound its pieces (a piece is one character,
+    or a prefix of the end tag and the character that leaves it), except in a CDATA frame."""
     if not xml_written_as_text(schema):
         return None
     values = [schema["const"]] if "const" in schema else schema.get("enum")
-    return "(" + " | ".join(literal(v) for v in values) + ")" if values else "xml-text"
+    if values:
+        return "(" + " | ".join(literal(v) for v in values) + ")"
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+    lo = lo if type(lo) is int and 0 <= lo <= MAX_REPEAT else 0
+    hi = hi if type(hi) is int and lo <= hi <= MAX_REPEAT else None
+    if cdata or (lo == 0 and hi is None):
+        return "xml-text"
+    return f"xml-char{{{lo},{'' if hi is None else hi}}}"
 
 
 def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
@@ -167,7 +175,7 @@ def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: b
     function whose schema lists no properties takes any. A SchemaError's path starts with the
     function's place in `functions`."""
     frame = XML_FRAMES[fmt.name]
-    rules, params, _ = parameters_gbnf(functions, lambda _, schema: _xml_text(schema))
+    rules, params, _ = parameters_gbnf(functions, lambda _, schema: _xml_text(schema, frame.cdata))
     calls = [(name, items) for (name, _), items in zip(functions, params)]
     more = f" ({frame.between} tagged-call)*" if parallel else ""
     lines = [f"root ::= tagged-call{more}", f"tagged-call ::= {frame.tagged}",
@@ -186,6 +194,9 @@ def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: b
     text = f"({never_spelling(frame.text_end)})*"
     if frame.cdata:  # text that begins with `<` is a CDATA block, as the template writes it
         text = f"{literal(CDATA_OPEN)} ({_CDATA_BODY})* {literal(CDATA_CLOSE)} | ([^<] {text})?"
+    else:
+        lines.append(f"xml-char ::= {never_spelling(frame.text_end)}")
+        text = "xml-char*"
     lines.append(f"xml-text ::= {text}")
     return "\n".join(lines) + "\n" + rules
 

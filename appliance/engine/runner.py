@@ -480,9 +480,10 @@ class ModelRunner:
             self._cond.notify_all()
         return [Handle(seq, self) for seq in seqs]
 
-    def warm(self, prompt: list[int]) -> "concurrent.futures.Future[dict]":
+    def warm(self, prompt: list[int], adapters: AdapterSet = BASE) -> "concurrent.futures.Future[dict]":
         """Prefill `prompt` and save its prefix in the prefix cache (one token is generated and
-        dropped). The future gets {prompt_tokens, cached_tokens}; raises QueueFull/NotReady."""
+        dropped), computed with `adapters`. The future gets {prompt_tokens, cached_tokens}; raises
+        QueueFull/NotReady."""
         fut: concurrent.futures.Future[dict] = concurrent.futures.Future()
         if self.prefix is None:
             fut.set_exception(NotReady("the prefix cache is off for this model"))
@@ -495,7 +496,8 @@ class ModelRunner:
             elif isinstance(event, Failed):
                 fut.set_exception(RuntimeError(event.message))
 
-        self.submit(GenerationRequest(prompt=list(prompt), max_tokens=1, save_conversation=False), sink)
+        self.submit(GenerationRequest(prompt=list(prompt), max_tokens=1, save_conversation=False, adapters=adapters),
+                    sink)
         return fut
 
     def queue_depth(self) -> int:

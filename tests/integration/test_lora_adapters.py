@@ -151,3 +151,12 @@ def test_activated_lora_is_refused_by_name(lora_server):
     model = httpx.get(lora_server.base + "/health").json()["models"]["activated"]
     assert model["state"] == "failed"
     assert "'activated-lora'" in model["error"] and "activated LoRA" in model["error"]
+
+
+def test_kv_warm_for_an_adapter_saves_its_own_prefix(lora_server):
+    prompt = " ".join(f"w{i}" for i in range(200, 216))
+    r = httpx.post(lora_server.base + "/v1/admin/kv/warm", timeout=60, json={"model": "tiny-half", "prompt": prompt})
+    assert r.status_code == 200 and r.json()["model"] == "tiny-half", r.text
+    adapter = complete(lora_server, "tiny-half", prompt, n=4)
+    assert adapter["usage"]["prompt_tokens_details"]["cached_tokens"] >= 100
+    assert complete(lora_server, "tiny", prompt, n=4)["usage"]["prompt_tokens_details"]["cached_tokens"] <= 4

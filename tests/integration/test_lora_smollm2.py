@@ -86,3 +86,25 @@ def test_adapter_of_another_model_fails_the_load_by_name(srv):
     r = httpx.post(srv.base + "/v1/chat/completions", timeout=30, json={
         "model": "mismatched-gemma", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert r.status_code == 503 and r.json()["error"]["param"] == "model"
+
+
+def test_every_api_serves_an_adapter_by_its_name(srv):
+    """Responses, Anthropic Messages and Ollama take the adapter's name as any model's, with the
+    adapter's greedy answer; Ollama lists and shows it."""
+    want = chat(srv, "smollm2-tuned", QUESTIONS[1], 8)[0]
+    r = httpx.post(srv.base + "/v1/responses", timeout=60, json={
+        "model": "smollm2-tuned", "input": QUESTIONS[1], "max_output_tokens": 8, "temperature": 0})
+    assert r.status_code == 200 and r.json()["model"] == "smollm2-tuned", r.text
+    assert r.json()["output"][0]["content"][0]["text"] == want
+    r = httpx.post(srv.base + "/v1/messages", timeout=60, json={
+        "model": "smollm2-tuned", "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": QUESTIONS[1]}]})
+    assert r.status_code == 200 and r.json()["content"][0]["text"] == want, r.text
+    r = httpx.post(srv.base + "/api/chat", timeout=60, json={
+        "model": "smollm2-tuned", "stream": False, "options": {"num_predict": 8, "temperature": 0},
+        "messages": [{"role": "user", "content": QUESTIONS[1]}]})
+    assert r.status_code == 200 and r.json()["message"]["content"] == want and r.json()["model"] == "smollm2-tuned"
+    tags = [m["name"] for m in httpx.get(srv.base + "/api/tags").json()["models"]]
+    assert tags.index("smollm2-tuned") == tags.index("smollm2") + 1
+    shown = httpx.post(srv.base + "/api/show", json={"model": "smollm2-tuned"})
+    assert shown.status_code == 200 and "completion" in shown.json()["capabilities"]
