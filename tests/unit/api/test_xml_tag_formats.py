@@ -149,3 +149,15 @@ def test_deepseek_under_auto_waits_for_its_tag_as_text(vocab):
     assert accepts(vocab, plan.grammar, "<think>\nA file.\n</think>\n\n" + call, plan.triggers)
     content, calls, _ = native_answers.read_answer(DEEPSEEK, "Writing." + call, "stop")
     assert content == "Writing." and json.loads(calls[0].function.arguments) == {"path": "a.py"}
+
+
+def test_a_raw_text_string_is_held_to_its_length_bounds():
+    from appliance.api.native_grammars import xml_grammar
+    from appliance.api.native_tools import NativeFormat
+
+    fmt = NativeFormat("qwen3-coder", 1)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "minLength": 2, "maxLength": 40},
+                                               "note": {"type": "string"}},
+              "required": ["city", "note"]}
+    grammar = xml_grammar(fmt, [("get_weather", schema)], parallel=False)
+    assert "xml-char{2,40}" in grammar and "xml-text ::= xml-char*" in grammar
