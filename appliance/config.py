@@ -397,10 +397,11 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         return self.model_path(other) if other is not None else self.model_path(ModelConfig(name="draft", path=name))
 
     def model_path(self, model: ModelConfig) -> Path:
-        path = Path(model.path)
-        if path.is_absolute():
-            return path
-        return (self.model_base() / path).resolve()
+        return self._under_model_dir(model.path)
+
+    def _under_model_dir(self, file: str) -> Path:
+        path = Path(file)
+        return path if path.is_absolute() else (self.model_base() / path).resolve()
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:
@@ -422,8 +423,7 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         return found[0].name if found is not None else name
 
     def adapter_path(self, adapter: LoraAdapterConfig) -> Path:
-        path = Path(adapter.path)
-        return path if path.is_absolute() else (self.model_base() / path).resolve()
+        return self._under_model_dir(adapter.path)
 
     def group(self, name: str) -> GroupConfig | None:
         for g in self.groups:
@@ -629,8 +629,7 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
         n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
         if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
             problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
-    _adapter_name_checks(models, problems)
-    served = {m.get("name") for m in models if isinstance(m, dict)} | set(_adapter_names(models))
+    served = {m.get("name") for m in models if isinstance(m, dict)} | _adapter_name_checks(models, problems)
     _group_checks(raw, served,
                   {m.get("name") for m in models if isinstance(m, dict) and m.get("embedding") is True}, problems)
     vram = raw.get("vram")
@@ -650,24 +649,14 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
             problems.append("server.api_keys: duplicate keys")
 
 
-def _adapter_names(models: list[Any]) -> dict[str, str]:
-    """Each LoRA adapter's name -> its key path (models[i].lora[j].name)."""
-    out: dict[str, str] = {}
-    for i, m in enumerate(models):
-        adapters = m.get("lora") if isinstance(m, dict) else None
-        for j, a in enumerate(adapters if isinstance(adapters, list) else []):
-            if isinstance(a, dict) and isinstance(a.get("name"), str):
-                out.setdefault(a["name"], f"models[{i}].lora[{j}].name")
-    return out
-
-
 def _lora_checks(i: int, m: dict[str, Any], problems: list[str]) -> None:
     if m.get("lora") and m.get("embedding") is True:
         problems.append(f"models[{i}].lora: an embedding model serves no adapters; leave lora out")
 
 
-def _adapter_name_checks(models: list[Any], problems: list[str]) -> None:
-    """An adapter is asked by its name where a model's goes: the names of models and adapters differ."""
+def _adapter_name_checks(models: list[Any], problems: list[str]) -> set[str]:
+    """An adapter is asked by its name where a model's goes: the names of models and adapters
+    differ. Returns the adapters' names."""
     model_names = {m.get("name") for m in models if isinstance(m, dict)}
     seen: dict[str, str] = {}
     for i, m in enumerate(models):
@@ -684,6 +673,7 @@ def _adapter_name_checks(models: list[Any], problems: list[str]) -> None:
                 problems.append(f"{at}: duplicate adapter name {_got(name)} (also {seen[name]})")
             else:
                 seen[name] = at
+    return set(seen)
 
 
 def _plugin_check(raw: dict[str, Any], source_dir: str, problems: list[str]) -> None:

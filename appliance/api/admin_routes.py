@@ -9,7 +9,7 @@ import msgspec
 
 from ..config import Config, KvType
 from ..engine import native
-from ..engine.adapters import BASE, lora_set
+from ..engine.adapters import BASE
 from ..engine.client import PromptError, render_chat
 from ..engine.runner import MigrationReverted, NotReady, QueueFull
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
@@ -231,9 +231,9 @@ class AdminRoutes:
         req = decoded(_kv_warm, await request.body(self.config.server.limits.max_body_bytes))
         if (req.prompt is None) == (req.messages is None):
             raise ApiError(400, "give exactly one of prompt and messages", param="prompt")
-        adapter = self.manager.config.adapter(req.model)  # a LoRA adapter's name: its model, with it
-        runner = self._prefix_runner(adapter[0].name if adapter else req.model)
-        adapters = lora_set(adapter[1], adapter[0].lora[adapter[1]].scale) if adapter else BASE
+        # a LoRA adapter's name: its model, with the adapter
+        base, adapters = self.manager.adapter_target(req.model) or (req.model, BASE)
+        runner = self._prefix_runner(base)
         try:
             if req.messages is not None:
                 msgs = [{"role": m.role, "content": m.content} for m in req.messages]

@@ -33,7 +33,7 @@ from .speculative.history import HistoryIndex
 from .speculative.speculator import Speculator
 from .runner import ModelRunner, NotReady
 from .adapted_runner import AdaptedRunner
-from .adapters import lora_set
+from .adapters import AdapterSet, lora_set
 
 log = logging.getLogger("eie.manager")
 MIB = 1024 * 1024
@@ -756,15 +756,21 @@ class ModelManager:
             self.model_counters[(model, kind)] += 1
         self.events.append({"time": time.time(), "event": kind, "model": model, "detail": detail})
 
+    def adapter_target(self, name: str) -> tuple[str, AdapterSet] | None:
+        """For a LoRA adapter's name (models[].lora): its model's name and the adapter set it serves."""
+        found = self.config.adapter(name)
+        if found is None:
+            return None
+        cfg, index = found
+        return cfg.name, lora_set(index, cfg.lora[index].scale)
+
     async def ready_runner(self, name: str) -> ModelRunner:
         """The model's runner, loading it first when the strategy loads on demand.
 
         Raises KeyError (unknown model), NotReady, PolicyRefused, InsufficientMemory or TimeoutError.
         """
-        if name not in self.runners and (found := self.config.adapter(name)) is not None:
-            cfg, index = found
-            base = await self.ready_runner(cfg.name)
-            return AdaptedRunner(base, name, lora_set(index, cfg.lora[index].scale))
+        if name not in self.runners and (adapter := self.adapter_target(name)) is not None:
+            return AdaptedRunner(await self.ready_runner(adapter[0]), name, adapter[1])
         runner = self.runners[name]
         self.last_used[name] = time.monotonic()
         if runner.state == "ready":

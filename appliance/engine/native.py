@@ -551,9 +551,7 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
     The caller frees it, or installs it with `LoadedModel.swap_context` or `install_context`.
     """
     check_kv_types(type_k, type_v)
-    assert _router is not None
-    lines = _router.start_capture()
-    try:
+    with log_capture() as lines:
         ctx = _create_context(loaded.model, loaded.args, type_k, type_v)
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
@@ -564,8 +562,6 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
             except k_centering.CenteringError:
                 lc.llama_free(ctx)
                 raise
-    finally:
-        _router.stop_capture()
     return ctx, dataclasses.replace(fresh, weights=loaded.buffers.weights, weights_device=loaded.buffers.weights_device)
 
 
