@@ -13,7 +13,9 @@ EXTRAS ?= test,build
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: pyproject.toml native/build-llama-wheel.sh native/build-test-backend-ops.sh native/prepare-llama-source.sh $(wildcard native/patches/*.patch) $(wildcard native/turboquant/*) appliance/bundled_models.py
+# The patch and TurboQuant directories are prerequisites too: deleting a patch changes only its
+# directory's time, and the build must then go again (its wheel cache keys on the files left).
+$(VENV)/.setup-done: pyproject.toml native/build-llama-wheel.sh native/build-test-backend-ops.sh native/prepare-llama-source.sh native/patches native/turboquant $(wildcard native/patches/*.patch) $(wildcard native/turboquant/*) appliance/bundled_models.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	PYTHON=$(BIN)/python native/build-llama-wheel.sh > $(VENV)/.llama-wheel
