@@ -100,9 +100,8 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
     else:
         raise bad_request("tool_choice must be none, auto, required or {type: function, function: {name}}",
                           param="tool_choice")
-    for field, present in (("grammar", req.grammar is not None), ("logprobs", bool(req.logprobs))):
-        if present:
-            raise bad_request(f"{field} is not supported together with tools", param=field)
+    if req.grammar is not None:  # the calls' grammar is the request's
+        raise bad_request("grammar is not supported together with tools: the calls have their own", param="grammar")
     if mode != "auto":
         reply = None
     callable_tools = [i for i, t in enumerate(req.tools) if named is None or t.function.name == named]

@@ -338,12 +338,48 @@ def test_a_conversation_with_tool_results_renders_for_every_template(server, mod
     ({"tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice.function.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": None, "tool_choice": "required"}, "tool_choice"),
-    ({"logprobs": True}, "logprobs"),
+    ({"grammar": 'root ::= "a"'}, "grammar"),
 ])
 def test_bad_tools_are_refused_by_field(server, change, param):
     body = {"model": "smollm2-135m", "messages": WEATHER, "tools": TOOLS, **change}
     r = post(server, "/v1/chat/completions", {k: v for k, v in body.items() if v is not None})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_logprobs_cover_every_token_of_a_call_streamed_or_whole(server):
+    """With tools, logprobs cover the answer's tokens, the call's included: their text is the
+    call as the model wrote it, and a stream carries the same entries as the whole answer."""
+    body = {"model": "gemma3-270m", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "logprobs": True,
+            "top_logprobs": 2}
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    whole = r.json()
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    entries = choice["logprobs"]["content"]
+    assert len(entries) == whole["usage"]["completion_tokens"]
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in entries), entries
+    written = json.loads("".join(e["token"] for e in entries))  # EIE's call format
+    assert written["tool_calls"][0]["name"] == "get_weather"
+    assert written["tool_calls"][0]["arguments"] == json.loads(call["function"]["arguments"])
+    streamed = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                piece = json.loads(line[6:])["choices"][0]
+                streamed += (piece.get("logprobs") or {}).get("content") or []
+    assert [e["token"] for e in streamed] == [e["token"] for e in entries]
+    assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in entries], abs=1e-3)
+    # the Responses API: logprobs belong to output text, and a call is no text
+    r = post(server, "/v1/responses", {"model": "gemma3-270m", "input": WEATHER[-1]["content"], "temperature": 0,
+                                       "tools": [{"type": "function", **TOOLS[0]["function"]}],
+                                       "tool_choice": "required", "parallel_tool_calls": False,
+                                       "include": ["message.output_text.logprobs"],
+                                       "max_output_tokens": 80})
+    assert r.status_code == 200, r.text
+    assert [item["type"] for item in r.json()["output"]] == ["function_call"], r.text
 
 
 def test_a_streamed_direct_answer_goes_out_as_it_is_written(server):
