@@ -22,7 +22,7 @@ from ..engine.native import Vocab
 from ..engine.sampling import SamplingParams
 from ..engine.speculative.ngram import PredictionIndex
 from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbnf
-from . import native_tools, tools
+from . import legacy_functions, native_tools, tools
 from .chat_answer import AnswerShape
 from .errors import ApiError, bad_request
 from .http import Request
@@ -236,9 +236,6 @@ async def chat_prompt_text(runner: ModelRunner, req: ChatRequest) -> str:
 
 def refuse_unsupported(req: ChatRequest) -> None:
     """A 400 naming a field of OpenAI's that this server cannot honour."""
-    if req.functions is not None or req.function_call is not None:
-        raise bad_request("the deprecated functions and function_call are not supported: send tools and tool_choice",
-                          param="functions" if req.functions is not None else "function_call")
     if req.audio is not None or any(m != "text" for m in req.modalities or ()):
         raise bad_request("audio output is not supported: text only", param="audio" if req.audio is not None else "modalities")
     if req.web_search_options is not None:
@@ -247,6 +244,7 @@ def refuse_unsupported(req: ChatRequest) -> None:
 
 async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> tuple[Any, ToolPlan | None]:
     refuse_unsupported(req)
+    req, _ = legacy_functions.as_tools(req)  # where the chat route has not already
     native = native_tools.format_of(runner.template, runner.vocab)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
 

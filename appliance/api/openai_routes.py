@@ -33,7 +33,7 @@ from .generation import (
     stop_list,
 )
 from ..engine import reasoning
-from . import native_tools
+from . import legacy_functions, native_tools
 from .anthropic_schemas import AnthropicModel, AnthropicModelList
 from .call_stream import CallDelta
 from .chat_answer import AnswerReader, AnswerShape
@@ -207,10 +207,16 @@ class OpenAIRoutes:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         if group is not None and self.groups is not None:
+            if req.functions is not None:
+                raise bad_request("a group takes tools, not the deprecated functions", param="functions")
             await self.groups.chat(request, req, group)
             return
+        req, legacy = legacy_functions.as_tools(req)
         runner = await generation_runner(self.manager, req.model, req.lora)
-        prompt, params, shape = await chat_answer_plan(runner, req)
+        try:
+            prompt, params, shape = await chat_answer_plan(runner, req)
+        except ApiError as e:
+            raise legacy_functions.legacy_error(e) if legacy else e
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._max_tokens(runner, prompt, requested, None, "messages")
         stops = stop_list(req)
@@ -225,8 +231,8 @@ class OpenAIRoutes:
             for i in range(req.n)
         ])
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
-                        lambda *a: self._chat_stream(*a, shape=shape),
-                        lambda *a: self._chat_response(*a, shape=shape), req.model, top is not None)
+                        lambda *a: self._chat_stream(*a, shape=shape, legacy=legacy),
+                        lambda *a: self._chat_response(*a, shape=shape, legacy=legacy), req.model, top is not None)
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = decoded(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -277,12 +283,17 @@ class OpenAIRoutes:
     # ---- chat ------------------------------------------------------------------------------
 
     @staticmethod
-    def _chat_response(outs, model: str, logprobs: bool, shape: AnswerShape = AnswerShape()) -> ChatCompletion:
+    def _chat_response(outs, model: str, logprobs: bool, shape: AnswerShape = AnswerShape(),
+                       legacy: bool = False) -> ChatCompletion:
+        """`legacy`: the request sent the deprecated functions, and gets its call as function_call."""
         choices = []
         for i, o in enumerate(outs):
             parts = shape.whole(o.text, o.finish_reason)
             message = AssistantMessage("assistant", parts.content, parts.tool_calls, parts.reasoning)
-            choices.append(ChatChoice(i, message, parts.finish_reason, chat_logprobs(o.logprobs) if logprobs else None))
+            reason = parts.finish_reason
+            if legacy:
+                message, reason = legacy_functions.legacy_message(message, reason)
+            choices.append(ChatChoice(i, message, reason, chat_logprobs(o.logprobs) if logprobs else None))
         completion = sum(o.completion_tokens for o in outs)
         details = tuple(map(sum, zip(*map(_details, outs))))
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
@@ -290,7 +301,7 @@ class OpenAIRoutes:
                               system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
-                           logprobs: bool, shape: AnswerShape = AnswerShape()) -> None:
+                           logprobs: bool, shape: AnswerShape = AnswerShape(), legacy: bool = False) -> None:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
@@ -310,6 +321,9 @@ class OpenAIRoutes:
         def calls(i: int, deltas: list[CallDelta]) -> list[ChatCompletionChunk]:
             if not deltas:
                 return []
+            if legacy:  # one call at most: its pieces as delta.function_call
+                return [chunk([ChatChunkChoice(i, Delta(function_call=FunctionCallDelta(d.arguments, d.name)))])
+                        for d in deltas]
             return [chunk([ChatChunkChoice(i, Delta(tool_calls=[
                 ToolCallDelta(d.index, FunctionCallDelta(d.arguments, d.name), d.id, "function" if d.id else None)
                 for d in deltas]))])]
@@ -337,7 +351,8 @@ class OpenAIRoutes:
             if parts.reasoning or parts.content or held.get(i):
                 out.append(chunk([ChatChunkChoice(i, Delta(content=parts.content, reasoning_content=parts.reasoning),
                                                   None, taken(i))]))
-            return out + calls(i, reader.take_calls()) + [chunk([ChatChunkChoice(i, Delta(), parts.finish_reason)])]
+            reason = legacy_functions.legacy_reason(parts.finish_reason) if legacy else parts.finish_reason
+            return out + calls(i, reader.take_calls()) + [chunk([ChatChunkChoice(i, Delta(), reason)])]
 
         await self._stream(
             sse, gens, include_usage,

@@ -35,11 +35,12 @@ class ToolCall(Struct, frozen=True, kw_only=True):
 
 
 class ChatMessage(Struct, frozen=True):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    function_call: FunctionCall | None = None  # the deprecated form of one call (legacy_functions.py)
 
 
 class FunctionDef(Struct, frozen=True):
@@ -182,10 +183,11 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     # OpenAI's predicted outputs: the answer expected (most of it), a draft source for speculative
     # decoding (where the model speculates); the answer is the model's all the same.
     prediction: Prediction | None = None
+    # The deprecated form of tools and tool_choice (api/legacy_functions.py).
+    functions: Annotated[list[FunctionDef], Meta(max_length=128)] | None = None
+    function_call: Literal["none", "auto"] | ToolChoiceFunction | None = None
     # OpenAI's fields this server cannot honour, decoded only to be refused by name (ignoring
-    # them would answer another question): the legacy functions, audio output, web search.
-    functions: Any = None
-    function_call: Any = None
+    # them would answer another question): audio output, web search.
     audio: Any = None
     modalities: list[str] | None = None
     web_search_options: Any = None
@@ -335,6 +337,7 @@ class AssistantMessage(Struct, frozen=True, omit_defaults=True):
     role: str
     content: str | None  # null when the answer is tool calls
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None  # the call, where the request sent the legacy functions
     reasoning_content: str | None = None  # a think block (engine/reasoning.py)
 
 
@@ -398,6 +401,7 @@ class Delta(Struct, frozen=True, omit_defaults=True):
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
     reasoning_content: str | None = None
+    function_call: FunctionCallDelta | None = None  # legacy functions: the call's pieces
 
 
 class ChatChunkChoice(Struct, frozen=True):

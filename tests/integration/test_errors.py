@@ -127,9 +127,17 @@ def test_413_body_too_large(strict_server):
         (chat(logit_bias={"abc": 1}), "logit_bias"),
         (chat(tools=[{"type": "function"}]), "tools[0].function"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content[0].type"),
-        # OpenAI's fields that cannot be honoured are refused, not ignored
-        (chat(functions=[{"name": "f", "parameters": {"type": "object"}}]), "functions"),
+        # the deprecated functions: checked as tools are, named as sent
+        (chat(functions=[{"name": "f", "parameters": {"type": "object"}}], tools=[{"type": "function", "function": {"name": "f"}}]), "functions"),
         (chat(function_call="auto"), "function_call"),
+        (chat(functions=[{"name": "f"}], function_call="sometimes"), "function_call"),
+        (chat(functions=[{"name": "f"}], function_call={"name": "g"}), "function_call.name"),
+        (chat(functions=[{"name": "f"}, {"name": "bad name"}]), "functions[1].name"),
+        (chat(functions=[{"name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}}]),
+         "functions[0].parameters.properties.n.multipleOf"),
+        (chat(messages=[{"role": "function", "content": "3"}]), "messages[0].name"),
+        (chat(messages=[{"role": "user", "content": "x", "function_call": {"name": "f"}}]), "messages[0].function_call"),
+        # OpenAI's fields that cannot be honoured are refused, not ignored
         (chat(modalities=["text", "audio"]), "modalities"),
         (chat(audio={"voice": "alloy", "format": "wav"}), "audio"),
         (chat(web_search_options={}), "web_search_options"),

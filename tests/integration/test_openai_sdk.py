@@ -215,6 +215,26 @@ def test_tool_calls_through_the_sdk(client):
     assert after.choices[0].message.content
 
 
+def test_legacy_functions_through_the_sdk(client):
+    """The SDK's deprecated functions= and function_call=: the call comes back as
+    message.function_call, and goes back as history with a function message."""
+    import json
+
+    functions = [{"name": "get_weather", "description": "Current weather in a city",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                                 "additionalProperties": False}}]
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    done = client.chat.completions.create(model="gemma3-270m", messages=messages, functions=functions,
+                                          function_call={"name": "get_weather"}, temperature=0, max_tokens=60)
+    message = done.choices[0].message
+    assert done.choices[0].finish_reason == "function_call" and message.tool_calls is None
+    assert message.function_call.name == "get_weather" and set(json.loads(message.function_call.arguments)) == {"city"}
+    messages += [message.model_dump(exclude_none=True), {"role": "function", "name": "get_weather", "content": "4 C"}]
+    after = client.chat.completions.create(model="gemma3-270m", messages=messages, functions=functions,
+                                           function_call="none", temperature=0, max_tokens=30)
+    assert after.choices[0].message.content and after.choices[0].finish_reason in ("stop", "length")
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_parse_with_tools_and_an_output_model(client, model):
     """parse() with a pydantic output model and strict function tools (what an agent with an output

@@ -382,6 +382,64 @@ def test_logprobs_cover_every_token_of_a_call_streamed_or_whole(server):
     assert [item["type"] for item in r.json()["output"]] == ["function_call"], r.text
 
 
+FUNCTIONS = [tool["function"] for tool in TOOLS]
+
+
+def test_legacy_functions_are_served_as_one_tool_call_in_their_own_shape(server):
+    """OpenAI's deprecated functions/function_call: the answer's call is message.function_call
+    (finish_reason function_call), streamed as delta.function_call pieces; the answer is the one
+    the same request in tools gets."""
+    body = {"model": "gemma3-270m", "messages": WEATHER, "temperature": 0, "max_tokens": 80}
+    legacy = post(server, "/v1/chat/completions", {**body, "functions": FUNCTIONS,
+                                                   "function_call": {"name": "get_weather"}}).json()["choices"][0]
+    assert legacy["finish_reason"] == "function_call" and legacy["message"]["content"] is None, legacy
+    assert "tool_calls" not in legacy["message"]
+    call = legacy["message"]["function_call"]
+    assert set(call) == {"name", "arguments"} and call["name"] == "get_weather"
+    check_call({"type": "function", "id": "call_x", "function": call})
+    modern = tool_chat(server, "gemma3-270m", WEATHER, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                       parallel_tool_calls=False)
+    assert modern["message"]["tool_calls"][0]["function"] == call
+    pieces, reasons = [], []
+    with httpx.stream("POST", server.base + "/v1/chat/completions", timeout=300,
+                      json={**body, "functions": FUNCTIONS, "function_call": {"name": "get_weather"}, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                assert "tool_calls" not in choice["delta"]
+                if "function_call" in choice["delta"]:
+                    pieces.append(choice["delta"]["function_call"])
+                reasons.append(choice["finish_reason"])
+    assert reasons[-1] == "function_call" and pieces[0]["name"] == "get_weather"
+    assert len(pieces) > 1 and all("name" not in p for p in pieces[1:])
+    assert "".join(p["arguments"] for p in pieces) == call["arguments"]
+    # auto: a call or a direct answer, never more than one call
+    auto = post(server, "/v1/chat/completions", {**body, "functions": FUNCTIONS}).json()["choices"][0]
+    assert auto["finish_reason"] in ("function_call", "stop", "length") and "tool_calls" not in auto["message"]
+
+
+def test_a_legacy_history_renders_as_the_tool_history_it_stands_for(server):
+    """An assistant's function_call and the function message answering it are the tool call and
+    tool message (by name: the legacy form has no ids) they stand for: the same prompt, the same answer."""
+    ask = {"role": "user", "content": "What is 2 plus 3?"}
+    legacy = [ask, {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
+              {"role": "function", "name": "add", "content": "5"}]
+    modern = [ask, {"role": "assistant", "content": None,
+                    "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+              {"role": "tool", "name": "add", "content": "5"}]
+    for model in MODELS:
+        body = {"model": model, "temperature": 0, "max_tokens": 30}
+        old = post(server, "/v1/chat/completions", {**body, "messages": legacy, "functions": FUNCTIONS,
+                                                    "function_call": "none"})
+        new = post(server, "/v1/chat/completions", {**body, "messages": modern, "tools": TOOLS, "tool_choice": "none"})
+        assert old.status_code == new.status_code == 200, old.text
+        assert old.json()["usage"]["prompt_tokens"] == new.json()["usage"]["prompt_tokens"]
+        assert old.json()["choices"][0]["message"]["content"] == new.json()["choices"][0]["message"]["content"]
+        assert "5" in post(server, "/apply-template", {"model": model, "messages": legacy}).json()["prompt"]
+    r = post(server, "/v1/chat/completions", {"model": "both", "messages": WEATHER, "functions": FUNCTIONS})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "functions", r.text
+
+
 def test_a_streamed_direct_answer_goes_out_as_it_is_written(server):
     """auto: SmolLM2 answers this one directly; its {"response": ...} JSON streams as plain text."""
     body = {"model": "smollm2-135m", "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
