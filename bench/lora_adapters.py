@@ -6,6 +6,9 @@ then runs, alternating per repeat, 8 concurrent greedy chat streams of --max-tok
 - adapters: one `smollm2` (8 slots) serving `smollm2` and its adapters `tuned-1..3`, 2 streams each
   (each step decodes one adapter set: models[].lora);
 - one set: the same server, all 8 streams on `smollm2` (one decode per step: the bound);
+- adapters, turns off: the same as `adapters` on a server started with EIE_ADAPTER_TURNS=0, whose
+  sets change at every step (engine/adapter_turns.py: a set otherwise keeps the context until
+  the scheduler reserve a change costs is a quarter of its turn);
 - copies: four models from the same GGUF (2 slots each), 2 streams each: what four fine-tunes cost
   as separate models (a merged fine-tune has the same shapes, so the same bytes and speed).
 
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lora_adapters.json")
     args = ap.parse_args(argv)
     mixed = [m for m in ("smollm2", "tuned-1", "tuned-2", "tuned-3") for _ in range(2)]
-    runs: dict[str, list[float]] = {"adapters": [], "one set": [], "copies": []}
+    runs: dict[str, list[float]] = {"adapters": [], "adapters, turns off": [], "one set": [], "copies": []}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         adapters = [d / f"tuned-{i}.gguf" for i in (1, 2, 3)]
@@ -88,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             write_lora(MODEL, p, rank=8, seed=i + 1, strength=0.3)
         (d / "a").mkdir()
         (d / "c").mkdir()
+        (d / "n").mkdir()
         one = EieServer(adapters_config(adapters, args.threads), d / "a", 180, args=("--log-level", "warning"))
+        no_turns = EieServer(adapters_config(adapters, args.threads), d / "n", 180, args=("--log-level", "warning"),
+                             env={**os.environ, "EIE_ADAPTER_TURNS": "0"})
         copies = EieServer(copies_config(args.threads), d / "c", 180, args=("--log-level", "warning"))
         try:
-            plans = [("adapters", one, mixed), ("one set", one, ["smollm2"] * 8), ("copies", copies, mixed)]
+            plans = [("adapters", one, mixed), ("adapters, turns off", no_turns, mixed),
+                     ("one set", one, ["smollm2"] * 8), ("copies", copies, mixed)]
             for _, srv, models in plans:  # warm-up
                 streams(srv.base, models, 8)
             for i in range(args.repeats):
@@ -99,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                     wall, tokens = streams(srv.base, models, args.max_tokens)
                     runs[label].append(tokens / wall)
             mem = {"adapters": memory(one.base), "copies": memory(copies.base)}
-            switches = httpx.get(one.base + "/v1/admin/scheduling/status").json()["models"]["smollm2"]["adapter_switches"]
+            switches = {label: httpx.get(srv.base + "/v1/admin/scheduling/status").json()["models"]["smollm2"]
+                        ["adapter_switches"] for label, srv in (("turns", one), ("turns off", no_turns))}
         finally:
             one.stop()
+            no_turns.stop()
             copies.stop()
 
     med = {k: statistics.median(v) for k, v in runs.items()}
@@ -119,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'8 streams':<46}{'tok/s':>8}{'models MiB':>12}{'RSS MiB':>10}")
     print(f"{'model + 3 adapters, 2 streams per set':<46}{med['adapters']:>8.1f}"
           f"{mem['adapters']['models_total_bytes'] / mib:>12.1f}{mem['adapters']['rss_bytes'] / mib:>10.1f}")
+    print(f"{'the same, turns off (a change every step)':<46}{med['adapters, turns off']:>8.1f}")
     print(f"{'model + 3 adapters, all streams on the model':<46}{med['one set']:>8.1f}")
     print(f"{'4 separate models, 2 streams each':<46}{med['copies']:>8.1f}"
           f"{mem['copies']['models_total_bytes'] / mib:>12.1f}{mem['copies']['rss_bytes'] / mib:>10.1f}")
-    print(f"adapter bytes: {mem['adapters']['lora_adapter_bytes']}; adapter switches: {switches}")
+    print(f"adapter bytes: {mem['adapters']['lora_adapter_bytes']}; adapter switches: {switches['turns']} "
+          f"(turns off: {switches['turns off']})")
     print(f"wrote {args.out}")
     return 0
 

@@ -4,7 +4,8 @@ A model's adapters load with its weights and live as long as they do. llama.cpp 
 to a whole context, not to a sequence, so the runner decodes the sequences of one adapter set at
 a time (`AdapterSwitch`); a set is the tuple of (adapter index, scale) pairs with a non-zero scale,
 () being the model itself. Changing the set makes llama.cpp reserve its compute graph again at
-the next decode, which is the price of switching.
+the next decode, which is the price of switching (engine/adapter_turns.py makes the sets take
+turns long enough to pay it rarely).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ BASE: AdapterSet = ()
 
 _BUFFER = re.compile(r"LoRA buffer size =\s+(?P<mib>[0-9.]+) MiB")
 _CAUSE = re.compile(r"^\w+: (failed to apply lora adapter: )?")
+_RESERVE = re.compile(r"reserve took (?P<ms>[0-9.]+) ms")
 
 
 def lora_set(index: int, scale: float) -> AdapterSet:
@@ -77,11 +79,15 @@ def identity(adapters: list[LoadedAdapter], chosen: AdapterSet) -> bytes:
 
 
 class AdapterSwitch:
-    """Which adapter set a context decodes with; a new context starts with none."""
+    """Which adapter set a context decodes with; a new context starts with none. After a change,
+    the decode that reserves the scheduler again reports what that took and the compute buffer
+    the set needs (`reserved`)."""
 
     def __init__(self, adapters: list[LoadedAdapter]):
         self.adapters = adapters
         self.current: AdapterSet = BASE
+        self.reserve_pending = False  # the set changed: the next decode reserves the scheduler
+        self.compute_peak = 0  # the largest compute buffer a reserve with a set reported (bytes)
         n = len(adapters)
         self._handles = (lc.llama_adapter_lora_p_ctypes * max(n, 1))(*(a.handle for a in adapters))
         self._scales = (ctypes.c_float * max(n, 1))()
@@ -96,8 +102,21 @@ class AdapterSwitch:
             self._scales[i] = scale
         lc.llama_set_adapters_lora(ctx, self._handles, len(self.adapters), self._scales)
         self.current = chosen
+        self.reserve_pending = True
         return True
+
+    def reserved(self, lines: list[str]) -> float | None:
+        """Read llama.cpp's log `lines` of the decode after a change: the seconds its scheduler
+        reserve took (None: it did not reserve), and the compute buffer it allocated."""
+        self.reserve_pending = False
+        took = [float(m.group("ms")) / 1000 for line in lines if (m := _RESERVE.search(line))]
+        if not took:
+            return None
+        self.compute_peak = max(self.compute_peak, native.parse_buffer_sizes(lines).compute)
+        return sum(took)
 
     def new_context(self) -> None:
         """The runner made a new context (a KV type change): it has no adapters set."""
         self.current = BASE
+        self.reserve_pending = False
+        self.compute_peak = 0

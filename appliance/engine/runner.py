@@ -29,6 +29,7 @@ from ..resources import file_facts, heap, outputs
 from ..resources.kv_choice import kv_label
 from ..resources.cores import CoreBudget
 from . import held_gil, native
+from .adapter_turns import AdapterTurns
 from .adapters import BASE, AdapterSet, AdapterSwitch, LoadedAdapter, identity as adapter_identity, load as load_adapters
 from .decode import decode_with_cores
 from .load_cancel import LoadCancelled, raise_if_set
@@ -253,8 +254,7 @@ class ModelRunner:
         self.adapter_files = adapter_files or []  # (name, path) of the model's LoRA adapters, in cfg.lora order
         self.adapters: list[LoadedAdapter] = []
         self._switch = AdapterSwitch([])
-        self._served: dict[AdapterSet, int] = {}  # adapter set -> the last step that decoded it
-        self._step_no = 0
+        self._turns = AdapterTurns()  # which adapter set a step decodes, and for how long
         self.cancel = cancel or threading.Event()  # set: a load in progress gives up (engine/load_cancel.py)
         self.cache_dir = cache_dir  # where measured K means are kept (engine/k_centering.py)
         self._prefix_factory = prefix_factory
@@ -449,8 +449,10 @@ class ModelRunner:
 
     @property
     def adapter_bytes(self) -> int:
-        """The LoRA adapters' buffers, as llama.cpp allocated them."""
-        return sum(a.bytes for a in self.adapters)
+        """The LoRA adapters' buffers, as llama.cpp allocated them, and what the compute buffer
+        grew by with a set of them (measured at the reserve after a change)."""
+        grown = self._switch.compute_peak - self.loaded.buffers.compute if self.loaded is not None else 0
+        return sum(a.bytes for a in self.adapters) + max(0, grown)
 
     @property
     def n_ctx(self) -> int:
@@ -912,13 +914,13 @@ class ModelRunner:
             # a decode right after a prompt chunk is slowed by the chunk as much as by the change of
             # width: the cost model learns switch costs from step-to-step changes only
             before = self.spec.costs.previous if self.spec is not None and self._last_was_step else None
-            self._use_adapters(chosen)
+            switched = self._use_adapters(chosen)
             t0 = time.perf_counter()
             self._decode(n, step=True)
             took = time.perf_counter() - t0
             self._decode_times.append(took)
             self.stats["decode_tokens"] += n
-            if self.spec is not None and len(widths) == 1:
+            if self.spec is not None and len(widths) == 1 and not switched:  # a switch's reserve is no step cost
                 # one pass over the weights: the cost line's data, by the decode's sequences (planner.py)
                 self.spec.costs.observe(len(decoding), n, took, before)
             drafted = n > len(decoding)
@@ -963,23 +965,17 @@ class ModelRunner:
                 else:
                     self._sample([seq])
 
-    def _use_adapters(self, chosen: AdapterSet) -> None:
+    def _use_adapters(self, chosen: AdapterSet) -> bool:
+        """Set `chosen` on the context; whether that changed it."""
         if self._switch.use(self.loaded.ctx, chosen):
             self.stats["adapter_switches"] += 1
+            return True
+        return False
 
     def _step_adapters(self) -> AdapterSet:
         """The adapter set whose sequences this step runs (llama.cpp applies adapters to the whole
-        context): with several, the one served least recently, the current one on a tie, so each
-        set gets every n-th step and a lone set never switches."""
-        sets = {s.req.adapters for s in self._active}
-        if len(sets) <= 1:
-            return next(iter(sets), self._switch.current)
-        served = self._served
-        chosen = min(sets, key=lambda a: (served.get(a, -1), a != self._switch.current))
-        self._step_no += 1
-        self._served = {a: served.get(a, -1) for a in sets}
-        self._served[chosen] = self._step_no
-        return chosen
+        context): sets take turns (engine/adapter_turns.py), and a lone set never switches."""
+        return self._turns.choose({s.req.adapters for s in self._active}, self._switch.current)
 
     def _propose(self, decoding: list[_Sequence], speculating: list[_Sequence]) -> None:
         """Drafts for the speculating sequences, within the batch, max_tokens and n_ctx; the
@@ -1109,8 +1105,16 @@ class ModelRunner:
     def _decode(self, n_tokens: int, step: bool = False) -> None:
         self._batch.n_tokens = n_tokens
         self._last_was_step = step
-        rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
-                                                  self._threads_set)
+        if self._switch.reserve_pending:  # the adapter set changed: llama.cpp reserves in this decode
+            with native.log_capture() as lines:
+                rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
+                                                          self._threads_set)
+            reserve_s = self._switch.reserved(lines)
+            if reserve_s is not None:
+                self._turns.switched(reserve_s)
+        else:
+            rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
+                                                      self._threads_set)
         if self.spec is not None:
             self.spec.costs.previous = n_tokens  # what the next decode switches from (planner.StepCosts)
         if rc != 0:

@@ -57,6 +57,23 @@ def test_concurrent_model_and_adapter_answer_as_alone(srv):
     assert together == alone  # texts and log-probabilities, bit for bit
 
 
+def test_sets_take_turns_of_several_steps(srv):
+    """Two streams of two sets: a change of set costs a scheduler reserve, so each set keeps the
+    context for several steps (engine/adapter_turns.py), not one: fewer switches than tokens."""
+    def switches() -> int:
+        return httpx.get(srv.base + "/v1/admin/scheduling/status").json()["models"]["smollm2"]["adapter_switches"]
+
+    chat(srv, "smollm2-tuned", QUESTIONS[0], 4)  # a switch measured
+    before = switches()
+    jobs = [("smollm2", QUESTIONS[2]), ("smollm2-tuned", QUESTIONS[2])]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda job: chat(srv, *job, max_tokens=64, speculative=False,
+                                                 logit_bias={"2": -100}), jobs))
+    assert all(len(logprobs) == 64 for _, logprobs in answers)
+    # one set a step, switching every step, would be about 128 switches
+    assert 0 < switches() - before < 64, switches() - before
+
+
 def test_speculation_keeps_an_adapters_greedy_answer(srv):
     """Drafts verified in one decode with the adapter give the answer of one token a step."""
     for q in QUESTIONS + ["Repeat after me: one two three one two three one two three"]:
