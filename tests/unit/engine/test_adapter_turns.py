@@ -12,6 +12,7 @@ import pytest
 
 from appliance.config import ModelConfig
 from appliance.engine.adapter_turns import MAX_TURN_S, AdapterTurns
+from appliance.engine.adapters import AdapterSwitch
 from appliance.engine.runner import ModelRunner
 from appliance.resources.cores import CoreBudget
 
@@ -116,3 +117,18 @@ def test_a_set_that_arrives_during_a_lone_run_goes_next():
     turns.switched(0.006)
     assert run(turns, clock, {A}, A, 100, 0.006) == [A] * 100
     assert turns.choose({A, B}, A) == B
+
+
+def test_the_reserve_after_a_change_is_timed_and_its_compute_buffer_kept():
+    switch = AdapterSwitch([])
+    switch.reserve_pending = True
+    lines = ["sched_reserve: reserving ...",
+             "sched_reserve:        CPU compute buffer size =    14.51 MiB",
+             "sched_reserve: graph: nodes = 1386, splits = 1, input objects = 4, input tensors = 6",
+             "sched_reserve: reserve took 7.68 ms, sched copies = 1"]
+    assert switch.reserved(lines) == pytest.approx(0.00768)
+    assert not switch.reserve_pending and switch.compute_peak == int(14.51 * 1024 * 1024)
+    assert switch.reserved(["llama_decode: something else"]) is None  # no reserve: nothing learnt
+    assert switch.compute_peak == int(14.51 * 1024 * 1024)
+    switch.new_context()
+    assert switch.compute_peak == 0
