@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine import gemma_notation
-from ..engine.schema_grammar import (MAX_REPEAT, SchemaError, literal, never_spelling, parameters_gbnf, renamed_root,
-                                     values_gbnf)
+from ..engine.regex_grammar import RegexError, pattern_gbnf
+from ..engine.schema_grammar import (MAX_REPEAT, STRING_FORMATS, SchemaError, format_expression, literal,
+                                     never_spelling, parameters_gbnf, renamed_root, values_gbnf)
 from .native_answers import xml_written_as_text
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_TAGS, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE,
                            HERMES_CLOSE, HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE,
@@ -161,12 +162,38 @@ def _xml_text(schema: Any, cdata: bool) -> str | None:
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if values:
         return "(" + " | ".join(literal(v) for v in values) + ")"
+    shaped = _xml_shaped_text(schema)
+    if shaped is not None:
+        return shaped
     lo, hi = schema.get("minLength", 0), schema.get("maxLength")
     lo = lo if type(lo) is int and 0 <= lo <= MAX_REPEAT else 0
     hi = hi if type(hi) is int and lo <= hi <= MAX_REPEAT else None
     if cdata or (lo == 0 and hi is None):
         return "xml-text"
     return f"xml-char{{{lo},{'' if hi is None else hi}}}"
+
+
+def _xml_shaped_text(schema: dict) -> str | None:
+    """A raw-text string's `pattern` or `format` (date, time, date-time, uuid) as a grammar, as
+    structured output holds a JSON string to them (None: it has neither). Length bounds do not
+    combine with either, as there."""
+    pattern, fmt = schema.get("pattern"), schema.get("format")
+    if pattern is None and fmt not in STRING_FORMATS:
+        return None
+    for key in ("minLength", "maxLength"):
+        if key in schema:
+            raise SchemaError(key, f"not supported together with {'pattern' if pattern is not None else 'format'}")
+    if pattern is None:
+        return format_expression(fmt)
+    if not isinstance(pattern, str):
+        raise SchemaError("pattern", "must be a string")
+    if fmt in STRING_FORMATS:
+        raise SchemaError("format", "not supported together with pattern")
+    try:
+        expr, any_start, any_end = pattern_gbnf(pattern, raw=True)
+    except RegexError as e:
+        raise SchemaError("pattern", str(e)) from None
+    return "(" + " ".join([*(["xml-char*"] if any_start else []), expr, *(["xml-char*"] if any_end else [])]) + ")"
 
 
 def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
@@ -194,6 +221,7 @@ def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: b
     text = f"({never_spelling(frame.text_end)})*"
     if frame.cdata:  # text that begins with `<` is a CDATA block, as the template writes it
         text = f"{literal(CDATA_OPEN)} ({_CDATA_BODY})* {literal(CDATA_CLOSE)} | ([^<] {text})?"
+        lines.append("xml-char ::= [^<&\\n]")  # a pattern's free ends: what the template writes bare
     else:
         lines.append(f"xml-char ::= {never_spelling(frame.text_end)}")
         text = "xml-char*"

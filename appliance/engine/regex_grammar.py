@@ -45,10 +45,12 @@ def _literal(text: str) -> str:
     return f'"{out}"'
 
 
-def _class(ranges: list[tuple[int, int]], negated: bool) -> str:
+def _class(ranges: list[tuple[int, int]], negated: bool, raw: bool = False) -> str:
     if negated:
         body = "".join(_gbnf_char(a) if a == b else f"{_gbnf_char(a)}-{_gbnf_char(b)}" for a, b in ranges)
-        return f'[^{body}\\x22\\x5C\\x7F\\x00-\\x1F]'
+        return f'[^{body}\\x3C]' if raw else f'[^{body}\\x22\\x5C\\x7F\\x00-\\x1F]'
+    if raw:
+        return "[" + "".join(_gbnf_char(a) if a == b else f"{_gbnf_char(a)}-{_gbnf_char(b)}" for a, b in ranges) + "]"
     plain: list[tuple[int, int]] = []
     escaped: list[int] = []
     for a, b in ranges:
@@ -70,9 +72,19 @@ def _class(ranges: list[tuple[int, int]], negated: bool) -> str:
 
 
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, raw: bool = False):
         self.p = pattern
         self.i = 0
+        self.raw = raw
+
+    def char(self, cp: int) -> str:
+        """One character of the pattern, as the output holds it."""
+        if not self.raw:
+            return _literal(_json_form(cp))
+        return f'"\\x{cp:02X}"' if cp < 0x20 or cp == 0x7F else _literal(chr(cp))
+
+    def cls(self, ranges: list[tuple[int, int]], negated: bool) -> str:
+        return _class(ranges, negated, self.raw)
 
     def peek(self) -> str:
         return self.p[self.i] if self.i < len(self.p) else ""
@@ -159,17 +171,17 @@ class _Parser:
         if ch == "[":
             return self.char_class()
         if ch == ".":
-            return _class([(0x0A, 0x0A), (0x0D, 0x0D)], negated=True)
+            return self.cls([(0x0A, 0x0A), (0x0D, 0x0D)], negated=True)
         if ch == "\\":
             ranges, negated, lit = self.escape(in_class=False)
             if lit is not None:
-                return _literal(_json_form(lit))
-            return _class(ranges, negated)
+                return self.char(lit)
+            return self.cls(ranges, negated)
         if ch in "*+?":
             raise RegexError(f"nothing to repeat before {ch!r}")
         if ch == ")":
             raise RegexError("unbalanced parenthesis")
-        return _literal(_json_form(ord(ch)))
+        return self.char(ord(ch))
 
     def escape(self, in_class: bool) -> tuple[list[tuple[int, int]], bool, int | None]:
         """(ranges, negated, None) for a class escape, or ([], False, code point) for a character."""
@@ -226,12 +238,14 @@ class _Parser:
         self.i += 1  # ]
         if negated_parts:
             raise RegexError("\\D, \\W and \\S inside a class are not supported")
-        return _class(ranges, negated)
+        return self.cls(ranges, negated)
 
 
-def pattern_gbnf(pattern: str) -> tuple[str, bool, bool]:
+def pattern_gbnf(pattern: str, raw: bool = False) -> tuple[str, bool, bool]:
     """(GBNF expression, starts anywhere, ends anywhere) for a JSON string body matching
-    `pattern`; the caller puts any characters (its `char*`) at an unanchored end."""
+    `pattern`; the caller puts any characters (its `char*`) at an unanchored end. `raw`: for the
+    string as raw text (a tool-call format that writes it so, between tags): characters are
+    themselves, and `.` and negated classes never produce a `<`, so they cannot spell an end tag."""
     body = pattern
     anchored_start = body.startswith("^")
     if anchored_start:
@@ -239,7 +253,7 @@ def pattern_gbnf(pattern: str) -> tuple[str, bool, bool]:
     anchored_end = body.endswith("$") and not body.endswith("\\$")
     if anchored_end:
         body = body[:-1]
-    parser = _Parser(body)
+    parser = _Parser(body, raw)
     expr = parser.alternation()
     if parser.i != len(body):
         raise RegexError("unbalanced parenthesis")

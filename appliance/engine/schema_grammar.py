@@ -579,6 +579,14 @@ def values_gbnf(schemas: list[Any], hint: str, roots: list[Any] | None = None) -
 Parameter = tuple[str, bool, str]  # a property's key, whether it is required, its value's expression
 
 
+def format_expression(fmt: str) -> str:
+    """A string format's grammar (one of STRING_FORMATS) as one expression, without quotes: for a
+    tool-call format that writes the string as raw text."""
+    if fmt == "date-time":
+        return f'({format_expression("date")} "T" {format_expression("time")})'
+    return f"({PRIMITIVES[fmt]})"
+
+
 def parameters_gbnf(functions: list[tuple[str, Any]], own: Callable[[str, Any], str | None] = lambda k, s: None,
                     any_value: bool = False) -> tuple[str, list[list[Parameter] | None], str | None]:
     """For formats that write each argument apart (key, then value): the rules of the functions'
@@ -602,7 +610,8 @@ def parameters_gbnf(functions: list[tuple[str, Any]], own: Callable[[str, Any], 
             try:
                 expr: str | int | None = own(key, prop)
             except SchemaError as e:
-                raise SchemaError(f"{k}.properties.{key}", e.reason) from None
+                where = f"{k}.properties.{key}"
+                raise SchemaError(_join(where, e.path) if e.path else where, e.reason) from None
             if expr is None:
                 expr = len(schemas)
                 schemas.append(prop)

@@ -12,6 +12,7 @@ import pytest
 
 from appliance.api import native_answers, native_tools, tools
 from appliance.api.native_tools import NativeFormat
+from appliance.api.errors import ApiError
 from appliance.api.schemas import ChatRequest
 from grammar_walk import accepts
 
@@ -161,3 +162,50 @@ def test_a_raw_text_string_is_held_to_its_length_bounds():
               "required": ["city", "note"]}
     grammar = xml_grammar(fmt, [("get_weather", schema)], parallel=False)
     assert "xml-char{2,40}" in grammar and "xml-text ::= xml-char*" in grammar
+
+
+BOOK = {"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+    "day": {"type": "string", "format": "date"}, "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"},
+    "note": {"type": "string", "pattern": "ok"}}, "required": ["day", "code", "note"]}}}
+
+
+def book(day: str, code: str, note: str) -> str:
+    return (f'<function name="book"><param name="day">{day}</param><param name="code">{code}</param>'
+            f'<param name="note">{note}</param></function>')
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    (book("2026-12-06", "ABC-12", "all ok here"), True),
+    (book("2026-12-06", "ABC-12", "ok"), True),
+    (book("tomorrow", "ABC-12", "ok"), False),  # format: date
+    (book("2026-13-06", "ABC-12", "ok"), False),
+    (book("2026-12-06", "abc-12", "ok"), False),  # the pattern, anchored at both ends
+    (book("2026-12-06", "ABC-123", "ok"), False),
+    (book("2026-12-06", "ABC-12", "fine"), False),  # unanchored: "ok" somewhere
+])
+def test_a_raw_text_string_is_held_to_its_pattern_and_format(vocab, text, ok):
+    plan = tools.plan(request(tools=[BOOK], tool_choice="required"), MINICPM5)
+    assert accepts(vocab, plan.grammar, text) is ok
+
+
+@pytest.mark.parametrize(("prop", "param"), [
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength"),
+    ({"type": "string", "format": "date", "minLength": 3}, "minLength"),
+    ({"type": "string", "format": "uuid", "pattern": "^a"}, "format"),
+    ({"type": "string", "pattern": "(?=a)a"}, "pattern"),
+])
+def test_what_a_raw_text_string_cannot_be_held_to_is_refused_by_its_path(prop, param):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": prop}}}}
+    for fmt in (MINICPM5, NativeFormat("qwen3-coder", 1)):
+        with pytest.raises(ApiError) as err:
+            tools.plan(request(tools=[tool], tool_choice="required"), fmt)
+        assert err.value.param == f"tools[0].function.parameters.properties.x.{param}", err.value.param
+
+
+def test_pattern_and_format_grammars_compile_for_every_xml_format(vocab):
+    from appliance.engine.grammar import Constraint
+
+    for name in ("qwen3-coder", "glm", "seed-oss"):
+        grammar = tools.plan(request(tools=[BOOK], tool_choice="required"), NativeFormat(name, 1)).grammar
+        assert "[A-Z]" in grammar and "[0-9]{4}" in grammar, grammar
+        Constraint(vocab, grammar, ()).close()  # llama.cpp compiles it
