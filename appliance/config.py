@@ -171,8 +171,12 @@ LIVE_MODEL_FIELDS = ("reasoning_format", "reasoning_budget", "reasoning_budget_m
 
 
 def live_fields(cfg: ModelConfig, new: ModelConfig) -> ModelConfig:
-    """`cfg` with `new`'s live fields."""
-    return msgspec.structs.replace(cfg, **{f: getattr(new, f) for f in LIVE_MODEL_FIELDS})
+    """`cfg` with `new`'s live fields, and `new`'s LoRA scales where its adapters are the same
+    names and files (a scale is applied per request; an adapter added or removed needs a load)."""
+    live = {f: getattr(new, f) for f in LIVE_MODEL_FIELDS}
+    if [(a.name, a.path) for a in cfg.lora] == [(a.name, a.path) for a in new.lora]:
+        live["lora"] = new.lora
+    return msgspec.structs.replace(cfg, **live)
 
 
 class AdaptiveKvConfig(Struct, frozen=True, forbid_unknown_fields=True):
@@ -487,8 +491,8 @@ def _bounds(t: mi.IntType | mi.FloatType) -> str:
     parts = []
     for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
         v = getattr(t, attr, None)
-        if v is not None:
-            parts.append(f"{sym} {v}")
+        if v is not None:  # msgspec gives a float bound as -16 or -16.0, depending on what it built before
+            parts.append(f"{sym} {int(v) if isinstance(v, float) and v.is_integer() else v}")
     return (" " + " and ".join(parts)) if parts else ""
 
 

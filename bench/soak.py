@@ -5,7 +5,8 @@ that the server came back to where it started.
 appliance meets over days, mixed and concurrent: streamed and whole chat on both models, tool
 calls, JSON Schema answers, scored prompts, n=2, streams the client drops, the Responses API
 (stored, chained, read back, deleted), Anthropic's and Ollama's APIs, groups (parallel, chain,
-fanout asked as a model), malformed bodies, and an admin loop that converts KV caches live,
+fanout asked as a model), a LoRA adapter of one model beside the model itself (their sets take
+turns on one context), malformed bodies, and an admin loop that converts KV caches live,
 flushes the prefix cache, reloads the config and polls every status endpoint.
 
 Every answer is checked (a 200 must be whole and of its kind; a refusal must be the designed
@@ -45,7 +46,9 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from eie_server import EIE_CMD, EieServer  # noqa: E402
+from lora_adapter import write_lora  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["smollm2-135m", "gemma3-270m"]
@@ -60,6 +63,7 @@ GREEDY = [{"role": "user", "content": "List the planets of the solar system."}]
 
 PHASE_S = 20  # --churn: how long the clients stay on one model
 GROUP_KINDS = ("group_parallel", "group_chain", "group_as_model")
+ADAPTER = "smollm2-tuned"  # a LoRA adapter of smollm2-135m (models[].lora): its sets take turns with the model's
 
 
 def config_for(workdir: Path, churn: bool = False) -> dict:
@@ -67,6 +71,10 @@ def config_for(workdir: Path, churn: bool = False) -> dict:
     if churn:
         preset["policy"] = {"strategy": "generic", "keep_alive_s": 4}
     preset["model_dir"] = str((ROOT / "presets" / preset["model_dir"]).resolve())
+    if not churn:  # one model at a time there: an adapter's requests would load its model
+        smol = next(m for m in preset["models"] if m["name"] == MODELS[0])
+        write_lora(Path(preset["model_dir"]) / smol["path"], workdir / "tuned-lora.gguf", rank=8, strength=0.3)
+        smol["lora"] = [{"name": ADAPTER, "path": str(workdir / "tuned-lora.gguf")}]
     preset["server"] = {"state_dir": str(workdir / "state"), "cache_dir": str(workdir / "cache"),
                         "responses": {"max_entries": 200}}
     preset["audit"] = {"path": "audit.log"}
@@ -268,8 +276,15 @@ async def malformed(c: httpx.AsyncClient, model: str, i: int) -> int:
     return r.status_code
 
 
+async def adapter_chat(c: httpx.AsyncClient, model: str, i: int) -> int:
+    """smollm2's LoRA adapter, whatever the model of the turn (streamed every other time)."""
+    if i % 2:
+        return await chat_stream(c, ADAPTER, i)
+    return await chat(c, ADAPTER, i)
+
+
 KINDS: dict[str, Callable[[httpx.AsyncClient, str, int], Awaitable[int]]] = {
-    "chat": chat, "chat_stream": chat_stream, "dropped_stream": dropped_stream, "tool_call": tool_call,
+    "adapter": adapter_chat, "chat": chat, "chat_stream": chat_stream, "dropped_stream": dropped_stream, "tool_call": tool_call,
     "json_schema": json_schema, "scored": scored, "two_choices": two_choices, "responses": responses,
     "anthropic": anthropic, "ollama": ollama, "group_parallel": group_parallel, "group_chain": group_chain,
     "group_as_model": group_as_model, "malformed": malformed,
@@ -278,7 +293,7 @@ KINDS: dict[str, Callable[[httpx.AsyncClient, str, int], Awaitable[int]]] = {
 
 async def client_loop(base: str, idx: int, t: Tally, until: float, phased_from: float | None = None) -> None:
     """Requests of every kind in turn; with `phased_from`, all on one model per PHASE_S and no groups."""
-    names = [k for k in KINDS if phased_from is None or k not in GROUP_KINDS]
+    names = [k for k in KINDS if phased_from is None or k not in (*GROUP_KINDS, "adapter")]
     n = idx * 5
     async with httpx.AsyncClient(base_url=base, timeout=600) as c:
         while time.monotonic() < until:
@@ -357,7 +372,8 @@ class Admin:
 async def greedy_answers(base: str) -> dict[str, str]:
     async with httpx.AsyncClient(base_url=base, timeout=300) as c:
         out = {}
-        for m in MODELS:
+        served = {m["id"] for m in (await c.get("/v1/models")).json()["data"]}
+        for m in [*MODELS, *([ADAPTER] if ADAPTER in served else [])]:
             r = await c.post("/v1/chat/completions", json={"model": m, "messages": GREEDY, "max_tokens": 40,
                                                             "temperature": 0})
             out[m] = r.json()["choices"][0]["message"]["content"]

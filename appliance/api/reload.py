@@ -55,6 +55,8 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
         elif live != was:
             models[models.index(was)] = live
             plan.applied += [f"models.{name}.{f}" for f in LIVE_MODEL_FIELDS if getattr(live, f) != getattr(was, f)]
+            plan.applied += [f"models.{name}.lora[{i}].scale" for i, (a, b) in enumerate(zip(was.lora, live.lora))
+                             if a.scale != b.scale]
     for name in old_by_name:
         if name not in new_by_name:
             plan.restart_required.append(f"models.{name} (removed)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 
 import httpx
+import yaml
 import pytest
 
 from conftest import GEMMA3, SMOLLM2, model_entry
@@ -125,3 +126,24 @@ def test_every_api_serves_an_adapter_by_its_name(srv):
     assert tags.index("smollm2-tuned") == tags.index("smollm2") + 1
     shown = httpx.post(srv.base + "/api/show", json={"model": "smollm2-tuned"})
     assert shown.status_code == 200 and "completion" in shown.json()["capabilities"]
+
+
+def test_a_reload_changes_an_adapters_scale_live(srv):
+    """models[].lora[i].scale applies at a reload without a load: at 0 the adapter's name serves
+    the model's own answer, and back at 1 its first one; the GET /lora-adapters list follows."""
+    tuned = chat(srv, "smollm2-tuned", QUESTIONS[0])
+    original = srv.config_path.read_text()
+    cfg = yaml.safe_load(original)
+    cfg["models"][0]["lora"][0]["scale"] = 0
+    try:
+        srv.config_path.write_text(yaml.safe_dump(cfg))
+        r = httpx.post(srv.base + "/v1/admin/config/reload", timeout=60)
+        assert r.status_code == 200 and r.json()["applied"] == ["models.smollm2.lora[0].scale"], r.text
+        assert r.json()["restart_required"] == []
+        assert chat(srv, "smollm2-tuned", QUESTIONS[0]) == chat(srv, "smollm2", QUESTIONS[0]) != tuned
+        listed = httpx.get(srv.base + "/lora-adapters", params={"model": "smollm2"}).json()
+        assert [a["scale"] for a in listed] == [0]
+    finally:
+        srv.config_path.write_text(original)
+        assert httpx.post(srv.base + "/v1/admin/config/reload", timeout=60).status_code == 200
+    assert chat(srv, "smollm2-tuned", QUESTIONS[0]) == tuned

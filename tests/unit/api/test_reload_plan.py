@@ -39,3 +39,17 @@ def test_fields_read_at_each_request_apply_live_and_the_rest_wait_for_a_restart(
     plan = plan_reload(old, parse_config(_models(reasoning_budget=64, n_ctx=1024)))
     assert plan.restart_required == ["models.m"] and plan.applied == []
     assert plan.config.model("m") == old.model("m")  # kept whole until the restart
+
+
+def test_lora_scales_apply_live_and_adapters_added_or_removed_wait_for_a_restart():
+    tuned = {"name": "m-tuned", "path": "t.gguf"}
+    old = parse_config(_models(lora=[tuned, {"name": "m-terse", "path": "s.gguf", "scale": 0.5}]))
+    plan = plan_reload(old, parse_config(_models(lora=[{**tuned, "scale": -0.25},
+                                                       {"name": "m-terse", "path": "s.gguf", "scale": 0.5}])))
+    assert plan.restart_required == [] and plan.applied == ["models.m.lora[0].scale"]
+    assert [a.scale for a in plan.config.model("m").lora] == [-0.25, 0.5]
+    assert plan.config.adapter("m-tuned")[0].lora[0].scale == -0.25  # what a request by the name gets
+    for changed in ([tuned], [{**tuned, "path": "other.gguf"}], [{**tuned, "name": "m-x"}, old.model("m").lora[1]]):
+        raw = [a if isinstance(a, dict) else {"name": a.name, "path": a.path, "scale": a.scale} for a in changed]
+        plan = plan_reload(old, parse_config(_models(lora=raw)))
+        assert plan.restart_required == ["models.m"] and plan.config.model("m") == old.model("m"), raw
