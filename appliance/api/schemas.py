@@ -337,8 +337,8 @@ class AssistantMessage(Struct, frozen=True, omit_defaults=True):
     role: str
     content: str | None  # null when the answer is tool calls
     tool_calls: list[ToolCall] | None = None
-    function_call: FunctionCall | None = None  # the call, where the request sent the legacy functions
     reasoning_content: str | None = None  # a think block (engine/reasoning.py)
+    function_call: FunctionCall | None = None  # the call, where the request sent the legacy functions
 
 
 class TopLogprob(Struct, frozen=True):
