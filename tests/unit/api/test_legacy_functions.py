@@ -76,3 +76,10 @@ def test_the_answer_goes_back_as_function_call():
     assert (message.function_call, message.tool_calls, reason) == (call, None, "function_call")
     text = AssistantMessage("assistant", "hello")
     assert legacy_message(text, "stop") == (text, "stop")
+
+
+def test_function_call_does_not_take_a_positional_field():
+    """AssistantMessage is built positionally (role, content, tool_calls, reasoning): the legacy
+    field comes last, so a thinking answer keeps its reasoning_content."""
+    message = msgspec.json.decode(msgspec.json.encode(AssistantMessage("assistant", "4", None, "2 + 2")))
+    assert message == {"role": "assistant", "content": "4", "reasoning_content": "2 + 2"}
