@@ -56,7 +56,7 @@ def test_openapi_describes_every_route_from_the_msgspec_schemas(ops):
     chat_op = doc["paths"]["/v1/chat/completions"]["post"]
     assert chat_op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ChatRequest"}
     role = doc["components"]["schemas"]["ChatMessage"]["properties"]["role"]
-    assert set(role["enum"]) == {"system", "developer", "user", "assistant", "tool"}
+    assert set(role["enum"]) == {"system", "developer", "user", "assistant", "tool", "function"}  # function: legacy
     assert doc["paths"]["/metrics"]["get"]["security"] == [{"bearer": []}]  # metrics_auth: key
     assert "security" not in doc["paths"]["/health"]["get"]
 
