@@ -33,12 +33,9 @@ def as_tools(req: ChatRequest) -> tuple[ChatRequest, bool]:
                                    parallel_tool_calls=False, functions=None, function_call=None), True
 
 
-def _choice(function_call: object) -> str | ToolChoice | None:
-    if function_call is None or function_call in ("auto", "none"):
-        return function_call  # type: ignore[return-value]
-    if isinstance(function_call, ToolChoiceFunction):
-        return ToolChoice("function", function_call)
-    raise bad_request('function_call must be "none", "auto" or {"name": ...}', param="function_call")
+def _choice(function_call: str | ToolChoiceFunction | None) -> str | ToolChoice | None:
+    """tool_choice for a function_call (the schema lets only none, auto or {name} through)."""
+    return ToolChoice("function", function_call) if isinstance(function_call, ToolChoiceFunction) else function_call
 
 
 def _message(msg: ChatMessage, i: int) -> ChatMessage:
@@ -74,9 +71,9 @@ def legacy_message(message: AssistantMessage, finish_reason: str) -> tuple[Assis
     if not message.tool_calls:
         return message, finish_reason
     call = message.tool_calls[0].function
-    reason = LEGACY_REASON if finish_reason == "tool_calls" else finish_reason
-    return msgspec.structs.replace(message, tool_calls=None, function_call=call), reason
+    return msgspec.structs.replace(message, tool_calls=None, function_call=call), legacy_reason(finish_reason)
 
 
-def legacy_reason(finish_reason: str | None) -> str | None:
+def legacy_reason(finish_reason: str) -> str:
+    """finish_reason in the legacy shape: function_call for tool_calls."""
     return LEGACY_REASON if finish_reason == "tool_calls" else finish_reason

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine import gemma_notation
-from ..engine.regex_grammar import RegexError, pattern_gbnf
-from ..engine.schema_grammar import (MAX_REPEAT, STRING_FORMATS, SchemaError, format_expression, literal,
-                                     never_spelling, parameters_gbnf, renamed_root, values_gbnf)
+from ..engine.schema_grammar import (MAX_REPEAT, checked_format, checked_pattern, format_expression,
+                                     literal, never_spelling, parameters_gbnf, renamed_root, values_gbnf)
 from .native_answers import xml_written_as_text
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_TAGS, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE,
                            HERMES_CLOSE, HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE,
@@ -174,26 +173,13 @@ def _xml_text(schema: Any, cdata: bool) -> str | None:
 
 
 def _xml_shaped_text(schema: dict) -> str | None:
-    """A raw-text string's `pattern` or `format` (date, time, date-time, uuid) as a grammar, as
-    structured output holds a JSON string to them (None: it has neither). Length bounds do not
-    combine with either, as there."""
-    pattern, fmt = schema.get("pattern"), schema.get("format")
-    if pattern is None and fmt not in STRING_FORMATS:
-        return None
-    for key in ("minLength", "maxLength"):
-        if key in schema:
-            raise SchemaError(key, f"not supported together with {'pattern' if pattern is not None else 'format'}")
-    if pattern is None:
-        return format_expression(fmt)
-    if not isinstance(pattern, str):
-        raise SchemaError("pattern", "must be a string")
-    if fmt in STRING_FORMATS:
-        raise SchemaError("format", "not supported together with pattern")
-    try:
-        expr, any_start, any_end = pattern_gbnf(pattern, raw=True)
-    except RegexError as e:
-        raise SchemaError("pattern", str(e)) from None
-    return "(" + " ".join([*(["xml-char*"] if any_start else []), expr, *(["xml-char*"] if any_end else [])]) + ")"
+    """A raw-text string's `pattern` or `format` (date, time, date-time, uuid) as a grammar,
+    checked as structured output checks a JSON string's (None: it has neither)."""
+    if "pattern" in schema:
+        expr, any_start, any_end = checked_pattern(schema, "", raw=True)
+        return "(" + " ".join([*(["xml-char*"] if any_start else []), expr, *(["xml-char*"] if any_end else [])]) + ")"
+    fmt = checked_format(schema, "")
+    return format_expression(fmt) if fmt is not None else None
 
 
 def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:

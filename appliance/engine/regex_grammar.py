@@ -45,12 +45,16 @@ def _literal(text: str) -> str:
     return f'"{out}"'
 
 
+def _ranges(ranges: list[tuple[int, int]]) -> str:
+    """Code point ranges inside a GBNF character class."""
+    return "".join(_gbnf_char(a) if a == b else f"{_gbnf_char(a)}-{_gbnf_char(b)}" for a, b in ranges)
+
+
 def _class(ranges: list[tuple[int, int]], negated: bool, raw: bool = False) -> str:
     if negated:
-        body = "".join(_gbnf_char(a) if a == b else f"{_gbnf_char(a)}-{_gbnf_char(b)}" for a, b in ranges)
-        return f'[^{body}\\x3C]' if raw else f'[^{body}\\x22\\x5C\\x7F\\x00-\\x1F]'
+        return f'[^{_ranges(ranges)}\\x3C]' if raw else f'[^{_ranges(ranges)}\\x22\\x5C\\x7F\\x00-\\x1F]'
     if raw:
-        return "[" + "".join(_gbnf_char(a) if a == b else f"{_gbnf_char(a)}-{_gbnf_char(b)}" for a, b in ranges) + "]"
+        return f"[{_ranges(ranges)}]"
     plain: list[tuple[int, int]] = []
     escaped: list[int] = []
     for a, b in ranges:
@@ -64,7 +68,7 @@ def _class(ranges: list[tuple[int, int]], negated: bool, raw: bool = False) -> s
             plain.append((start, b))
     alts = []
     if plain:
-        alts.append("[" + "".join(_gbnf_char(a) if a == b else f"{_gbnf_char(a)}-{_gbnf_char(b)}" for a, b in plain) + "]")
+        alts.append(f"[{_ranges(plain)}]")
     alts += [_literal(_json_form(cp)) for cp in sorted(set(escaped))]
     if not alts:
         raise RegexError("a class that matches nothing")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import ctypes
 import heapq
 import logging
@@ -1105,16 +1106,13 @@ class ModelRunner:
     def _decode(self, n_tokens: int, step: bool = False) -> None:
         self._batch.n_tokens = n_tokens
         self._last_was_step = step
-        if self._switch.reserve_pending:  # the adapter set changed: llama.cpp reserves in this decode
-            with native.log_capture() as lines:
-                rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
-                                                          self._threads_set)
-            reserve_s = self._switch.reserved(lines)
-            if reserve_s is not None:
-                self._turns.switched(reserve_s)
-        else:
+        # after a change of adapter set llama.cpp reserves in this decode: its report is read
+        reserving = self._switch.reserve_pending
+        with native.log_capture() if reserving else contextlib.nullcontext() as lines:
             rc, self._threads_set = decode_with_cores(self.loaded.ctx, self._batch, self.cores, self.threads,
                                                       self._threads_set)
+        if reserving and (reserve_s := self._switch.reserved(lines)) is not None:
+            self._turns.switched(reserve_s)
         if self.spec is not None:
             self.spec.costs.previous = n_tokens  # what the next decode switches from (planner.StepCosts)
         if rc != 0:

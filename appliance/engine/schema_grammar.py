@@ -329,36 +329,19 @@ class _Converter:
 
     def string(self, schema: dict, path: str, hint: str) -> str:
         if "pattern" in schema:
-            return self.pattern(schema, path, hint)
-        fmt = schema.get("format")
-        if fmt in STRING_FORMATS:
-            for key in ("minLength", "maxLength"):
-                if key in schema:
-                    raise SchemaError(_join(path, key), f"not supported with format {fmt!r}")
+            expr, any_start, any_end = checked_pattern(schema, path)
+            char = self.prim("char")
+            body = " ".join([r'"\""', *([f"{char}*"] if any_start else []), expr,
+                             *([f"{char}*"] if any_end else []), r'"\""', self.prim("ws")])
+            return self.rule(f"{hint}-pattern", body)
+        fmt = checked_format(schema, path)
+        if fmt is not None:
             return self.rule(f"{hint}-{fmt}", rf'"\"" {self.prim(fmt)} "\"" {self.prim("ws")}')
         lo, hi = self.count_bounds(schema, "minLength", "maxLength", path)
         if lo == 0 and hi is None:
             return self.prim("string")
         self.prim("string")
         return self.rule(hint, rf'"\"" {self.repeat("char", lo, hi)} "\"" ws')
-
-    def pattern(self, schema: dict, path: str, hint: str) -> str:
-        pattern = schema["pattern"]
-        if not isinstance(pattern, str):
-            raise SchemaError(_join(path, "pattern"), "must be a string")
-        for key in ("minLength", "maxLength"):
-            if key in schema:
-                raise SchemaError(_join(path, key), "not supported together with pattern")
-        if schema.get("format") in STRING_FORMATS:
-            raise SchemaError(_join(path, "format"), "not supported together with pattern")
-        try:
-            expr, any_start, any_end = pattern_gbnf(pattern)
-        except RegexError as e:
-            raise SchemaError(_join(path, "pattern"), str(e)) from None
-        char = self.prim("char")
-        body = " ".join([r'"\""', *([f"{char}*"] if any_start else []), expr, *([f"{char}*"] if any_end else []),
-                         r'"\""', self.prim("ws")])
-        return self.rule(f"{hint}-pattern", body)
 
     def integer(self, schema: dict, path: str, hint: str) -> str:
         lo, hi = integer_bounds(schema, path)
@@ -577,6 +560,35 @@ def values_gbnf(schemas: list[Any], hint: str, roots: list[Any] | None = None) -
 
 
 Parameter = tuple[str, bool, str]  # a property's key, whether it is required, its value's expression
+
+
+def checked_pattern(schema: dict, path: str, raw: bool = False) -> tuple[str, bool, bool]:
+    """A string schema's `pattern` as pattern_gbnf gives it (`raw`: for the string's raw text, not
+    its JSON), or a SchemaError at `path` for what a grammar cannot hold with it."""
+    pattern = schema["pattern"]
+    if not isinstance(pattern, str):
+        raise SchemaError(_join(path, "pattern"), "must be a string")
+    for key in ("minLength", "maxLength"):
+        if key in schema:
+            raise SchemaError(_join(path, key), "not supported together with pattern")
+    if schema.get("format") in STRING_FORMATS:
+        raise SchemaError(_join(path, "format"), "not supported together with pattern")
+    try:
+        return pattern_gbnf(pattern, raw)
+    except RegexError as e:
+        raise SchemaError(_join(path, "pattern"), str(e)) from None
+
+
+def checked_format(schema: dict, path: str) -> str | None:
+    """A string schema's `format` where a grammar holds it (one of STRING_FORMATS; None for the
+    others, annotations), or a SchemaError at `path` for a length bound beside it."""
+    fmt = schema.get("format")
+    if fmt not in STRING_FORMATS:
+        return None
+    for key in ("minLength", "maxLength"):
+        if key in schema:
+            raise SchemaError(_join(path, key), f"not supported with format {fmt!r}")
+    return fmt
 
 
 def format_expression(fmt: str) -> str:
