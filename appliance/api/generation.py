@@ -179,6 +179,11 @@ async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_plan:
             params = replace(params, grammar=tool_plan.grammar, grammar_triggers=tool_plan.triggers,
                              shown_tokens=tool_plan.shown_tokens)
         try:
+            if tool_plan is not None and req.grammar is not None:  # its own faults name it, not tools
+                try:
+                    grammar.check(vocab, req.grammar)
+                except GrammarError as e:
+                    raise bad_request(str(e), param="grammar") from None
             grammar.check(vocab, params.grammar)
         except GrammarError as e:
             field = "tools" if tool_plan is not None else "grammar" if req.grammar is not None else "response_format"
@@ -248,8 +253,8 @@ async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> 
     native = native_tools.format_of(runner.template, runner.vocab)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
 
-    def tool_plan() -> ToolPlan | None:  # with the response_format's grammar, if any, for a direct answer
-        return tools.plan(req, native, budget, grammar_text(req) if req.grammar is None else None)
+    def tool_plan() -> ToolPlan | None:  # with the response_format's or the request's grammar, if any, for a direct answer
+        return tools.plan(req, native, budget, grammar_text(req))
 
     # a large schema takes milliseconds: off the loop
     plan = await asyncio.to_thread(tool_plan) if req.tools else tools.plan(req)

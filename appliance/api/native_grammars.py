@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 from ..engine import gemma_notation
 from ..engine.schema_grammar import (MAX_REPEAT, checked_format, checked_pattern, format_expression,
-                                     literal, never_spelling, parameters_gbnf, renamed_root, values_gbnf)
+                                     literal, never_spelling, parameters_gbnf, values_gbnf)
+from ..engine.gbnf_names import renamed_root
 from .native_answers import xml_written_as_text
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_TAGS, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE,
                            HERMES_CLOSE, HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE,

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..engine.schema_grammar import OWN_ROOT, SchemaError, prefixed_rules, renamed_root, schema_to_gbnf
+from ..engine.gbnf_names import prefixed_rules
+from ..engine.schema_grammar import OWN_ROOT, SchemaError, schema_to_gbnf
 from . import native_answers, native_grammars, native_tools, pythonic_calls
 from .errors import ApiError, bad_request
 from .call_stream import READ_ERRORS, Begun, CallReader, elements, json_call, members, skip_blanks, tool_calls
@@ -64,8 +65,9 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
     """What the request's tools ask of the answer; None when no tool may be called. With `native`
     the answer is held to the model's own format, else to EIE's (`think_budget`: the tokens a
     format whose grammar holds the thinking, gpt-oss's, lets it have; -1: no bound). `reply`: the
-    grammar of the request's response_format, which a direct answer follows under `auto` (under
-    `required` or a named function the answer is a call, and the format is for a later turn)."""
+    grammar of the request's response_format or its own `grammar`, which a direct answer follows
+    under `auto` (under `required` or a named function the answer is a call, and the format is for
+    a later turn). A direct answer that is itself a JSON object of calls reads as calls."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
@@ -100,8 +102,6 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
     else:
         raise bad_request("tool_choice must be none, auto, required or {type: function, function: {name}}",
                           param="tool_choice")
-    if req.grammar is not None:  # the calls' grammar is the request's
-        raise bad_request("grammar is not supported together with tools: the calls have their own", param="grammar")
     if mode != "auto":
         reply = None
     callable_tools = [i for i, t in enumerate(req.tools) if named is None or t.function.name == named]
@@ -126,13 +126,15 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
              for k, i in enumerate(callable_tools)}
     gbnf = _convert(schema, where)
     if reply is not None:
-        return ToolPlan(mode, calls_or_reply(gbnf, reply), _instructions(req, mode, named, True), reply=True)
+        return ToolPlan(mode, calls_or_reply(gbnf, reply), _instructions(req, mode, named, "grammar" if req.grammar else "json"),
+                        reply=True)
     return ToolPlan(mode, gbnf, _instructions(req, mode, named))
 
 
 def calls_or_reply(calls: str, reply: str) -> str:
-    """One grammar from two: the calls' (start symbol `root`) or the reply's (response_format)."""
-    return ("root ::= calls-root | reply-root\n" + renamed_root(calls, "calls-root").rstrip("\n") + "\n"
+    """One grammar from two: the calls' (start symbol `root`) or the reply's (the request's
+    response_format or grammar), their rules apart."""
+    return ("root ::= calls-root | reply-root\n" + prefixed_rules(calls, "calls-").rstrip("\n") + "\n"
             + prefixed_rules(reply, "reply-"))
 
 
@@ -141,8 +143,9 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
     """The plan for a model's own format: its grammar over the callable tools; with `reply`, the
     calls (from the answer's start) or the reply, in one grammar that holds the whole answer."""
     if reply is not None and native.name == "harmony":
-        raise bad_request("response_format is not supported together with tools for gpt-oss's format (its answer "
-                          "has channels of its own)", param="response_format")
+        field = "grammar" if req.grammar is not None else "response_format"
+        raise bad_request(f"{field} is not supported together with tools for gpt-oss's format (its answer "
+                          "has channels of its own)", param=field)
     parallel = parallel and native.parallel
     xml = partial(native_grammars.xml_grammar, native)
     builders = {"qwen3-coder": xml, "glm": xml, "minicpm5": xml, "seed-oss": xml,
@@ -199,14 +202,16 @@ def _schema_error(tool: int, path: str, reason: str) -> ApiError:
     return bad_request(f"{param}: {reason}", param=param)
 
 
-def _instructions(req: ChatRequest, mode: str, named: str | None, reply: bool = False) -> str:
+def _instructions(req: ChatRequest, mode: str, named: str | None, reply: str | None = None) -> str:
+    """The system message's description of the tools and of the answer's JSON; `reply`: what a
+    direct answer is instead under `auto` (json: the response_format's; grammar: the request's)."""
     listed = [{"name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
                "parameters": _parameters(t)} for t in req.tools or []]
     text = ("You can call these functions (JSON):\n" + json.dumps(listed, ensure_ascii=False) + "\n\n"
             'Reply with one JSON object. To call functions: {"tool_calls": [{"name": "<function name>", '
             '"arguments": {<its parameters>}}]}.')
     if mode == "auto" and reply:
-        text += " To answer without calling a function, reply with your answer in JSON instead."
+        text += f" To answer without calling a function, reply with your answer{' in JSON' if reply == 'json' else ''} instead."
     elif mode == "auto":
         text += ' To answer without calling a function: {"response": "<your answer>"}.'
     elif named is not None:

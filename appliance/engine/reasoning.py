@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .sampling import SamplingParams, ThinkBudget
-from .schema_grammar import MAX_REPEAT, never_spelling, renamed_root
+from .gbnf_names import prefixed_rules
+from .schema_grammar import MAX_REPEAT, never_spelling
 from .text import partial_suffix
 
 if TYPE_CHECKING:
@@ -205,7 +206,7 @@ def thinking_grammar(vocab: Vocab, tags: Tags, grammar: str, budget: int = -1) -
         head = tokens("<|channel|>final<|message|>")[0] + " "
     else:
         block = f'{open_} {body} {close} [ \\t\\n]{{0,8}}'
-    answer = renamed_root(grammar, "answer-root")
+    answer = prefixed_rules(grammar, "answer-")  # the answer's rules cannot meet think-block
     return f"root ::= think-block? {head}answer-root\nthink-block ::= {block}\n{answer}"
 
 

@@ -641,26 +641,6 @@ def parameters_gbnf(functions: list[tuple[str, Any]], own: Callable[[str, Any], 
     return rules, calls, (tops[0] if any_value else None)
 
 
-# The GBNF identifier `root` outside literals and character classes.
-_ROOT_NAME = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])|(?<![\w-])root(?![\w-])')
-
-
-def renamed_root(gbnf: str, name: str) -> str:
-    """`gbnf` with its start symbol `root` renamed `name`, where it is defined and where it is
-    used (a grammar that becomes part of another, whose own start symbol is `root`)."""
-    return _ROOT_NAME.sub(lambda m: m.group(1) or name, gbnf)
-
-
-# A GBNF rule name outside literals and character classes (a token reference's `[id]` is one).
-_RULE_NAME = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])|(?<![\w-])([a-zA-Z][\w-]*)')
-
-
-def prefixed_rules(gbnf: str, prefix: str) -> str:
-    """`gbnf` with every rule name prefixed (its start symbol becomes `{prefix}root`): a grammar
-    that joins another without their rules meeting."""
-    return _RULE_NAME.sub(lambda m: m.group(1) or prefix + m.group(2), gbnf)
-
-
 def json_object_gbnf() -> str:
     """Any JSON object (response_format json_object)."""
     return schema_to_gbnf({"type": "object"})

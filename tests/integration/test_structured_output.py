@@ -495,3 +495,39 @@ def test_tools_with_a_response_format_answer_in_that_format_or_call(server, mode
     # required: a call, the format being for a later turn
     required = post(server, "/v1/chat/completions", {**body, "tool_choice": "required"}).json()["choices"][0]
     assert required["finish_reason"] == "tool_calls"
+
+
+VERDICT = '# a verdict, then why\nroot ::= verdict ", because " why "."\nverdict ::= "Yes" | "No"\nwhy ::= [a-z ]{1,40}\n'
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tools_with_a_grammar_answer_in_that_grammar_or_call(server, model):
+    """`grammar` with tools, as response_format with tools: under auto a direct answer follows the
+    request's grammar and streams as written; a call is a call; a grammar that does not compile is
+    refused by its own field, not as the tools'."""
+    tool = str(_first_key_token(server, model, "tool_calls"))
+    def first(text: str) -> str:
+        return str(post(server, "/tokenize", {"model": model, "content": text, "add_special": False}).json()["tokens"][0])
+
+    yes = first("Yes")
+    body = {"model": model, "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 60,
+            "grammar": VERDICT, "parallel_tool_calls": False}
+    replied = post(server, "/v1/chat/completions", {**body, "logit_bias": {yes: 100}}).json()["choices"][0]
+    assert replied["finish_reason"] == "stop" and "tool_calls" not in replied["message"], replied
+    assert re.fullmatch(r"(Yes|No), because [a-z ]{1,40}\.", replied["message"]["content"]), replied
+    parts = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions",
+                      json={**body, "logit_bias": {yes: 100}, "stream": True, "speculative": False}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                assert "tool_calls" not in delta
+                parts.append(delta.get("content") or "")
+    assert "".join(parts) == replied["message"]["content"] and len([p for p in parts if p]) > 3
+    called = post(server, "/v1/chat/completions", {**body, "logit_bias": {first('{"'): 100, tool: 100}}).json()["choices"][0]
+    assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
+    check_call(called["message"]["tool_calls"][0])
+    required = post(server, "/v1/chat/completions", {**body, "tool_choice": "required"}).json()["choices"][0]
+    assert required["finish_reason"] == "tool_calls"
+    bad = post(server, "/v1/chat/completions", {**body, "grammar": "root ::= verdict"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "grammar", bad.text

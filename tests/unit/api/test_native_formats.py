@@ -177,7 +177,7 @@ def test_each_formats_grammar_frames_its_calls():
     # with a response_format under auto: a call (after the tag or not) or that format's JSON, no free text
     reply = tools.plan(request(tools=tools_), LLAMA3_TAGGED, reply='root ::= "{" "}"')
     assert reply.reply and reply.triggers == ()
-    assert reply.grammar.startswith("root ::= calls-root | reply-root\ncalls-root ::= <[9]>? call\n")
+    assert reply.grammar.startswith("root ::= calls-root | reply-root\ncalls-root ::= <[9]>? calls-call\n")
     assert reply.grammar.endswith('reply-root ::= "{" "}"')
     grammar.check(None, reply.grammar)
     hermes = tools.plan(request(tools=tools_), HERMES, reply='root ::= "{" "}"')

@@ -130,6 +130,26 @@ def test_a_response_format_with_tools_makes_the_direct_answer_that_json():
     assert not tools.plan(request(tools=tools_)).reply
 
 
+def test_a_request_grammar_with_tools_is_the_direct_answer_under_auto():
+    """`grammar` with tools: the answer is the calls or text that follows the request's grammar,
+    whose rules (any names, comments, literals that spell rule names) stay apart from the calls'."""
+    from appliance.engine import grammar
+
+    own = '# a "reply\nroot ::= verdict ", " calls-root\nverdict ::= "yes" | "no"\ncalls-root ::= [a-z]{1,9}\n'
+    tools_ = [{"type": "function", "function": {"name": "w", "parameters": json.loads(CITY)}}]
+    plan = tools.plan(request(tools=tools_, grammar=own), reply=own)
+    assert plan.reply and plan.grammar.startswith("root ::= calls-root | reply-root\n")
+    assert "reply with your answer instead" in plan.instructions and "JSON instead" not in plan.instructions
+    grammar.check(None, plan.grammar)
+    names = [line.split(" ::= ")[0] for line in plan.grammar.splitlines() if " ::= " in line]
+    assert len(names) == len(set(names)) and "reply-calls-root" in names
+    content, calls, reason = plan.read("no, later", "stop")
+    assert (content, calls, reason) == ("no, later", None, "stop")
+    content, calls, reason = plan.read('{"tool_calls": [{"name": "w", "arguments": {"city": "Oslo"}}]}', "stop")
+    assert content is None and reason == "tool_calls" and calls[0].function.name == "w"
+    assert not tools.plan(request(tools=tools_, grammar=own, tool_choice="required"), reply=own).reply
+
+
 @pytest.mark.parametrize("cut", [1, 4, 100])
 def test_a_streamed_reply_goes_out_as_written_and_calls_are_told_apart_by_their_key(cut):
     text = '{ "city" : "Oslo \\"x\\"" }'
