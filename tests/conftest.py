@@ -147,20 +147,47 @@ def smollm2_vocab(real_models) -> Iterator[Any]:
     lc.llama_model_free(model)
 
 
+# Every server the session started, in order, and those shared by modules (main_server).
+_STARTED: list[Server] = []
+_SHARED: set[int] = set()
+
+
+def stop_all(servers: list[Server]) -> None:
+    """SIGTERM to each, then wait for each (their shutdowns overlap)."""
+    for s in servers:
+        if s.proc and s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def servers_stop_with_their_module() -> Iterator[None]:
+    """The servers a test module started stop when the module ends. Left running until the
+    session's end, idle servers (their monitors and pollers wake a few times a second) added up:
+    with a hundred of them late in a full run, a quarter of a core went to servers nobody asked,
+    stalls that timed tests then measured."""
+    first = len(_STARTED)
+    yield
+    stop_all([s for s in _STARTED[first:] if id(s) not in _SHARED])
+
+
 @pytest.fixture(scope="session")
 def server_factory(tmp_path_factory, real_models) -> Iterator:
-    started: list[Server] = []
-
-    def make(config: dict[str, Any], name: str = "server", wait: bool = True, env: dict | None = None) -> Server:
+    """make(config, name): a started `eie serve`, settled unless `wait` is false; it stops when
+    its test module ends (`shared`: when the session does)."""
+    def make(config: dict[str, Any], name: str = "server", wait: bool = True, env: dict | None = None,
+             shared: bool = False) -> Server:
         srv = Server(config, tmp_path_factory.mktemp(name), name, env).start()
-        started.append(srv)
+        _STARTED.append(srv)
+        if shared:
+            _SHARED.add(id(srv))
         if wait:
             srv.wait_settled()
         return srv
 
     yield make
-    for s in started:
-        s.stop()
+    stop_all(_STARTED)
 
 
 @pytest.fixture(scope="session")
@@ -174,6 +201,7 @@ def main_server(server_factory) -> Server:
             ]
         },
         "main",
+        shared=True,
     )
 
 
