@@ -172,7 +172,7 @@ def think_first(runner: ModelRunner, prompt: list[int], sampling: SamplingParams
     """A structured answer's grammar (response_format) with room for the think block first, where
     the model opens the block itself (Qwen3's, gpt-oss's templates) and its vocabulary has the
     closing tag as one token (a model trained to think): the block, then the answer the grammar
-    holds. A block the prompt opened is waited out instead (runner._grammar_waits); one the prompt
+    holds. A block the prompt opened is waited out instead (token_pick.TokenPicker._grammar_waits); one the prompt
     closed (thinking turned off) gets none. The grammar bounds the block: `budget` tokens at most
     (up to 2000; -1: no bound)."""
     tags = tags_of(runner.template.source)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import ctypes
 import heapq
 import logging
 import threading
@@ -36,13 +35,13 @@ from .decode import decode_with_cores
 from .load_cancel import LoadCancelled, raise_if_set
 from .chat_template import ChatTemplate, default_template
 from .reasoning import BudgetWatch
-from .grammar import TOKEN_DATA, Constraint, GrammarError, best_in_shortlist, redraw
+from .grammar import Constraint, GrammarError
 from .sampling import SamplingParams, build_chain, free_chain
 from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_CONTEXTS, exact_rows
-from .speculative.rejection import accept_or_resample, draw
 from .speculative.ngram import PredictionIndex
 from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
+from .token_pick import TokenPicker
 
 T = TypeVar("T")
 log = logging.getLogger("eie.runner")
@@ -306,7 +305,7 @@ class ModelRunner:
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
         self._decode_times: collections.deque[float] = collections.deque(maxlen=32)  # seconds per decode step
         self.last_finished = 0.0  # time.monotonic() when a sequence last finished
-        self._candidates: np.ndarray | None = None  # llama_token_data for the rejection rule
+        self.picker: TokenPicker | None = None  # set at the load
         self._exact_stale = False  # exact_rows to be measured by the next step: none cached at load, or KV types changed
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -339,6 +338,7 @@ class ModelRunner:
             if self.cfg.embedding:
                 self._read_pooled_shape()
             self.vocab = native.Vocab(self.loaded.vocab, self.loaded.n_vocab)
+            self.picker = TokenPicker(self.loaded, self.vocab, self.stats, self.name)
             source = self.cfg.chat_template or default_template(self.loaded.metadata)
             self.template = ChatTemplate(source, self.vocab.bos_text, self.vocab.eos_text)
             if self._speculator_factory is not None and not self.cfg.embedding:  # a draft model with another vocabulary fails the load
@@ -445,6 +445,7 @@ class ModelRunner:
             lc.llama_batch_free(self._batch)
             self.loaded.free()
             self.loaded = None
+            self.picker = None
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -1100,7 +1101,7 @@ class ModelRunner:
             prompt, k = seq.req.prompt, seq.req.prompt_logprobs
             for i in range(min(take, len(prompt) - start - 1)):  # row i predicts the token after it
                 token = prompt[start + i + 1]
-                scores.append(self._entry(self.vocab.piece(token), *self._logprobs(i, token, k)))
+                scores.append(self._entry(self.vocab.piece(token), *self.picker.logprobs(i, token, k)))
             self.stats["prompt_tokens_scored"] += take
 
     def _decode(self, n_tokens: int, step: bool = False) -> None:
@@ -1130,7 +1131,7 @@ class ModelRunner:
             for i in range(len(drafts) + 1):
                 row = seq.out_index + i
                 draft = drafts[i] if i < len(drafts) else None
-                token, agreed = self._pick(seq, row, draft)
+                token, agreed = self.picker.pick(seq, row, draft)
                 emitted += 1
                 if draft is not None and st.source == "prediction":  # before _take: the end reports them
                     if agreed:
@@ -1152,136 +1153,12 @@ class ModelRunner:
             self._flush(seq)
         return emitted
 
-    def _pick(self, seq: _Sequence, row: int, draft: int | None) -> tuple[int, bool]:
-        """The target's token at a logits row, and whether it takes the draft proposed there."""
-        if seq.forced:
-            token = seq.forced.pop(0)
-            self._accept_forced(seq, token)
-            return token, token == draft
-        if seq.grammar is not None and not self._grammar_waits(seq):
-            token = self._constrained_pick(seq, row)
-            return token, token == draft
-        if seq.argmax:
-            logits = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(self.loaded.n_vocab,))
-            token = int(logits.argmax())
-            return token, token == draft
-        if seq.rng is None:  # the request's own chain (greedy, or sampling without speculation)
-            token = held_gil.sampler_sample(seq.chain, self.loaded.ctx, row)
-            return token, token == draft
-        p = self._target_probs(seq, row)
-        if draft is None:
-            token, agreed = draw(p, seq.rng), False
-        else:
-            agreed, token = accept_or_resample(p, draft, seq.rng)
-        held_gil.sampler_accept(seq.chain, token)
-        return token, agreed
-
-    @staticmethod
-    def _grammar_waits(seq: _Sequence) -> bool:
-        """Whether the request's grammar sits out this token: inside a think block, a tool call's
-        lazy grammar (its tag written there is thought, not a call), and any grammar where the
-        prompt opened the block (structured output holds the answer after the thinking)."""
-        think = seq.think
-        return (think is not None and think.inside and seq.grammar is not None
-                and (seq.grammar.waiting or think.opened_by_prompt))
-
-    @staticmethod
-    def _accept_forced(seq: _Sequence, token: int) -> None:
-        """Tell the chain (its penalties' history) of a token no pick chose. Forced tokens close a
-        think block, which no grammar reads (_grammar_waits; a grammar that holds the block
-        itself gets no budget)."""
-        if seq.chain is not None:
-            held_gil.sampler_accept(seq.chain, token)
-
-    def _constrained_pick(self, seq: _Sequence, row: int) -> int:
-        """The token under the request's grammar: the pick without it when the grammar allows
-        that token, else the same pick over the tokens it allows (grammar.py says how)."""
-        grammar = seq.grammar
-        if seq.argmax:
-            logits = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(self.loaded.n_vocab,))
-            token = int(logits.argmax())
-            if not grammar.allows(token):
-                found = best_in_shortlist(grammar, logits)
-                token = found if found is not None else self._masked_pick(seq, row)
-        else:
-            stateless = seq.req.sampling.stateless
-            if stateless:  # llama.cpp fills the candidates in C (numpy takes 0.95 ms for Gemma 3's 262k)
-                token = held_gil.sampler_sample(seq.chain, self.loaded.ctx, row)
-                if grammar.allows(token):
-                    grammar.accept(token)
-                    return token
-            cand = self._fill_candidates(row)  # again: a second draw from the same distribution
-            kept, selected = self._chain_apply(seq.chain, cand)
-            token = int(kept["id"][selected])
-            if not grammar.allows(token):
-                if seq.req.sampling.greedy:  # bias and penalties changed the logits in place, in id order
-                    found = best_in_shortlist(grammar, cand["logit"])
-                else:
-                    if seq.grammar_rng is None:
-                        seq.grammar_rng = np.random.default_rng(seq.req.sampling.seed)
-                    found = redraw(grammar, kept, selected, seq.grammar_rng)
-                token = found if found is not None else self._masked_pick(seq, row)
-            if not stateless:
-                held_gil.sampler_accept(seq.chain, token)
-        grammar.accept(token)
-        return token
-
-    def _masked_pick(self, seq: _Sequence, row: int) -> int:
-        """The pick over the whole vocabulary masked by the grammar (the slow way)."""
-        self.stats["grammar_masks"] += 1
-        cand = self._fill_candidates(row)
-        if not seq.grammar.mask(cand):
-            return self._dead_end(seq)
-        if seq.argmax:
-            return int(cand["logit"].argmax())
-        kept, selected = self._chain_apply(seq.chain, cand)
-        return int(kept["id"][selected])
-
-    def _dead_end(self, seq: _Sequence) -> int:
-        """No token can continue the grammar (a grammar that needs text this vocabulary cannot
-        spell): the answer ends here."""
-        log.warning("model %s: sequence %d: the grammar allows no next token; ending the answer", self.name, seq.seq_id)
-        self.stats["grammar_dead_ends"] += 1
-        return self.vocab.eos
-
-    @staticmethod
-    def _chain_apply(chain: lc.llama_sampler_p, cand: np.ndarray) -> tuple[np.ndarray, int]:
-        """Apply a sampler chain to candidates: the candidates it kept (truncation may shorten,
-        sort or move them) and the index of the one drawn (-1 for a chain without a draw)."""
-        arr = lc.llama_token_data_array(
-            data=cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=len(cand), selected=-1, sorted=False)
-        lc.llama_sampler_apply(chain, ctypes.byref(arr))
-        kept = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
-                                     shape=(arr.size * TOKEN_DATA.itemsize,)).view(TOKEN_DATA)
-        return kept, int(arr.selected)
-
-    def _fill_candidates(self, row: int) -> np.ndarray:
-        """The logits at `row` as llama_token_data, in the runner's reusable buffer."""
-        n_vocab = self.loaded.n_vocab
-        cand = self._candidates
-        if cand is None:
-            cand = self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
-        cand["id"] = np.arange(n_vocab, dtype=np.int32)
-        cand["logit"] = np.ctypeslib.as_array(held_gil.get_logits_ith(self.loaded.ctx, row), shape=(n_vocab,))
-        cand["p"] = 0.0
-        return cand
-
-    def _target_probs(self, seq: _Sequence, row: int) -> np.ndarray:
-        """The distribution the request's sampler chain (bias, penalties, truncation,
-        temperature) gives the logits at `row`: the `p` of the rejection rule."""
-        kept, _ = self._chain_apply(seq.chain, self._fill_candidates(row))
-        logits = kept["logit"].astype(np.float64)
-        e = np.exp(logits - logits.max())
-        p = np.zeros(self.loaded.n_vocab, dtype=np.float64)
-        p[kept["id"]] = e / e.sum()
-        return p
-
     def _take(self, seq: _Sequence, token: int, row: int) -> bool:
         """Emit one sampled token; False when the sequence finished with it."""
         vocab = self.vocab
         per_token = seq.req.top_logprobs is not None
         if seq.req.logprobs or per_token:
-            lp, top = self._logprobs(row, token, seq.req.top_logprobs or 0)
+            lp, top = self.picker.logprobs(row, token, seq.req.top_logprobs or 0)
             seq.logprob_sum += lp
         if vocab.is_eog(token):
             self._emit_end(seq, "stop")
@@ -1341,18 +1218,3 @@ class ModelRunner:
     def _entry(self, piece: bytes, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
         """A token's logprobs entry (`piece`: its text), its alternatives named by their pieces."""
         return TokenLogprob(piece, logprob, tuple((self.vocab.piece(t), v) for t, v in top))
-
-    def _logprobs(self, index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-        """log p(token) under the model's raw next-token distribution, and the k most likely."""
-        ptr = held_gil.get_logits_ith(self.loaded.ctx, index)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.loaded.n_vocab,))
-        top = float(logits.max())
-        lse = top + float(np.log(np.exp(logits - top, dtype=np.float64).sum()))
-        best: list[tuple[int, float]] = []
-        if k == 1:  # argmax: a tenth of argpartition's time over Gemma 3's 262k logits
-            best = [(int(i), float(logits[i]) - lse) for i in (logits.argmax(),)]
-        elif k > 1:
-            ids = np.argpartition(logits, -k)[-k:]
-            ids = ids[np.argsort(-logits[ids], kind="stable")]
-            best = [(int(i), float(logits[i]) - lse) for i in ids]
-        return float(logits[token]) - lse, best
