@@ -11,7 +11,8 @@ from ..config import Config, KvType
 from ..engine import native
 from ..engine.adapters import BASE
 from ..engine.client import PromptError, render_chat
-from ..engine.runner import MigrationReverted, NotReady, QueueFull
+from ..engine.context_swap import MigrationReverted
+from ..engine.runner import NotReady, QueueFull
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused, shape_of
 from ..policy import PluginError
 from ..resources import memory

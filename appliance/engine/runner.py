@@ -23,10 +23,8 @@ import llama_cpp as lc
 import numpy as np
 
 from ..config import ModelConfig
-from ..kv import migrate
 from .prefix import PrefixCache, build_id
 from ..resources import file_facts, heap, outputs
-from ..resources.kv_choice import kv_label
 from ..resources.cores import CoreBudget
 from . import held_gil, native
 from .adapter_turns import AdapterTurns
@@ -41,6 +39,8 @@ from .speculative.exactness import BATCH_INVARIANT_ROWS, CONTEXTS as EXACTNESS_C
 from .speculative.ngram import PredictionIndex
 from .speculative.speculator import SeqDrafts, Speculator
 from .text import TextStream
+from .context_swap import ContextLost, MigrationReverted
+from . import context_swap
 from .token_pick import TokenPicker
 
 T = TypeVar("T")
@@ -134,10 +134,6 @@ def _free_samplers(seq: _Sequence) -> None:
     if seq.grammar is not None:
         seq.grammar.close()
         seq.grammar = None
-
-
-class MigrationReverted(RuntimeError):
-    """A KV type change could not create its new context: the model is back on its old types."""
 
 
 class _Sequence:
@@ -646,34 +642,26 @@ class ModelRunner:
         t0 = time.monotonic()
         moving = [s for s in self._by_id if s.n_prefilled > 0]
         live = [s.seq_id for s in moving]
-        rot = migrate.rotation_sizes(self.loaded.metadata)
         moved = [0, 0]
 
         def count(_seq: int, before: int, after: int) -> None:
             moved[0] += before
             moved[1] += after
 
-        if migrate.DIRECT:
-            ctx, buffers = native.new_context(self.loaded, type_k, type_v)
-            try:
-                migrate.migrate(self.loaded.ctx, ctx, live, type_k=type_k, type_v=type_v, rot=rot, on_sequence=count)
-            except BaseException:
-                lc.llama_free(ctx)
-                raise
-            self.loaded.swap_context(ctx, buffers, type_k, type_v)
-        else:
-            self._staged_migration(moving, type_k, type_v, rot, count)
-        self._mem = lc.llama_get_memory(self.loaded.ctx)
-        self._switch.new_context()
-        for seq in moving:
-            seq.migrated = True
+        try:
+            context_swap.change_kv_types(self.loaded, live, type_k, type_v, count)
+        except MigrationReverted:
+            self._took_new_context(moving)
+            self.stats["kv_migration_reverts"] += 1
+            raise
+        except ContextLost as e:
+            self._lose_context(str(e))
+        self._took_new_context(moving)
         for seq in self._by_id:
             if seq.n_prefilled == 0 and seq.prefix_keys is not None:
                 seq.prefix_keys = None  # keys of the old types: looked up again under the new ones
         if self.prefix is not None:
             self.prefix.retype(type_k, type_v)
-        self._threads_set = self.threads  # the new context starts with the configured threads
-        self._last_was_step = False
         self.stats["kv_migrations"] += 1
         self._decode_times.clear()  # latency of the old types says nothing about the new ones
         record = {"time": time.time(), "from": [old_k, old_v], "to": [type_k, type_v], "sequences": len(live),
@@ -696,56 +684,16 @@ class ModelRunner:
 
     # ---- the step loop ---------------------------------------------------------------------
 
-    def _staged_migration(self, moving: list[_Sequence], type_k: str, type_v: str, rot: tuple[int, int],
-                          count: Callable[[int, int, int], None]) -> None:
-        """Convert the live states into host memory, free the old context, then create the new
-        one and write them in: the memory peak is the larger context plus the live states, where
-        creating the new context first would hold both contexts (when memory is short, which is
-        when the KV steps down). Anything that fails before the old context is freed changes
-        nothing; after it, the old types come back (`_reinstate`)."""
-        native.check_kv_types(type_k, type_v)
-        old_k, old_v = self.kv_types
-        staged = migrate.stage(self.loaded.ctx, [s.seq_id for s in moving], type_k=type_k, type_v=type_v,
-                               rot=rot, on_sequence=count)
-        self.loaded.drop_context()
-        try:
-            ctx, buffers = native.new_context(self.loaded, type_k, type_v)
-            try:
-                migrate.unstage(ctx, staged)
-            except BaseException:
-                lc.llama_free(ctx)
-                raise
-        except Exception as e:
-            self._reinstate(moving, staged, old_k, old_v, rot, f"{kv_label(type_k, type_v)}: {e}")
-        self.loaded.install_context(ctx, buffers, type_k, type_v)
-        del staged
-        heap.trim()  # the states, now in the context, go back to the system
-
-    def _reinstate(self, moving: list[_Sequence], staged: list[tuple[int, bytes]], type_k: str, type_v: str,
-                   rot: tuple[int, int], why: str) -> None:
-        """Put a context of the old types back after the new one could not be made; the live
-        states go back converted (they went through the other types, so they are marked as
-        migrated). Raises MigrationReverted; when even that context cannot be made, the model
-        fails: its sequences end with an error and the runner stops."""
-        try:
-            ctx, buffers = native.new_context(self.loaded, type_k, type_v)
-        except Exception as e:
-            self._lose_context(f"KV change to {why}; the old types could not come back either: {e}")
-        try:
-            migrate.unstage(ctx, [(seq_id, migrate.convert_bytes(data, type_k, type_v, rot)) for seq_id, data in staged])
-        except Exception as e:
-            lc.llama_free(ctx)
-            self._lose_context(f"KV change to {why}; the sequences could not go back into {kv_label(type_k, type_v)}: {e}")
-        self.loaded.install_context(ctx, buffers, type_k, type_v)
-        self._mem = lc.llama_get_memory(ctx)
+    def _took_new_context(self, moving: list[_Sequence]) -> None:
+        """The runner's view of a context that replaced the last one (context_swap): its memory
+        handle, no adapters applied yet, the configured threads; `moving` went through a change
+        of KV types."""
+        self._mem = lc.llama_get_memory(self.loaded.ctx)
         self._switch.new_context()
         for seq in moving:
             seq.migrated = True
         self._threads_set = self.threads
         self._last_was_step = False
-        self.stats["kv_migration_reverts"] += 1
-        raise MigrationReverted(f"no context with {why}; the model is back on {kv_label(type_k, type_v)} "
-                                f"with its {len(staged)} live sequence(s)")
 
     def _lose_context(self, why: str) -> None:
         """The model has no context left (a KV change could make neither one): its sequences end,

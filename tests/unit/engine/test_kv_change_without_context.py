@@ -1,5 +1,5 @@
-"""A KV type change frees the old context before it makes the new one (engine/runner.py,
-_staged_migration). When neither the new context nor the old one can then be made (the memory
+"""A KV type change frees the old context before it makes the new one (engine/context_swap.py,
+staged). When neither the new context nor the old one can then be made (the memory
 the old one freed went elsewhere meanwhile, which cannot be brought about on demand: here
 `native.new_context` fails), the model fails cleanly: its live sequence ends with an error, the
 change's caller gets the reason, the runner thread ends and lets go of the weights, and the
