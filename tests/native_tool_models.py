@@ -27,6 +27,7 @@ GRANITE_TOKENS = {9: "<|tool_call|>"}
 NEMOTRON_TOKENS = {9: "<TOOLCALL>", 10: "</TOOLCALL>"}
 GIGACHAT_TOKENS = {9: "<|function_call|>", 10: "<|role_sep|>", 11: "<|message_sep|>"}
 SEED_OSS_TOKENS = {9: "<seed:tool_call>", 10: "</seed:tool_call>", 11: "<seed:think>", 12: "</seed:think>"}
+MINIMAX_TOKENS = {9: "<minimax:tool_call>", 10: "</minimax:tool_call>"}
 KIMI_TOKENS = {9: "<|tool_calls_section_begin|>", 10: "<|tool_calls_section_end|>", 11: "<|tool_call_begin|>",
                12: "<|tool_call_argument_begin|>", 13: "<|tool_call_end|>"}
 APERTUS_TOKENS = {9: "<|tools_prefix|>", 10: "<|tools_suffix|>", 11: "<|inner_prefix|>", 12: "<|inner_suffix|>"}
@@ -265,6 +266,47 @@ Your thinking budget is {{ thinking_budget }} tokens.<seed:eos>{% endif %}
 {%- if add_generation_prompt %}<seed:bos>assistant
 {% endif %}"""
 
+
+# MiniMax M2's form (its template, shortened): tools as JSON in <tool> elements, an example call,
+# all of a message's calls in one block, each an <invoke> whose string values are raw text and
+# other values JSON; results in a tool turn; the answer's think block opened by the prompt.
+MINIMAX_TEMPLATE = """\
+]~!b[]~b]system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}You are a helpful assistant.{% endif %}
+{%- if tools %}
+
+# Tools
+The tools, in JSONSchema format:
+<tools>
+{% for tool in tools %}<tool>{{ tool.function | tojson }}</tool>
+{% endfor %}</tools>
+
+Call them in XML:
+<minimax:tool_call>
+<invoke name="tool-name">
+<parameter name="key">value</parameter>
+</invoke>
+</minimax:tool_call>
+{%- endif %}[e~[
+{% for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'assistant' %}]~b]ai
+{{ m.content or '' }}
+{%- if m.tool_calls %}{{ '\\n<minimax:tool_call>\\n' }}
+{%- for c in m.tool_calls %}{{ '<invoke name="' + c.function.name + '">\\n' }}
+{%- for k, v in c.function.arguments | items %}{{ '<parameter name="' + k + '">' }}{{ v if v is string else v | tojson }}{{ '</parameter>\\n' }}
+{%- endfor %}{{ '</invoke>\\n' }}
+{%- endfor %}{{ '</minimax:tool_call>' }}
+{%- endif %}[e~[
+{% elif m.role == 'tool' %}]~b]tool
+<response>{{ m.content }}</response>[e~[
+{% else %}]~b]{{ m.role }}
+{{ m.content }}[e~[
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}]~b]ai
+<think>
+{% endif %}"""
 
 # Kimi K2's form (its template, its roles as text here): tools declared as JSON, each call's id
 # `functions.name:index` between its tags, a result headed by its call's id.

@@ -253,7 +253,7 @@ async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> 
     native = native_tools.format_of(runner.template, runner.vocab)
     budget = reasoning.budget_tokens(runner.cfg, req.thinking_budget_tokens, req.reasoning_effort)
 
-    def tool_plan() -> ToolPlan | None:  # with the response_format's or the request's grammar, if any, for a direct answer
+    def tool_plan() -> ToolPlan | None:  # a direct answer follows the response_format or grammar, if any
         return tools.plan(req, native, budget, grammar_text(req))
 
     # a large schema takes milliseconds: off the loop

@@ -17,8 +17,10 @@ from .call_stream import (READ_ERRORS, Begun, CallReader, compact_json, elements
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_CALL, DEEPSEEK_CALL_END, DEEPSEEK_CALLS,
                            DEEPSEEK_CALLS_END, DEEPSEEK_SEP, GLM_VALUE_CLOSE, HARMONY_CALL, HERMES_CLOSE, HERMES_OPEN,
                            JSON_LISTS, KIMI_ARGS, KIMI_CALL, KIMI_CALL_END, KIMI_SECTION, KIMI_SECTION_END, LFM2_CLOSE,
-                           LFM2_OPEN, LLAMA3_PYTHON_TAG, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE, MISTRAL_ARGS,
-                           MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, NativeFormat)
+                           LFM2_OPEN, LLAMA3_PYTHON_TAG, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE, MINICPM_PARAM_CLOSE,
+                           MINIMAX_CLOSE, MINIMAX_INVOKE, MINIMAX_INVOKE_CLOSE, MINIMAX_OPEN, MINIMAX_PARAM_CLOSE,
+                           MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_ID, MISTRAL_OPEN, SEED_CLOSE, SEED_OPEN, XML_FUNCTION,
+                           NativeFormat)
 from .schemas import ToolCall
 
 _HARMONY_HEAD = re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>)?\s*json\s*<\|message\|>")
@@ -118,6 +120,12 @@ XML_SHAPES = {
                          re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
                          re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL),
                          re.compile(r"<parameter=([^>\n]+)>"), ("</parameter>",), False, SEED_OPEN, SEED_CLOSE),
+    # inside its block of calls (_minimax_calls)
+    "minimax": XmlShape(re.compile(r'([^"<>\n]+)">'), "",
+                        re.compile(r'([^"<>\n]+)">\s*((?:<parameter name="[^"<>\n]+">.*?</parameter>\s*)*)', re.DOTALL),
+                        re.compile(r'<parameter name="([^"<>\n]+)">(.*?)</parameter>', re.DOTALL),
+                        re.compile(r'<parameter name="([^"<>\n]+)">'), (MINIMAX_PARAM_CLOSE,), False,
+                        MINIMAX_INVOKE, MINIMAX_INVOKE_CLOSE),
     "minicpm5": XmlShape(re.compile(r'([^"<>\n]+)">'), "",
                          re.compile(r'([^"<>\n]+)">\s*((?:<param name="[^"<>\n]+">.*?</param>\s*)*)', re.DOTALL),
                          re.compile(r'<param name="([^"<>\n]+)">(.*?)</param>', re.DOTALL),
@@ -175,6 +183,20 @@ def _xml_calls(shape: XmlShape, text: str, tools: list[dict[str, Any]] | None) -
             args[key] = _xml_value(_read_value(shape, block[offset + m.start(2):offset + m.end(2)]), props.get(key))
         out.append(Begun(name, json.dumps(args, ensure_ascii=False), True))
     return out
+
+
+def _minimax_calls(text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
+    """MiniMax's calls: the invocations inside its one block, whose closing tag (or as much of it
+    as has come) ends them; nothing may follow it."""
+    body = text.removeprefix(MINIMAX_OPEN)
+    end = body.find(MINIMAX_CLOSE)
+    if end >= 0:
+        if body[end + len(MINIMAX_CLOSE):].strip():
+            raise ValueError("text after the calls")
+        body = body[:end]
+    else:
+        body = body[:len(body) - partial_suffix(body, [MINIMAX_CLOSE])]
+    return _xml_calls(XML_SHAPES["minimax"], body, tools)
 
 
 def _read_value(shape: XmlShape, raw: str) -> str:
@@ -391,6 +413,8 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
     KeyError, TypeError) where they do not read."""
     if fmt.name == "hermes":
         return _hermes(text)
+    if fmt.name == "minimax":
+        return _minimax_calls(text, tools)
     if fmt.name in XML_SHAPES:
         return _xml_calls(XML_SHAPES[fmt.name], text, tools)
     if fmt.name in JSON_LISTS:

@@ -14,13 +14,14 @@ from ..engine.gbnf_names import renamed_root
 from .native_answers import xml_written_as_text
 from .native_tools import (CDATA_CLOSE, CDATA_OPEN, DEEPSEEK_TAGS, GLM_KEY, GLM_KEY_CLOSE, GLM_VALUE, GLM_VALUE_CLOSE,
                            HERMES_CLOSE, HERMES_OPEN, JSON_LISTS, MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE,
-                           MINICPM_PARAM, MINICPM_PARAM_CLOSE, SEED_CLOSE, SEED_OPEN, XML_FUNCTION, XML_PARAMETER,
-                           NativeFormat)
+                           MINICPM_PARAM, MINICPM_PARAM_CLOSE, MINIMAX_CLOSE, MINIMAX_INVOKE, MINIMAX_INVOKE_CLOSE,
+                           MINIMAX_OPEN, MINIMAX_PARAM, MINIMAX_PARAM_CLOSE, SEED_CLOSE, SEED_OPEN, XML_FUNCTION,
+                           XML_PARAMETER, NativeFormat)
 
 
 @dataclass(frozen=True)
 class XmlFrame:
-    """How qwen3-coder's, GLM's and MiniCPM 5's grammars frame calls, in GBNF: `call_open` and
+    """How the XML-like formats' grammars frame calls, in GBNF: `call_open` and
     `key_open` take a function's name and a parameter's key as GBNF literals."""
 
     tagged: str  # one call inside its tags (`call` its body)
@@ -32,6 +33,7 @@ class XmlFrame:
     value_end: str  # after a value
     text_end: str  # what a value written as text cannot hold
     cdata: bool = False  # a value written as text may instead be a CDATA block, which holds anything but its end
+    one_block: bool = False  # all the calls inside one pair of tags (`calls` in `tagged`), not one pair each
 
 
 _NL = '"\\n"'
@@ -51,6 +53,11 @@ XML_FRAMES = {
         f'{literal(SEED_OPEN)} {_NL} call {_NL} {literal(SEED_CLOSE)}', _NL, lambda name: literal(f"{XML_FUNCTION}{name}>\n"),
         '"</function>"', lambda key: literal(f"{XML_PARAMETER}{key}>"), f'"{XML_PARAMETER}" [a-zA-Z0-9_.-]+ ">"',
         '"</parameter>\\n"', "</parameter>"),
+    "minimax": XmlFrame(
+        f"{literal(MINIMAX_OPEN)} {_NL} calls {literal(MINIMAX_CLOSE)}", "",
+        lambda name: literal(f'{MINIMAX_INVOKE}{name}">\n'), literal(MINIMAX_INVOKE_CLOSE + "\n"),
+        lambda key: literal(f'{MINIMAX_PARAM}{key}">'), f'{literal(MINIMAX_PARAM)} [a-zA-Z0-9_.-]+ "\\">"',
+        literal(MINIMAX_PARAM_CLOSE + "\n"), MINIMAX_PARAM_CLOSE, one_block=True),
     "minicpm5": XmlFrame(
         "call", f"{_NL}?", lambda name: literal(f'{MINICPM_FUNCTION}{name}">'), literal(MINICPM_FUNCTION_CLOSE),
         lambda key: literal(f'{MINICPM_PARAM}{key}">'), f'{literal(MINICPM_PARAM)} [a-zA-Z0-9_.-]+ "\\">"',
@@ -184,16 +191,18 @@ def _xml_shaped_text(schema: dict) -> str | None:
 
 
 def xml_grammar(fmt: NativeFormat, functions: list[tuple[str, Any]], parallel: bool) -> str:
-    """qwen3-coder's, GLM's and MiniCPM 5's grammar: `functions` are each callable function's name and
+    """The XML-like formats' grammar (XML_FRAMES): `functions` are each callable function's name and
     parameters schema. Its properties come in their declared order, the required ones always; a
     function whose schema lists no properties takes any. A SchemaError's path starts with the
     function's place in `functions`."""
     frame = XML_FRAMES[fmt.name]
     rules, params, _ = parameters_gbnf(functions, lambda _, schema: _xml_text(schema, frame.cdata))
     calls = [(name, items) for (name, _), items in zip(functions, params)]
-    more = f" ({frame.between} tagged-call)*" if parallel else ""
+    more = f" ({frame.between} tagged-call)*" if parallel and not frame.one_block else ""
     lines = [f"root ::= tagged-call{more}", f"tagged-call ::= {frame.tagged}",
              "call ::= " + " | ".join(f"call-{k}" for k in range(len(calls)))]
+    if frame.one_block:
+        lines.append(f"calls ::= call{'+' if parallel else ''}")
     for k, (name, items) in enumerate(calls):
         if items is None:
             body = "xml-any-parameter*"

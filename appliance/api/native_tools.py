@@ -39,6 +39,9 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
   1.6), after its reasoning steps (engine/reasoning.py); the tags are tokens or text;
 - command-r: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`
   (Command R7B), after its plan in `<|START_THINKING|>` (its reasoning, engine/reasoning.py);
+- minimax: `<minimax:tool_call>\n<invoke name="name">\n<parameter name="key">value</parameter>\n...</invoke>\n...</minimax:tool_call>`,
+  all of an answer's calls in one block, values as seed-oss's (MiniMax M2), after its
+  `<think>` block;
 - minicpm5: `<function name="name"><param name="key">value</param>...</function>` for each call,
   a string's value as raw text or in a CDATA block (`<![CDATA[...]]>`, where it holds `<`, `&` or
   a newline), others as JSON (MiniCPM 5); the tag is text, not a token, and starts the grammar
@@ -55,7 +58,7 @@ answer is held by a grammar to the format (api/native_grammars.py) and read back
   as a token (the models write it before a call in their ipython environment, which the
   templates set up when tools are given).
 
-A template with `<tool_call>` tags around another body (MiniMax's `<invoke>`, ...) has no
+A template with `<tool_call>` tags around another body (MiniMax M3's `<invoke>`, ...) has no
 format here.
 
 Where the format opens with a token, that token starts the grammar (api/native_grammars.py): under `auto` the answer is
@@ -114,6 +117,10 @@ SEED_OPEN, SEED_CLOSE = "<seed:tool_call>", "</seed:tool_call>"  # Seed-OSS: qwe
 MINICPM_FUNCTION, MINICPM_FUNCTION_CLOSE = '<function name="', "</function>"
 MINICPM_PARAM, MINICPM_PARAM_CLOSE = '<param name="', "</param>"
 CDATA_OPEN, CDATA_CLOSE = "<![CDATA[", "]]>"
+# MiniMax M2's block of calls, a call, and a parameter
+MINIMAX_OPEN, MINIMAX_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
+MINIMAX_INVOKE, MINIMAX_INVOKE_CLOSE = '<invoke name="', "</invoke>"
+MINIMAX_PARAM, MINIMAX_PARAM_CLOSE = '<parameter name="', "</parameter>"
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ _ALNUM = string.ascii_letters + string.digits
 
 @dataclass(frozen=True)
 class NativeFormat:
-    # hermes, qwen3-coder, seed-oss, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, apriel, mistral, mistral-args,
+    # hermes, qwen3-coder, seed-oss, minimax, glm, minicpm5, lfm2, granite, nemotron, command-r, apertus, apriel, mistral, mistral-args,
     # gemma4, functiongemma, kimi-k2, deepseek-r1, gigachat, llama3, harmony
     name: str
     open_token: int | None = None  # the token that opens the calls (None: llama3's answer is the call)
@@ -150,7 +157,7 @@ class NativeFormat:
     call_id_token: int | None = None  # mistral-args, where the template has [CALL_ID]
     close_token: int | None = None  # gemma4, functiongemma: a call's closing tag; lfm2, nemotron, command-r, apertus: the calls' one
     quote_token: int | None = None  # their string mark, where the vocabulary has it as one token
-    # glm, seed-oss, deepseek-r1: its tags that are tokens; harmony: HARMONY_TAGS'; kimi-k2: a call's begin and end
+    # glm, seed-oss, minimax, deepseek-r1: its tags that are tokens; harmony: HARMONY_TAGS'; kimi-k2: a call's begin and end
     # (written out); llama3: <|python_tag|>, where it is a token
     tag_tokens: tuple[int, ...] = ()
     trigger_text: str | None = None  # the text that starts a lazy grammar, where no token does
@@ -192,6 +199,7 @@ class NativeFormat:
         return {"hermes": HERMES_OPEN, "qwen3-coder": HERMES_OPEN, "glm": HERMES_OPEN, "lfm2": LFM2_OPEN,
                 "harmony": HARMONY_CALL, "granite": GRANITE_OPEN, "nemotron": NEMOTRON_OPEN,
                 "command-r": COMMAND_R_OPEN, "apertus": APERTUS_OPEN, "apriel": APRIEL_OPEN, "seed-oss": SEED_OPEN,
+                "minimax": MINIMAX_OPEN,
                 "kimi-k2": KIMI_SECTION, "deepseek-r1": DEEPSEEK_CALLS, "gigachat": GIGACHAT_OPEN, "mistral": MISTRAL_OPEN,
                 "mistral-args": MISTRAL_OPEN, "minicpm5": MINICPM_FUNCTION}.get(self.name)
 
@@ -234,11 +242,14 @@ def _opened_by(name: str, vocab: Vocab, tag: str, shown: tuple[int, ...]) -> Nat
 def detect(template_source: str, vocab: Vocab) -> NativeFormat | None:
     """The model's own tool-call format, when its template renders tools in one this server reads
     and its vocabulary has the format's tags as single tokens, or the format's opening tag may be
-    text (MiniCPM 5's always; `<tool_call>`, Apriel's, Seed-OSS's and DeepSeek's where it is no token)."""
+    text (MiniCPM 5's always; `<tool_call>`, Apriel's, Seed-OSS's, MiniMax's and DeepSeek's where it
+    is no token)."""
     if "tools" not in template_source:
         return None
     if SEED_OPEN in template_source and SEED_CLOSE in template_source:
         return _opened_by("seed-oss", vocab, SEED_OPEN, _tokens(vocab, (SEED_CLOSE,)))
+    if MINIMAX_OPEN in template_source and MINIMAX_INVOKE in template_source:
+        return _opened_by("minimax", vocab, MINIMAX_OPEN, _tokens(vocab, (MINIMAX_CLOSE,)))
     if MINICPM_FUNCTION in template_source and MINICPM_PARAM in template_source:
         return NativeFormat("minicpm5", trigger_text=MINICPM_FUNCTION)
     if APRIEL_OPEN + "[" in template_source and APRIEL_CLOSE in template_source:

@@ -126,8 +126,8 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
              for k, i in enumerate(callable_tools)}
     gbnf = _convert(schema, where)
     if reply is not None:
-        return ToolPlan(mode, calls_or_reply(gbnf, reply), _instructions(req, mode, named, "grammar" if req.grammar else "json"),
-                        reply=True)
+        kind = "grammar" if req.grammar is not None else "json"
+        return ToolPlan(mode, calls_or_reply(gbnf, reply), _instructions(req, mode, named, kind), reply=True)
     return ToolPlan(mode, gbnf, _instructions(req, mode, named))
 
 
@@ -148,7 +148,7 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
                           "has channels of its own)", param=field)
     parallel = parallel and native.parallel
     xml = partial(native_grammars.xml_grammar, native)
-    builders = {"qwen3-coder": xml, "glm": xml, "minicpm5": xml, "seed-oss": xml,
+    builders = {"qwen3-coder": xml, "glm": xml, "minicpm5": xml, "seed-oss": xml, "minimax": xml,
                 "gemma4": partial(native_grammars.gemma_grammar, native),
                 "functiongemma": partial(native_grammars.gemma_grammar, native),
                 "mistral-args": partial(native_grammars.args_grammar, native),
@@ -211,7 +211,8 @@ def _instructions(req: ChatRequest, mode: str, named: str | None, reply: str | N
             'Reply with one JSON object. To call functions: {"tool_calls": [{"name": "<function name>", '
             '"arguments": {<its parameters>}}]}.')
     if mode == "auto" and reply:
-        text += f" To answer without calling a function, reply with your answer{' in JSON' if reply == 'json' else ''} instead."
+        how = " in JSON" if reply == "json" else ""
+        text += f" To answer without calling a function, reply with your answer{how} instead."
     elif mode == "auto":
         text += ' To answer without calling a function: {"response": "<your answer>"}.'
     elif named is not None:

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SMOLLM2, model_entry
 from appliance.api.native_tools import mistral_id
-from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, DEEPSEEK_R1_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, KIMI_TEMPLATE, KIMI_TOKENS, SEED_OSS_TEMPLATE, SEED_OSS_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
+from native_tool_models import (APERTUS_TEMPLATE, APERTUS_TOKENS, APRIEL_TEMPLATE, DEEPSEEK_R1_TEMPLATE, COMMAND_R_TEMPLATE, GIGACHAT_TEMPLATE, GIGACHAT_TOKENS, KIMI_TEMPLATE, KIMI_TOKENS, MINIMAX_TEMPLATE, MINIMAX_TOKENS, SEED_OSS_TEMPLATE, SEED_OSS_TOKENS, COMMAND_R_TOKENS, FUNCTIONGEMMA_TEMPLATE, FUNCTIONGEMMA_TOKENS,
                                 GEMMA4_TEMPLATE, GEMMA4_TOKENS, GLM_TEMPLATE, GPT_OSS_TEMPLATE, GRANITE_TEMPLATE,
                                 GRANITE_TOKENS, HERMES_TEMPLATE, LFM2_TEMPLATE, LFM2_TOKENS, LLAMA3_TEMPLATE, LLAMA3_TOKENS, MINICPM5_TEMPLATE,
                                 MISTRAL_ARGS_TEMPLATE, MISTRAL_TEMPLATE, MISTRAL_TOKENS, NEMOTRON_TEMPLATE,
@@ -36,7 +36,7 @@ CONTROL_COPIES = [("mistral", MISTRAL_TOKENS, MISTRAL_TEMPLATE), ("lfm2", LFM2_T
                   ("seed-oss", SEED_OSS_TOKENS, SEED_OSS_TEMPLATE), ("kimi-k2", KIMI_TOKENS, KIMI_TEMPLATE),
                   ("gemma4", GEMMA4_TOKENS, GEMMA4_TEMPLATE),
                   ("functiongemma", FUNCTIONGEMMA_TOKENS, FUNCTIONGEMMA_TEMPLATE),
-                  ("llama3-tag", LLAMA3_TOKENS, LLAMA3_TEMPLATE)]
+                  ("llama3-tag", LLAMA3_TOKENS, LLAMA3_TEMPLATE), ("minimax", MINIMAX_TOKENS, MINIMAX_TEMPLATE)]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,9 @@ def server(server_factory, tmp_path_factory):
         "inference": {"speculative": {"sources": ["ngram", "history"]}},
         "models": [model_entry("hermes", hermes, n_parallel=2, chat_template=HERMES_TEMPLATE),
                    model_entry("no-tag", SMOLLM2, n_parallel=1, chat_template=HERMES_TEMPLATE),
-                   *(model_entry(name, copies[name], n_parallel=1, chat_template=template)
+                   *(model_entry(name, copies[name], n_parallel=1, chat_template=template,
+                                 # its think block, which the prompt opens, closed at once
+                                 **({"reasoning_budget": 0} if name == "minimax" else {}))
                      for name, _, template in CONTROL_COPIES),
                    model_entry("mistral-args", copies["mistral"], n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
                    model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
@@ -193,13 +195,13 @@ def test_the_model_list_names_each_models_tool_format(server):
     cards = {c["id"]: c["tool_format"] for c in httpx.get(server.base + "/v1/models").json()["data"]}
     assert cards == {"hermes": "hermes", "no-tag": "hermes", "mistral": "mistral", "mistral-args": "mistral-args",
                      "llama3": "llama3", "qwen3-coder": "qwen3-coder", "glm": "glm", "minicpm5": "minicpm5", "lfm2": "lfm2", "gpt-oss": "harmony", "granite": "granite", "nemotron": "nemotron", "command-r": "command-r", "apertus": "apertus", "apriel": "apriel", "gigachat": "gigachat", "seed-oss": "seed-oss", "kimi-k2": "kimi-k2",
-                     "deepseek-r1": "deepseek-r1", "gemma4": "gemma4",
+                     "minimax": "minimax", "deepseek-r1": "deepseek-r1", "gemma4": "gemma4",
                      "functiongemma": "functiongemma", "llama3-tag": "llama3"}
 
 
 OTHER_FORMATS = ("mistral", "mistral-args", "llama3", "qwen3-coder", "glm", "minicpm5", "lfm2", "gpt-oss", "granite", "nemotron",
                  "command-r", "apertus", "apriel", "gigachat", "seed-oss", "kimi-k2", "deepseek-r1", "gemma4",
-                 "functiongemma")
+                 "functiongemma", "minimax")
 HISTORY = [*WEATHER,
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function",
@@ -237,6 +239,16 @@ def test_mistral_under_auto_calls_once_the_model_writes_its_tag(server, model):
     assert out["finish_reason"] == "tool_calls", out
     assert all(c["function"]["name"] == "add" for c in out["message"]["tool_calls"])
     assert "[TOOL_CALLS]" not in (out["message"]["content"] or "")
+
+
+def test_minimax_under_auto_calls_after_its_think_block_once_the_model_writes_its_tag(server):
+    called = chat(server, WEATHER, model="minimax", tools=[TOOLS[1]], logit_bias={"9": 100},  # <minimax:tool_call>
+                  parallel_tool_calls=False)
+    out = called.json()["choices"][0]
+    assert out["finish_reason"] == "tool_calls", out
+    (call,) = out["message"]["tool_calls"]
+    assert call["function"]["name"] == "add" and set(json.loads(call["function"]["arguments"])) == {"a", "b"}
+    assert "minimax" not in (out["message"]["content"] or "") and not out["message"].get("reasoning_content")
 
 
 def test_llama3_under_auto_answers_text_or_a_call_from_its_first_character(server):
@@ -335,6 +347,10 @@ def test_history_renders_in_each_models_format(server, model):
         assert ("<seed:bos>assistant\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
                 "<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call><seed:eos>"
                 "<seed:bos>tool\n18 degrees, sunny<seed:eos>") in text
+    elif model == "minimax":  # one block of invocations, string values as raw text, results in a tool turn
+        assert ('\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+                '<parameter name="unit">celsius</parameter>\n</invoke>\n</minimax:tool_call>[e~[\n]~b]tool\n'
+                "<response>18 degrees, sunny</response>[e~[") in text
     elif model == "kimi-k2":  # each call's id numbered between its tags, a result headed by its call's id
         assert ('<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>'
                 'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "unit": "celsius"}'

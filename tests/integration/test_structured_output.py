@@ -467,6 +467,20 @@ def _first_key_token(server, model: str, key: str) -> int:
     return ids[len(base)]
 
 
+def streamed_reply(server, body: dict) -> list[str]:
+    """The content pieces of a streamed direct answer, a token a step (no drafts: as many chunks
+    as tokens); no piece is a tool call."""
+    parts = []
+    with httpx.stream("POST", server.base + "/v1/chat/completions",
+                      json={**body, "stream": True, "speculative": False}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                assert "tool_calls" not in delta
+                parts.append(delta.get("content") or "")
+    return parts
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_tools_with_a_response_format_answer_in_that_format_or_call(server, model):
     """Under auto, a direct answer is the JSON the response_format asks for (not {"response": ...}),
@@ -477,16 +491,7 @@ def test_tools_with_a_response_format_answer_in_that_format_or_call(server, mode
     replied = post(server, "/v1/chat/completions", {**body, "logit_bias": {tool: -100}}).json()["choices"][0]
     assert replied["finish_reason"] == "stop" and "tool_calls" not in replied["message"], replied
     check_person(replied["message"]["content"])
-    parts = []
-    with httpx.stream("POST", server.base + "/v1/chat/completions",
-                      # a token a step (no drafts): as many chunks as tokens
-                      json={**body, "logit_bias": {tool: -100}, "stream": True, "speculative": False},
-                      timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                delta = json.loads(line[6:])["choices"][0]["delta"]
-                assert "tool_calls" not in delta
-                parts.append(delta.get("content") or "")
+    parts = streamed_reply(server, {**body, "logit_bias": {tool: -100}})
     assert "".join(parts) == replied["message"]["content"] and len([p for p in parts if p]) > 3
     called = post(server, "/v1/chat/completions", {**body, "logit_bias": {tool: 100}}).json()["choices"][0]
     assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called
@@ -506,8 +511,10 @@ def test_tools_with_a_grammar_answer_in_that_grammar_or_call(server, model):
     request's grammar and streams as written; a call is a call; a grammar that does not compile is
     refused by its own field, not as the tools'."""
     tool = str(_first_key_token(server, model, "tool_calls"))
+
     def first(text: str) -> str:
-        return str(post(server, "/tokenize", {"model": model, "content": text, "add_special": False}).json()["tokens"][0])
+        tokens = post(server, "/tokenize", {"model": model, "content": text, "add_special": False}).json()["tokens"]
+        return str(tokens[0])
 
     yes = first("Yes")
     body = {"model": model, "messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 60,
@@ -515,14 +522,7 @@ def test_tools_with_a_grammar_answer_in_that_grammar_or_call(server, model):
     replied = post(server, "/v1/chat/completions", {**body, "logit_bias": {yes: 100}}).json()["choices"][0]
     assert replied["finish_reason"] == "stop" and "tool_calls" not in replied["message"], replied
     assert re.fullmatch(r"(Yes|No), because [a-z ]{1,40}\.", replied["message"]["content"]), replied
-    parts = []
-    with httpx.stream("POST", server.base + "/v1/chat/completions",
-                      json={**body, "logit_bias": {yes: 100}, "stream": True, "speculative": False}, timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                delta = json.loads(line[6:])["choices"][0]["delta"]
-                assert "tool_calls" not in delta
-                parts.append(delta.get("content") or "")
+    parts = streamed_reply(server, {**body, "logit_bias": {yes: 100}})
     assert "".join(parts) == replied["message"]["content"] and len([p for p in parts if p]) > 3
     called = post(server, "/v1/chat/completions", {**body, "logit_bias": {first('{"'): 100, tool: 100}}).json()["choices"][0]
     assert called["finish_reason"] == "tool_calls" and called["message"]["content"] is None, called

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from appliance.api import native_answers, native_tools, tools
+from appliance.api import native_answers, tools
 from appliance.api.call_stream import compact_json, elements, members, value_end
 from appliance.api.native_tools import NativeFormat
 

@@ -209,3 +209,53 @@ def test_pattern_and_format_grammars_compile_for_every_xml_format(vocab):
         grammar = tools.plan(request(tools=[BOOK], tool_choice="required"), NativeFormat(name, 1)).grammar
         assert "[A-Z]" in grammar and "[0-9]{4}" in grammar, grammar
         Constraint(vocab, grammar, ()).close()  # llama.cpp compiles it
+
+
+MINIMAX = NativeFormat("minimax", trigger_text="<minimax:tool_call>")
+MINIMAX_CALL = '<invoke name="write">\n<parameter name="path">{}</parameter>\n</invoke>\n'
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("<minimax:tool_call>\n" + MINIMAX_CALL.format("a.py") + "</minimax:tool_call>", True),
+    ("<minimax:tool_call>\n" + MINIMAX_CALL.format("a\nb.py")
+     + '<invoke name="free">\n<parameter name="x">1</parameter>\n</invoke>\n</minimax:tool_call>', True),  # one block
+    ("<minimax:tool_call>\n" + MINIMAX_CALL.format("a.py") + "</minimax:tool_call>\n<minimax:tool_call>\n"
+     + MINIMAX_CALL.format("b.py") + "</minimax:tool_call>", False),  # a block each: not how its template writes them
+    ('<minimax:tool_call>\n<invoke name="write">\n<parameter name="lines">3</parameter>\n</invoke>\n'
+     "</minimax:tool_call>", False),  # path is required
+    ("<minimax:tool_call>\n" + MINIMAX_CALL.format("a</parameter>") + "</minimax:tool_call>", False),
+])
+def test_minimax_grammar_holds_its_calls_in_one_block(vocab, text, ok):
+    plan = tools.plan(request(tools=[WRITE, FREE], tool_choice="required"), MINIMAX)
+    assert accepts(vocab, plan.grammar, text) is ok
+
+
+def test_minimax_calls_read_back_whole_and_as_they_stream():
+    template_tools = native_tools.template_tools(request(tools=[WRITE]))
+    text = ('Writing.\n<minimax:tool_call>\n<invoke name="write">\n<parameter name="path">x<y>\n</parameter>\n'
+            '<parameter name="lines">3</parameter>\n</invoke>\n<invoke name="write">\n<parameter name="path">b</parameter>\n'
+            '</invoke>\n</minimax:tool_call>')
+    content, calls, reason = native_answers.read_answer(MINIMAX, text, "stop", template_tools)
+    assert content == "Writing." and reason == "tool_calls"
+    assert [json.loads(c.function.arguments) for c in calls] == [{"path": "x<y>\n", "lines": 3}, {"path": "b"}]
+    reader = native_answers.AnswerReader(MINIMAX, template_tools, stream_calls=True)
+    pieces, shown = [], ""
+    for i in range(0, len(text), 3):
+        shown += reader.push(text[i:i + 3])
+        pieces += reader.take_calls()
+    rest, whole, _ = reader.finish("stop")
+    pieces += reader.take_calls()
+    assert (shown + (rest or "")).strip() == "Writing."
+    assert [c.function.arguments for c in whole] == [c.function.arguments for c in calls]
+    assert "".join(p.arguments for p in pieces if p.index == 0) == calls[0].function.arguments
+    assert "".join(p.arguments for p in pieces if p.index == 1) == calls[1].function.arguments
+    with pytest.raises(ValueError):
+        native_answers.begun_calls(MINIMAX, "<minimax:tool_call>\n" + MINIMAX_CALL.format("a") + "</minimax:tool_call>x")
+
+
+def test_minimax_is_told_by_its_block_and_invoke_tags(vocab):
+    source = ("{%- set toolcall_begin_token = '<minimax:tool_call>' -%} {{ tools }} "
+              "'<invoke name=\"' + tool_call.name + '\">' '</minimax:tool_call>'")
+    fmt = native_tools.detect(source, vocab)
+    assert fmt.name == "minimax" and fmt.trigger == "<minimax:tool_call>"  # text in SmolLM2's vocabulary
+    assert native_tools.detect(source.replace("<invoke name=", "<call name="), vocab) is None
