@@ -73,6 +73,7 @@ class Server:
         self.log_path = workdir / f"{name}.log"
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self.shared = False  # used by more than one test module (server_factory stops it last)
 
     def start(self) -> "Server":
         self._log = open(self.log_path, "wb")
@@ -147,9 +148,8 @@ def smollm2_vocab(real_models) -> Iterator[Any]:
     lc.llama_model_free(model)
 
 
-# Every server the session started, in order, and those shared by modules (main_server).
+# Every server the session started, in order.
 _STARTED: list[Server] = []
-_SHARED: set[int] = set()
 
 
 def stop_all(servers: list[Server]) -> None:
@@ -169,7 +169,7 @@ def servers_stop_with_their_module() -> Iterator[None]:
     stalls that timed tests then measured."""
     first = len(_STARTED)
     yield
-    stop_all([s for s in _STARTED[first:] if id(s) not in _SHARED])
+    stop_all([s for s in _STARTED[first:] if not s.shared])
 
 
 @pytest.fixture(scope="session")
@@ -179,9 +179,8 @@ def server_factory(tmp_path_factory, real_models) -> Iterator:
     def make(config: dict[str, Any], name: str = "server", wait: bool = True, env: dict | None = None,
              shared: bool = False) -> Server:
         srv = Server(config, tmp_path_factory.mktemp(name), name, env).start()
+        srv.shared = shared
         _STARTED.append(srv)
-        if shared:
-            _SHARED.add(id(srv))
         if wait:
             srv.wait_settled()
         return srv

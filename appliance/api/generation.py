@@ -173,19 +173,25 @@ async def request_sampling(req: SamplingOptions, vocab: Vocab | None, tool_plan:
     if req.grammar is None and tool_plan is None and (fmt is None or fmt.type == "text"):
         return sampling_params(req, n_vocab)
 
+    def compiles(text: str, field: str) -> None:
+        try:
+            grammar.check(vocab, text)
+        except GrammarError as e:
+            raise bad_request(str(e), param=field) from None
+
     def build() -> SamplingParams:
         params = sampling_params(req, n_vocab, with_grammar=tool_plan is None)
+        own = tool_plan is not None and req.grammar is not None  # the request's grammar beside tools
         if tool_plan is not None:
             params = replace(params, grammar=tool_plan.grammar, grammar_triggers=tool_plan.triggers,
                              shown_tokens=tool_plan.shown_tokens)
+            if own and not tool_plan.reply:  # for a later turn: not part of this turn's grammar
+                compiles(req.grammar, "grammar")
         try:
-            if tool_plan is not None and req.grammar is not None:  # its own faults name it, not tools
-                try:
-                    grammar.check(vocab, req.grammar)
-                except GrammarError as e:
-                    raise bad_request(str(e), param="grammar") from None
             grammar.check(vocab, params.grammar)
         except GrammarError as e:
+            if own:  # a reply's grammar at fault is named, not the tools
+                compiles(req.grammar, "grammar")
             field = "tools" if tool_plan is not None else "grammar" if req.grammar is not None else "response_format"
             raise bad_request(str(e), param=field) from None
         return params

@@ -105,6 +105,7 @@ class XmlShape:
     open: str = HERMES_OPEN  # what opens a call
     close: str = HERMES_CLOSE  # what closes it
     cdata: bool = False  # a value may be a CDATA block (MiniCPM 5's), which may hold the tags
+    block: tuple[str, str] | None = None  # the tags around all the calls (MiniMax's), where one pair holds them
 
 
 XML_SHAPES = {
@@ -120,12 +121,11 @@ XML_SHAPES = {
                          re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
                          re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL),
                          re.compile(r"<parameter=([^>\n]+)>"), ("</parameter>",), False, SEED_OPEN, SEED_CLOSE),
-    # inside its block of calls (_minimax_calls)
     "minimax": XmlShape(re.compile(r'([^"<>\n]+)">'), "",
                         re.compile(r'([^"<>\n]+)">\s*((?:<parameter name="[^"<>\n]+">.*?</parameter>\s*)*)', re.DOTALL),
                         re.compile(r'<parameter name="([^"<>\n]+)">(.*?)</parameter>', re.DOTALL),
                         re.compile(r'<parameter name="([^"<>\n]+)">'), (MINIMAX_PARAM_CLOSE,), False,
-                        MINIMAX_INVOKE, MINIMAX_INVOKE_CLOSE),
+                        MINIMAX_INVOKE, MINIMAX_INVOKE_CLOSE, block=(MINIMAX_OPEN, MINIMAX_CLOSE)),
     "minicpm5": XmlShape(re.compile(r'([^"<>\n]+)">'), "",
                          re.compile(r'([^"<>\n]+)">\s*((?:<param name="[^"<>\n]+">.*?</param>\s*)*)', re.DOTALL),
                          re.compile(r'<param name="([^"<>\n]+)">(.*?)</param>', re.DOTALL),
@@ -149,9 +149,11 @@ def _unwrapped(raw: str) -> str:
 
 
 def _xml_calls(shape: XmlShape, text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
-    """Calls in an XML-like format (qwen3-coder's, GLM's, MiniCPM 5's): each named once its name
-    is whole, its arguments as they are written (_xml_arguments_so_far), whole when its tag
-    closes. The tags are looked for outside CDATA blocks."""
+    """Calls in an XML-like format (qwen3-coder's, GLM's, MiniCPM 5's, ...): each named once its
+    name is whole, its arguments as they are written (_xml_arguments_so_far), whole when its tag
+    closes. The tags are looked for outside CDATA blocks; where one block holds the calls, inside it."""
+    if shape.block is not None:
+        text = _block_body(text, *shape.block)
     schemas = _parameters_of(tools)
     view = _cdata_hidden(text) if shape.cdata else text
     starts = [m.end() for m in re.finditer(re.escape(shape.open), view)]
@@ -185,18 +187,16 @@ def _xml_calls(shape: XmlShape, text: str, tools: list[dict[str, Any]] | None) -
     return out
 
 
-def _minimax_calls(text: str, tools: list[dict[str, Any]] | None) -> list[Begun]:
-    """MiniMax's calls: the invocations inside its one block, whose closing tag (or as much of it
-    as has come) ends them; nothing may follow it."""
-    body = text.removeprefix(MINIMAX_OPEN)
-    end = body.find(MINIMAX_CLOSE)
-    if end >= 0:
-        if body[end + len(MINIMAX_CLOSE):].strip():
-            raise ValueError("text after the calls")
-        body = body[:end]
-    else:
-        body = body[:len(body) - partial_suffix(body, [MINIMAX_CLOSE])]
-    return _xml_calls(XML_SHAPES["minimax"], body, tools)
+def _block_body(text: str, open_: str, close: str) -> str:
+    """What is inside the one block of calls `text` opens with, up to its closing tag (or as much
+    of that tag as has come); nothing may follow the tag."""
+    body = text.removeprefix(open_)
+    end = body.find(close)
+    if end < 0:
+        return body[:len(body) - partial_suffix(body, [close])]
+    if body[end + len(close):].strip():
+        raise ValueError("text after the calls")
+    return body[:end]
 
 
 def _read_value(shape: XmlShape, raw: str) -> str:
@@ -413,8 +413,6 @@ def begun_calls(fmt: NativeFormat, text: str, tools: list[dict[str, Any]] | None
     KeyError, TypeError) where they do not read."""
     if fmt.name == "hermes":
         return _hermes(text)
-    if fmt.name == "minimax":
-        return _minimax_calls(text, tools)
     if fmt.name in XML_SHAPES:
         return _xml_calls(XML_SHAPES[fmt.name], text, tools)
     if fmt.name in JSON_LISTS:

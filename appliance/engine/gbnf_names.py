@@ -32,10 +32,3 @@ def renamed_root(gbnf: str, name: str) -> str:
 def prefixed_rules(gbnf: str, prefix: str) -> str:
     """`gbnf` with every rule name prefixed (its start symbol becomes `{prefix}root`)."""
     return renamed(gbnf, lambda rule: prefix + rule)
-
-
-def rule_names(gbnf: str) -> set[str]:
-    """The rule names `gbnf` defines or uses."""
-    found: set[str] = set()
-    renamed(gbnf, lambda rule: found.add(rule) or rule)
-    return found
