@@ -52,6 +52,20 @@ def patient_http() -> Iterator[None]:
         yield
 
 
+def share_file_facts(cache_dir: Path, facts: Path) -> None:
+    """Point the facts a server keeps about model files (hashes, GGUF dimensions, K means, the
+    exactness probe's answer: resources/file_facts.py) at `facts`, shared by every server of the
+    session, as they are by every start of an appliance; the rest of its cache dir (the prefix
+    cache's disk tier) stays its own. Measured afresh, they cost each server 5-8 s on 2 cores; a
+    test of how they are measured gives its server a cache_dir of its own."""
+    from appliance.resources import file_facts
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for kind in file_facts.KINDS:
+        (facts / kind).mkdir(parents=True, exist_ok=True)
+        (cache_dir / kind).symlink_to(facts / kind, target_is_directory=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,11 +75,15 @@ def free_port() -> int:
 class Server:
     """An `eie serve` process on a free loopback port."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "server", env: dict[str, str] | None = None):
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "server", env: dict[str, str] | None = None,
+                 facts: Path | None = None):
         self.env = {**os.environ, **(env or {})}
         self.port = free_port()
         self.config_path = workdir / f"{name}.yaml"
-        server = {"state_dir": str(workdir / f"{name}-state"), "cache_dir": str(workdir / f"{name}-cache"),
+        cache = workdir / f"{name}-cache"
+        if facts is not None and "cache_dir" not in config.get("server", {}):
+            share_file_facts(cache, facts)
+        server = {"state_dir": str(workdir / f"{name}-state"), "cache_dir": str(cache),
                   **config.get("server", {}),
                   "host": "127.0.0.1", "port": self.port}
         config = {**config, "server": server}
@@ -176,9 +194,11 @@ def servers_stop_with_their_module() -> Iterator[None]:
 def server_factory(tmp_path_factory, real_models) -> Iterator:
     """make(config, name): a started `eie serve`, settled unless `wait` is false; it stops when
     its test module ends (`shared`: when the session does)."""
+    facts = tmp_path_factory.mktemp("file-facts")
+
     def make(config: dict[str, Any], name: str = "server", wait: bool = True, env: dict | None = None,
              shared: bool = False) -> Server:
-        srv = Server(config, tmp_path_factory.mktemp(name), name, env).start()
+        srv = Server(config, tmp_path_factory.mktemp(name), name, env, facts).start()
         srv.shared = shared
         _STARTED.append(srv)
         if wait:

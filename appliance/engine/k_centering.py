@@ -145,11 +145,11 @@ def centers_for(model: lc.llama_model_p, path: Path, n_threads: int, cache_dir: 
     """The model's K means: from the cache directory when measured before, else measured (and saved)."""
     text = calibration_text()
     key = (*file_facts.stat_key(path), build_id(), CALIBRATION_TOKENS, hashlib.sha256(text.encode()).hexdigest())
-    stored = file_facts.load(cache_dir, "k-centers", key)
+    stored = file_facts.load(cache_dir, file_facts.K_CENTERS, key)
     if isinstance(stored, list) and stored and all(isinstance(v, float) for v in stored):
         return np.asarray(stored, dtype=np.float32)
     centers = measure(model, n_threads, cores, cancel)
-    file_facts.save(cache_dir, "k-centers", key, [float(v) for v in centers])
+    file_facts.save(cache_dir, file_facts.K_CENTERS, key, [float(v) for v in centers])
     return centers
 
 

@@ -70,9 +70,6 @@ _shapes: dict[tuple[str, int, int], GgufShape] = {}
 _shape_failures: dict[tuple[str, int, int], str] = {}
 
 
-SHAPE_FACTS = "gguf-shape-3"  # -2: with the tied output matrix (resources/repack.py); -3: the layer table
-
-
 def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
     """A GGUF file's dimensions, cached per version of the file (in memory, and on disk under
     `cache_dir`: reading a header costs a vocab-only load in a child); raises ValueError, also
@@ -93,7 +90,7 @@ def shape_of(path: Path, cache_dir: Path | None = None) -> GgufShape:
 
 
 def _read_shape(path: Path, key: tuple, cache_dir: Path | None) -> GgufShape:
-    stored = file_facts.load(cache_dir, SHAPE_FACTS, key)
+    stored = file_facts.load(cache_dir, file_facts.GGUF_SHAPE, key)
     try:
         return GgufShape(**{**stored, "block_bytes": tuple(stored["block_bytes"])})
     except (TypeError, KeyError):  # missing, unreadable or from another version of this code
@@ -104,7 +101,7 @@ def _read_shape(path: Path, key: tuple, cache_dir: Path | None) -> GgufShape:
     blocks, output = offload.layer_table(gguf_tensors.sizes(tensors), shape.n_layer, tied_bytes)
     shape = dataclasses.replace(shape, tied_output_type=tied_type, tied_output_bytes=tied_bytes,
                                 block_bytes=blocks, output_bytes=output)
-    file_facts.save(cache_dir, SHAPE_FACTS, key, dataclasses.asdict(shape))
+    file_facts.save(cache_dir, file_facts.GGUF_SHAPE, key, dataclasses.asdict(shape))
     return shape
 
 

@@ -36,7 +36,7 @@ def file_sha256(path: Path, cache_dir: Path | None = None) -> str:
     with _hash_lock:
         if key in _file_hashes:
             return _file_hashes[key]
-    stored = file_facts.load(cache_dir, "file-sha256", key)
+    stored = file_facts.load(cache_dir, file_facts.FILE_SHA256, key)
     if isinstance(stored, str) and len(stored) == 64 and all(c in "0123456789abcdef" for c in stored):
         digest = stored
     else:
@@ -45,7 +45,7 @@ def file_sha256(path: Path, cache_dir: Path | None = None) -> str:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 h.update(chunk)
         digest = h.hexdigest()
-        file_facts.save(cache_dir, "file-sha256", key, digest)
+        file_facts.save(cache_dir, file_facts.FILE_SHA256, key, digest)
     with _hash_lock:
         _file_hashes[key] = digest
     return digest

@@ -393,7 +393,7 @@ class ModelRunner:
     def _cached_exact_rows(self) -> bool:
         """Take the exactness probe's answer from the cache dir, when it has one for these KV types."""
         key, max_rows = self._exact_rows_key()
-        cached = file_facts.load(self.cache_dir, "exact-verify-rows", key)
+        cached = file_facts.load(self.cache_dir, file_facts.EXACT_VERIFY_ROWS, key)
         if not (isinstance(cached, int) and 1 <= cached <= max_rows):
             return False
         self.spec.exact_rows, self.spec.exact_kv = cached, (self.loaded.type_k, self.loaded.type_v)
@@ -416,7 +416,7 @@ class ModelRunner:
                                               cancel=self.cancel)
         finally:
             self.cores.release(granted)
-        file_facts.save(self.cache_dir, "exact-verify-rows", key, self.spec.exact_rows)
+        file_facts.save(self.cache_dir, file_facts.EXACT_VERIFY_ROWS, key, self.spec.exact_rows)
         self.spec.exact_kv = (self.loaded.type_k, self.loaded.type_v)
         log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name,
                  self.spec.exact_rows)

@@ -18,6 +18,14 @@ from typing import Any
 
 log = logging.getLogger("eie.cache")
 
+# The kinds of fact, one directory each under the cache directory; a kind's name changes with its
+# layout, so that an entry of an older layout is never read as a newer one.
+FILE_SHA256 = "file-sha256"
+GGUF_SHAPE = "gguf-shape-3"  # -2: with the tied output matrix (resources/repack.py); -3: the layer table
+K_CENTERS = "k-centers"
+EXACT_VERIFY_ROWS = "exact-verify-rows"
+KINDS = (FILE_SHA256, GGUF_SHAPE, K_CENTERS, EXACT_VERIFY_ROWS)
+
 
 def stat_key(path: Path) -> tuple:
     st = path.stat()

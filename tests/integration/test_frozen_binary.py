@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from appliance.engine.manager import SHAPE_FACTS
+from appliance.resources import file_facts
 from conftest import ROOT, build_spec_host_libs, free_port
 
 HOST_LIBS = build_spec_host_libs()
@@ -131,4 +131,4 @@ def test_frozen_binary_serves_the_default_preset_from_an_empty_environment(froze
     text = (tmp_path / "frozen.log").read_text(errors="replace")
     assert rc == 0, text
     assert "Traceback" not in text, text
-    assert len(list((tmp_path / "cache" / SHAPE_FACTS).iterdir())) == 2  # both models' headers
+    assert len(list((tmp_path / "cache" / file_facts.GGUF_SHAPE).iterdir())) == 2  # both models' headers

@@ -10,9 +10,10 @@ import httpx
 from conftest import GEMMA3, SMOLLM2, model_entry
 
 
-def test_health_is_503_loading_until_the_fixed_set_is_ready(server_factory):
-    srv = server_factory(
-        {"models": [model_entry("smollm2-135m", SMOLLM2), model_entry("gemma3-270m", GEMMA3, n_ctx=8192)]},
+def test_health_is_503_loading_until_the_fixed_set_is_ready(server_factory, tmp_path):
+    srv = server_factory(  # a cache dir of its own: a first boot, which measures K means
+        {"server": {"cache_dir": str(tmp_path / "cache")},
+         "models": [model_entry("smollm2-135m", SMOLLM2), model_entry("gemma3-270m", GEMMA3, n_ctx=8192)]},
         "boot", wait=False,
     )
     seen: list[tuple[int, str, dict]] = []

@@ -102,10 +102,11 @@ def test_stopping_the_manager_mid_boot_cancels_the_load(real_models, tmp_path):
     assert not (tmp_path / "cache" / "k-centers").exists() or not any((tmp_path / "cache" / "k-centers").iterdir())
 
 
-def test_sigterm_during_the_first_boot_ends_the_server_at_once(server_factory):
+def test_sigterm_during_the_first_boot_ends_the_server_at_once(server_factory, tmp_path):
     """The unit's stop: SIGTERM while both models still load (a fresh cache directory, so K
     centring and the exactness probe run) ends the process cleanly in seconds."""
-    srv = server_factory({"models": [model_entry("smollm2-135m", SMOLLM2, speculative={"sources": ["ngram"]}),
+    srv = server_factory({"server": {"cache_dir": str(tmp_path / "cache")},
+                          "models": [model_entry("smollm2-135m", SMOLLM2, speculative={"sources": ["ngram"]}),
                                      model_entry("gemma3-270m", GEMMA3, speculative={"sources": ["ngram"]})]},
                          "sigterm-boot", wait=False)
     srv.wait_up()

@@ -150,10 +150,11 @@ def test_a_first_boot_probes_at_the_first_step_and_a_restart_reads_the_answer_at
     srv.stop()
 
 
-def test_a_kv_type_change_measures_exact_verification_again(server_factory):
+def test_a_kv_type_change_measures_exact_verification_again(server_factory, tmp_path):
     # other KV types take other attention kernels: greedy sequences verify no drafts until the
-    # probe has run for the new types, on a free sequence, at the next step
-    srv = server_factory({"models": [model_entry("m", SMOLLM2, n_parallel=2, speculative={"sources": ["ngram"]})]},
+    # probe has run for the new types, on a free sequence, at the next step (a cache dir of its
+    # own, where no server has measured them)
+    srv = server_factory({"server": {"cache_dir": str(tmp_path / "cache")}, "models": [model_entry("m", SMOLLM2, n_parallel=2, speculative={"sources": ["ngram"]})]},
                          "spec-kv-change")
     before = probed_status(srv, "m")
     assert before["exact_verify_rows"] == 17 and before["exact_verify_kv"] not in (None, ["q8_0", "q8_0"])

@@ -7,6 +7,7 @@ import json
 import time
 
 from appliance.engine import prefix
+from appliance.resources import file_facts
 
 
 def test_the_hash_is_kept_on_disk_and_a_rewritten_file_is_hashed_again(tmp_path):
@@ -46,7 +47,7 @@ def test_gguf_dimensions_are_read_once_per_file_version(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_header, "read", no_header)
     assert manager.shape_of(SMOLLM2, tmp_path) == first
     manager._shapes.clear()
-    for entry in (tmp_path / manager.SHAPE_FACTS).iterdir():
+    for entry in (tmp_path / file_facts.GGUF_SHAPE).iterdir():
         entry.write_text('{"n_layer": 1}')  # from another version of the code: read again
     monkeypatch.undo()
     assert manager.shape_of(SMOLLM2, tmp_path) == first
