@@ -25,7 +25,7 @@ def hostile(server_factory):
     return server_factory({
         "model_dir": str(MODELS),
         "server": {"api_keys": [KEY], "admin_keys": [ADMIN],
-                   "limits": {"max_tokens": 8, "max_body_bytes": 1 << 20, "request_timeout_s": 30}},
+                   "limits": {"max_tokens": 2, "max_body_bytes": 1 << 20, "request_timeout_s": 30}},
         "models": [model_entry("a", SMOLLM2.name, n_ctx=512, threads=1, n_parallel=4)],
         "groups": [{"name": "g", "models": ["a"]}, {"name": "c", "models": ["a", "a"], "type": "sequential"}],
     }, "hostile")
@@ -65,7 +65,7 @@ CORPUS = [
      "invalid_value"),
     ("token id out of vocab", "/v1/completions", {"model": "a", "prompt": [10**9]}, 400, "prompt", None),
     ("negative max_tokens", "/v1/chat/completions", chat(max_tokens=-1), 400, "max_tokens", "invalid_value"),
-    ("max_tokens over the limit", "/v1/chat/completions", chat(max_tokens=9), 400, "max_tokens", None),
+    ("max_tokens over the limit", "/v1/chat/completions", chat(max_tokens=3), 400, "max_tokens", None),
     ("negative top_logprobs", "/v1/chat/completions", chat(logprobs=True, top_logprobs=-3), 400, "top_logprobs",
      "invalid_value"),
     ("invalid utf-8", "/v1/chat/completions",
