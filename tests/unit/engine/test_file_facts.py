@@ -113,3 +113,17 @@ def test_a_load_reads_its_headers_outside_the_managers_lock(tmp_path, monkeypatc
     finally:
         manager.stop()
     assert held == {"target.gguf": False, "draft.gguf": False}
+
+
+def test_every_kind_of_fact_kept_is_listed_in_kinds():
+    """KINDS is what tests/conftest.py shares between a run's servers: a kind kept but not listed
+    there would be measured again by every server."""
+    import re
+    from pathlib import Path
+
+    root = Path(file_facts.__file__).resolve().parents[1]
+    uses = [m.strip() for f in root.rglob("*.py")
+            for m in re.findall(r"file_facts\.(?:load|save)\([^,]+,([^,]+),", f.read_text())]
+    assert len(uses) >= 8  # a load and a save of each kind
+    assert all(re.fullmatch(r"file_facts\.[A-Z0-9_]+", u) for u in uses), uses  # named, not a literal
+    assert {getattr(file_facts, u.split(".")[1]) for u in uses} == set(file_facts.KINDS)
