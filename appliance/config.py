@@ -275,6 +275,10 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     metrics_auth: MetricsAuth = "open"
     # SIGTERM: how long in-flight requests may finish before they are cancelled.
     drain_grace_s: Annotated[float, Meta(ge=0, le=3600)] = 20.0
+    # A streamed answer (SSE) with nothing to send for this long gets a comment line, so proxies
+    # and clients with idle timeouts keep it open (0: never). The first one starts the response:
+    # a failure after it is the stream's last event instead of an HTTP status.
+    stream_keepalive_s: Annotated[float, Meta(ge=0, le=3600)] = 15.0
     # Log lines as JSON objects (one per line) or as plain text.
     log_format: LogFormat = "json"
     limits: LimitsConfig = field(default_factory=LimitsConfig)

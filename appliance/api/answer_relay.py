@@ -79,8 +79,8 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
     try:
         async for _, ev in gens.events():
             if not started:
-                if isinstance(ev, Failed):
-                    raise failure_error(ev)
+                if isinstance(ev, Failed) and (sse is None or not sse.started):
+                    raise failure_error(ev)  # (a keep-alive starts the response: then in-band)
                 started = True
                 await send(writer.start())
             if isinstance(ev, TextDelta):
@@ -127,16 +127,28 @@ async def relay_chat(request: Request, config: Config, runner: ModelRunner, chat
 
 async def relay_whole(request: Request, writer: AnswerWriter, thought: str | None, text: str, ending: Ending,
                       stream: bool, framing: Callable[[Event], bytes] = named_event,
-                      content_type: bytes = b"text/event-stream") -> None:
+                      content_type: bytes = b"text/event-stream", sse: EventStream | None = None) -> None:
     """An answer that is whole already (a group's: api/group_chat.py) through `writer`, streamed
-    as relay streams one (in one go) or answered whole."""
+    as relay streams one (in one go; `sse`: the stream opened while it was made) or answered whole."""
     events = writer.start() + writer.push(thought or "", text, []) + writer.finish(ending)
     if not stream:
         await request.json(200, writer.result)
         return
-    sse = EventStream(request, content_type=content_type)
+    sse = sse or EventStream(request, content_type=content_type)
     try:
         for event in events:
+            await sse.raw(framing(event))
+        await sse.close()
+    except OSError:  # the client went away
+        pass
+
+
+async def relay_failure(sse: EventStream, writer: AnswerWriter, err: ApiError,
+                        framing: Callable[[Event], bytes] = named_event) -> None:
+    """A failure on a stream that a keep-alive started before the answer did: the writer's start
+    and its in-band error."""
+    try:
+        for event in writer.start() + writer.failed(err):
             await sse.raw(framing(event))
         await sse.close()
     except OSError:  # the client went away

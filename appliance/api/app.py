@@ -200,6 +200,7 @@ class App:
             info.content = {}
         token = context.current.set(info)
         request = Request(scope, receive, send_tagged)
+        request.keepalive_s = self.config.server.stream_keepalive_s
         route: Route | None = None
         counted = False
         who: str | None = None  # the limits' holder, once admitted
@@ -233,6 +234,8 @@ class App:
             info.error_code = "internal"
             await self._safe_error(request, ApiError(500, "internal server error", type="server_error"))
         finally:
+            if request.stream is not None:
+                request.stream.stop()
             if who is not None:
                 self.limits.release(who)
             if counted:
@@ -289,7 +292,14 @@ class App:
 
     @staticmethod
     async def _safe_error(request: Request, err: ApiError) -> None:
+        stream = request.stream
         try:
+            if stream is not None and stream.started:
+                # a keep-alive started the response: the error is the stream's last event
+                if not stream.closed and stream.content_type == b"text/event-stream":
+                    await stream.raw(b"data: " + request.error_body(err) + b"\n\n")
+                    await stream.close()
+                return
             await request.error(err)
         except (OSError, RuntimeError):
             pass  # response already started or client gone

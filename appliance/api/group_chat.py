@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..config import GroupConfig
 from ..groups.executor import GroupCall, GroupResult, MemberResult
-from .answer_relay import AnswerWriter, Ending, Event, named_event, relay_whole
+from .answer_relay import AnswerWriter, Ending, Event, named_event, relay_failure, relay_whole
 from .chat_answer import Parts
 from .errors import ApiError, bad_request
 from .generation import refuse_unsupported
@@ -109,16 +109,20 @@ class GroupChat:
         if stream and group.type == "sequential" and group.fallback == "strict":
             await _LiveAnswer(self.groups, request, group, call, writer_for, framing, content_type).run()
             return
+        sse = EventStream(request, content_type=content_type) if stream else None  # (keep-alives meanwhile)
         result = await self.groups.run_watched(request, group, call)
         if result is None:
             return  # the client went away; the group's sequences were cancelled
         self.groups.on_result(group.name, result)
         if result.failed:
-            raise _group_failed(result)
+            if sse is None or not sse.started:
+                raise _group_failed(result)
+            await relay_failure(sse, writer_for(0), _group_failed(result), framing)
+            return
         _, text, thought, reason = _answers(group, result)[0]
         ending = _ending(result, reason)
         await relay_whole(request, writer_for(ending.prompt_tokens), thought, text, ending, stream, framing,
-                          content_type)
+                          content_type, sse)
 
     async def chat(self, request: Request, req: ChatRequest, group: GroupConfig) -> None:
         call = await self._call(req, group)
@@ -245,9 +249,9 @@ class _LiveAnswer:
             result = await self.groups.executor.run(self.group, self.call, self._delta, self._done)
             self.groups.on_result(self.group.name, result)
             if result.failed:
-                if self.writer is None:
+                if self.writer is None and not self.sse.started:  # (no keep-alive started it either)
                     raise _group_failed(result)
-                await self._send(self.writer.failed(_group_failed(result)))
+                await self._send((await self._started()).failed(_group_failed(result)))
             else:
                 _, text, thought, reason = _answers(self.group, result)[0]
                 streamed = self.writer is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from urllib.parse import parse_qs
 from typing import Any, Awaitable, Callable
 
@@ -29,6 +30,8 @@ class Request:
         self.path_params: dict[str, str] = {}  # the route's {name} segments
         self.template: str | None = None  # the route's path with {name} segments, where it has them
         self.error_body: Callable[[ApiError], bytes] = ApiError.body  # the route's error envelope
+        self.keepalive_s = 0.0  # server.stream_keepalive_s: an idle event stream's comment interval
+        self.stream: EventStream | None = None  # the response's event stream, once a route opens one
 
     def query(self, key: str) -> str | None:
         """The first value of a query-string parameter (None: not given)."""
@@ -90,14 +93,26 @@ class Request:
 
 class EventStream:
     """Server-sent events (or another streamed body: `content_type`); the response starts with the
-    first event, so errors before it keep their status."""
+    first event, so errors before it keep their status.
+
+    An SSE stream with nothing to send for `request.keepalive_s` gets a comment line, so proxies
+    and clients with idle timeouts keep it open while the request waits for a slot, its prompt is
+    read or a group's earlier members answer. The first one starts the response: a failure after
+    it goes in the stream, as one after the first event does."""
 
     def __init__(self, request: Request, headers: list[tuple[bytes, bytes]] | None = None,
                  content_type: bytes = b"text/event-stream"):
         self.request = request
         self.started = False
+        self.closed = False
         self.extra_headers = headers or []
         self.content_type = content_type
+        self._sending = 0
+        self._last = time.monotonic()
+        self._ticker: asyncio.Task[None] | None = None
+        request.stream = self
+        if request.keepalive_s > 0 and content_type == b"text/event-stream":
+            self._ticker = asyncio.ensure_future(self._keep_alive(request.keepalive_s))
 
     async def _start(self) -> None:
         headers = [
@@ -105,20 +120,43 @@ class EventStream:
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]
+        self.started = True
         await self.request.send(
             {"type": "http.response.start", "status": 200, "headers": headers + self.extra_headers}
         )
-        self.started = True
+
+    async def _keep_alive(self, interval: float) -> None:
+        try:
+            while not self.closed:
+                wait = self._last + interval - time.monotonic()
+                if wait <= 0 and not self._sending:
+                    await self.raw(b": keep-alive\n\n")
+                else:  # (a send under way, to a slow reader, counts as activity)
+                    await asyncio.sleep(wait if wait > 0 else interval)
+        except (OSError, RuntimeError):
+            pass  # the client went away, or the response ended meanwhile
 
     async def event(self, obj: Any) -> None:
         await self.raw(b"data: " + encoder.encode(obj) + b"\n\n")
 
     async def raw(self, data: bytes) -> None:
-        if not self.started:
-            await self._start()
-        await self.request.send({"type": "http.response.body", "body": data, "more_body": True})
+        self._sending += 1
+        try:
+            if not self.started:
+                await self._start()
+            await self.request.send({"type": "http.response.body", "body": data, "more_body": True})
+        finally:
+            self._sending -= 1
+            self._last = time.monotonic()
+
+    def stop(self) -> None:
+        """No more keep-alives (the request is over, however it ended)."""
+        self.closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
 
     async def close(self) -> None:
+        self.stop()
         if not self.started:
             await self._start()
         await self.request.send({"type": "http.response.body", "body": b"", "more_body": False})
