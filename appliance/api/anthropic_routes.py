@@ -58,7 +58,7 @@ class AnthropicRoutes:
             await self.groups.relay_answer(request, chat, group, lambda tokens: MessageEvents(req.model, tokens),
                                            req.stream)
             return
-        runner = await generation_runner(self.manager, req.model)
+        runner = await generation_runner(self.manager, req.model, sse=request if req.stream else None)
         prompt, params, shape = await chat_answer_plan(runner, chat)
         writer = MessageEvents(req.model, len(prompt))
         await relay_chat(request, self.config, runner, chat, prompt, params, shape, writer, req.stream, "messages")

@@ -295,9 +295,10 @@ class App:
         stream = request.stream
         try:
             if stream is not None and stream.started:
-                # a keep-alive started the response: the error is the stream's last event
+                # a keep-alive started the response: the error is the stream's last event, named
+                # so that the OpenAI and Anthropic SDKs raise it
                 if not stream.closed and stream.content_type == b"text/event-stream":
-                    await stream.raw(b"data: " + request.error_body(err) + b"\n\n")
+                    await stream.raw(b"event: error\ndata: " + request.error_body(err) + b"\n\n")
                     await stream.close()
                 return
             await request.error(err)

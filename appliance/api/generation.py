@@ -25,7 +25,7 @@ from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbn
 from . import legacy_functions, native_tools, tools
 from .chat_answer import AnswerShape
 from .errors import ApiError, bad_request
-from .http import Request
+from .http import EventStream, Request
 from .infill import infill_prompt
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, LoraScale, SamplingOptions, TextPart
 from .tools import ToolPlan
@@ -33,10 +33,12 @@ from .tools import ToolPlan
 RETRY_AFTER = [(b"retry-after", b"1")]
 
 
-async def generation_runner(manager: ModelManager, name: str, lora: list[LoraScale] | None = None) -> ModelRunner:
+async def generation_runner(manager: ModelManager, name: str, lora: list[LoraScale] | None = None,
+                            sse: Request | None = None) -> ModelRunner:
     """resolve_runner for a request that generates: an embedding model is a 400. `lora` is
-    llama-server's per-request adapter list (request_adapters)."""
-    runner = await resolve_runner(manager, name)
+    llama-server's per-request adapter list (request_adapters); `sse`: a request answered by SSE,
+    which gets keep-alives while the model loads on demand."""
+    runner = await resolve_runner(manager, name, sse)
     if runner.cfg.embedding:
         raise bad_request(f"model '{name}' is an embedding model: it serves /v1/embeddings only", param="model")
     return request_adapters(runner, lora) if lora is not None else runner
@@ -60,9 +62,12 @@ def request_adapters(runner: ModelRunner, lora: list[LoraScale]) -> ModelRunner:
     return AdaptedRunner(base, runner.name, tuple(sorted((i, s) for i, s in chosen.items() if s)))
 
 
-async def resolve_runner(manager: ModelManager, name: str) -> ModelRunner:
-    """The model's runner, ready to take requests (loaded first if the strategy loads on demand)."""
+async def resolve_runner(manager: ModelManager, name: str, sse: Request | None = None) -> ModelRunner:
+    """The model's runner, ready to take requests (loaded first if the strategy loads on demand;
+    `sse`: a request answered by SSE, whose stream opens now so that a long load gets keep-alives)."""
     try:
+        if sse is not None and not manager.is_ready(name):
+            EventStream(sse)  # the route's own stream takes it over
         runner = await manager.ready_runner(name)
         req = context.info()
         if req is not None:

@@ -110,6 +110,9 @@ class EventStream:
         self._sending = 0
         self._last = time.monotonic()
         self._ticker: asyncio.Task[None] | None = None
+        if (prior := request.stream) is not None:  # one opened while the model loaded: its response goes on
+            prior.stop()
+            self.started = prior.started
         request.stream = self
         if request.keepalive_s > 0 and content_type == b"text/event-stream":
             self._ticker = asyncio.ensure_future(self._keep_alive(request.keepalive_s))

@@ -124,7 +124,7 @@ class LlamaServerRoutes:
     async def _infill(self, request: Request) -> None:
         limits = self.config.server.limits
         req: InfillRequest = decoded(_infill_decoder, await request.body(limits.max_body_bytes))
-        runner = await self._runner(req)
+        runner = await self._runner(req, request)
         requested = _requested(req.n_predict, req.max_tokens)
         prompt: InfillPrompt = await asyncio.to_thread(
             infill_prompt, runner.vocab, req.input_prefix, req.input_suffix,
@@ -135,7 +135,7 @@ class LlamaServerRoutes:
     async def _completion(self, request: Request) -> None:
         req: NativeCompletionRequest = decoded(_completion_decoder,
                                                await request.body(self.config.server.limits.max_body_bytes))
-        runner = await self._runner(req)
+        runner = await self._runner(req, request)
         if isinstance(req.prompt, str):
             tokens = await asyncio.to_thread(runner.vocab.tokenize, req.prompt, add_special=True, parse_special=True)
         else:
@@ -185,10 +185,10 @@ class LlamaServerRoutes:
             raise engine_error(e) from None
         await request.json(200, AppliedTemplate(text))
 
-    async def _runner(self, req: SamplingFields) -> ModelRunner:
+    async def _runner(self, req: SamplingFields, request: Request) -> ModelRunner:
         if req.n != 1:
             raise bad_request("llama-server's endpoints give one answer: n must be 1", param="n")
-        return await generation_runner(self.manager, req.model, req.lora)
+        return await generation_runner(self.manager, req.model, req.lora, request if req.stream else None)
 
     async def _generate(self, request: Request, runner: ModelRunner, req: InfillRequest | NativeCompletionRequest,
                         prompt: InfillPrompt, requested: int | None, param: str) -> None:

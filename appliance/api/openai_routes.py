@@ -212,7 +212,7 @@ class OpenAIRoutes:
             await self.groups.chat(request, req, group)
             return
         req, legacy = legacy_functions.as_tools(req)
-        runner = await generation_runner(self.manager, req.model, req.lora)
+        runner = await generation_runner(self.manager, req.model, req.lora, request if req.stream else None)
         try:
             prompt, params, shape = await chat_answer_plan(runner, req)
         except ApiError as e:
@@ -236,7 +236,7 @@ class OpenAIRoutes:
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = decoded(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        runner = await generation_runner(self.manager, req.model, req.lora)
+        runner = await generation_runner(self.manager, req.model, req.lora, request if req.stream else None)
         params = await request_sampling(req, runner.vocab)
         prompts = await asyncio.to_thread(completion_prompts, runner, req)
         # OpenAI's default for the legacy completions endpoint is 16 tokens.

@@ -94,7 +94,7 @@ class ResponsesRoutes:
         if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
             await self.groups.relay_answer(request, chat, group, lambda _: writer, req.stream)
             return
-        runner = await generation_runner(self.manager, req.model)
+        runner = await generation_runner(self.manager, req.model, sse=request if req.stream else None)
         prompt, params, shape = await chat_answer_plan(runner, chat)
         await relay_chat(request, self.config, runner, chat, prompt, params, shape, writer, req.stream, "input")
 

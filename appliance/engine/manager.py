@@ -761,6 +761,13 @@ class ModelManager:
         cfg, index = found
         return cfg.name, lora_set(index, cfg.lora[index].scale)
 
+    def is_ready(self, name: str) -> bool:
+        """Whether the model (or an adapter's model) can take a request now, with no load first."""
+        if name not in self.runners and (adapter := self.adapter_target(name)) is not None:
+            name = adapter[0]
+        runner = self.runners.get(name)
+        return runner is not None and runner.state == "ready"
+
     async def ready_runner(self, name: str) -> ModelRunner:
         """The model's runner, loading it first when the strategy loads on demand.
 

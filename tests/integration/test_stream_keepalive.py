@@ -150,3 +150,47 @@ def test_a_failure_after_a_keepalive_is_the_streams_last_event(server):
     error = json.loads(lines[-1][1][6:])
     assert error["type"] == "error" and error["error"]["type"] == "overloaded_error", error
     assert server.proc.wait(60) == 0
+
+
+@pytest.fixture(scope="module")
+def lazy_server(server_factory):
+    """Models load on demand: a stream opens while its model loads."""
+    return server_factory({
+        "server": {"stream_keepalive_s": 0.05},
+        "policy": {"strategy": "generic", "keep_alive_s": 0},
+        "models": [model_entry("lazy", SMOLLM2, n_ctx=256)],
+    }, "keepalive-lazy")
+
+
+def unload(srv) -> None:
+    r = httpx.post(srv.base + "/v1/admin/models/unload", json={"model": "lazy"})
+    assert r.status_code in (200, 409), r.text
+    assert httpx.get(srv.base + "/health").json()["models"]["lazy"]["state"] != "ready"
+
+
+def test_a_stream_gets_keepalives_while_its_model_loads_on_demand(lazy_server):
+    body = {"model": "lazy", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    unload(lazy_server)
+    lines, r = read_stream(lazy_server, "/v1/chat/completions", body)
+    assert r.status_code == 200
+    assert keepalives_before_data(lines), [line for _, line in lines[:4]]
+    loaded = httpx.post(lazy_server.base + "/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+    chunks = [json.loads(line[6:]) for _, line in lines if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == loaded
+    # A failure found once the model is there (the prompt does not fit its context) is the
+    # stream's last event, named so that the SDKs raise it.
+    unload(lazy_server)
+    client = openai.OpenAI(base_url=lazy_server.base + "/v1", api_key="none", max_retries=0)
+    too_long = [{"role": "user", "content": "word " * 400}]
+    with pytest.raises(openai.APIError) as err:
+        for _ in client.chat.completions.create(model="lazy", messages=too_long, max_tokens=8, stream=True):
+            pass
+    assert "context" in str(err.value), err.value
+    unload(lazy_server)
+    lines, r = read_stream(lazy_server, "/v1/chat/completions", {**body, "messages": too_long})
+    assert r.status_code == 200 and keepalives_before_data(lines)
+    assert [line for _, line in lines if not line.startswith(":")][-2] == "event: error"
+    assert json.loads(lines[-1][1][6:])["error"]["code"] == "context_length_exceeded"
+    # loaded already: no stream opens before the answer, so the error keeps its status
+    r = httpx.post(lazy_server.base + "/v1/chat/completions", json={**body, "messages": too_long, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
