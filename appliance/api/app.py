@@ -90,7 +90,8 @@ class App:
             "/completion": {"POST": Route(self.llama_server.completion, "key", True)},  # llama-server's own
             "/infill": {"POST": Route(self.llama_server.infill, "key", True)},
             "/props": {"GET": Route(self.llama_server.props, "key")},
-            "/lora-adapters": {"GET": Route(self.llama_server.lora_adapters, "key")},
+            "/lora-adapters": {"GET": Route(self.llama_server.lora_adapters, "key"),
+                               "POST": Route(self.llama_server.set_lora_adapters, "admin")},
             "/apply-template": {"POST": Route(self.llama_server.apply_template, "key")},
             "/v1/models": {"GET": Route(self.openai.models, "key")},
             "/v1/models/{model_id}": {"GET": Route(self.openai.model, "key")},

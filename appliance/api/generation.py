@@ -8,11 +8,12 @@ from dataclasses import replace
 from contextlib import contextmanager
 from typing import Any, Awaitable, Callable, Iterator
 
-from ..config import Config
+from ..config import Config, ModelConfig
 from ..engine.client import GenerationFailed, Generations, PromptError, chat_text, render_chat
 from ..observability import context
 from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, PolicyRefused
 from ..engine.adapted_runner import AdaptedRunner
+from ..engine.adapters import AdapterSet
 from ..engine.runner import Failed, ModelRunner, NotReady, QueueFull
 from ..policy import PluginError
 from ..engine import grammar, reasoning
@@ -49,17 +50,23 @@ def request_adapters(runner: ModelRunner, lora: list[LoraScale]) -> ModelRunner:
     models[].lora by index, as llama-server takes them; unlisted adapters are off, and the set
     replaces the one the model name gave (an adapter's name is its model with that adapter)."""
     base = runner.base if isinstance(runner, AdaptedRunner) else runner
-    adapters = base.cfg.lora
+    return AdaptedRunner(base, runner.name, chosen_adapters(base.cfg, lora, "lora"))
+
+
+def chosen_adapters(cfg: ModelConfig, lora: list[LoraScale], field: str) -> AdapterSet:
+    """llama-server's [{id, scale}] over `cfg`'s adapters as a set (unlisted ones and scale 0 are
+    off); an unknown or repeated id is a 400 naming `<field>[i].id`."""
+    adapters = cfg.lora
     chosen: dict[int, float] = {}
     for i, item in enumerate(lora):
         if item.id >= len(adapters):
             have = f"ids 0..{len(adapters) - 1}" if adapters else "none (models[].lora)"
-            raise bad_request(f"lora[{i}].id: model '{base.name}' has no adapter {item.id} (it has {have})",
-                              param=f"lora[{i}].id")
+            raise bad_request(f"{field}[{i}].id: model '{cfg.name}' has no adapter {item.id} (it has {have})",
+                              param=f"{field}[{i}].id")
         if item.id in chosen:
-            raise bad_request(f"lora[{i}].id: adapter {item.id} is listed twice", param=f"lora[{i}].id")
+            raise bad_request(f"{field}[{i}].id: adapter {item.id} is listed twice", param=f"{field}[{i}].id")
         chosen[item.id] = float(item.scale)
-    return AdaptedRunner(base, runner.name, tuple(sorted((i, s) for i, s in chosen.items() if s)))
+    return tuple(sorted((i, s) for i, s in chosen.items() if s))
 
 
 async def resolve_runner(manager: ModelManager, name: str, sse: Request | None = None) -> ModelRunner:

@@ -19,15 +19,16 @@ from llama_cpp import __version__ as llama_cpp_version
 
 from .. import __version__
 from ..config import Config
+from ..engine.adapters import BASE
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
 from .errors import ApiError, bad_request, decoded
-from .generation import (ENGINE_ERRORS, chat_prompt_text, deadline, engine_error, failure_error, generation_runner,
-                         request_sampling, resolve_runner, serve, stop_list, token_lists)
+from .generation import (ENGINE_ERRORS, chat_prompt_text, chosen_adapters, deadline, engine_error, failure_error,
+                         generation_runner, request_sampling, resolve_runner, serve, stop_list, token_lists)
 from .http import EventStream, Request
 from .infill import InfillPrompt, infill_prompt
-from .schemas import ChatRequest, SamplingFields
+from .schemas import ChatRequest, LoraScale, SamplingFields
 
 
 class InfillChunk(Struct, frozen=True, kw_only=True):
@@ -87,6 +88,7 @@ BUILD_INFO = f"eie {__version__} (llama-cpp-python {llama_cpp_version})"
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _infill_decoder = msgspec.json.Decoder(InfillRequest)
 _completion_decoder = msgspec.json.Decoder(NativeCompletionRequest)
+_lora_list_decoder = msgspec.json.Decoder(list[LoraScale])
 
 
 def _requested(n_predict: int | None, max_tokens: int | None) -> int | None:
@@ -165,16 +167,36 @@ class LlamaServerRoutes:
 
     async def lora_adapters(self, request: Request) -> None:
         """llama-server's GET /lora-adapters for ?model= (a model, or one of its adapters' names):
-        the model's adapters by the id a request's `lora` names them with, at their configured scale."""
+        the model's adapters by the id a request's `lora` names them with, each at the scale that
+        name serves it at (0: not applied; a model's own name applies none unless POST gave it some)."""
+        await request.json(200, self._adapter_list(self._adapters_model(request)))
+
+    async def set_lora_adapters(self, request: Request) -> None:
+        """llama-server's POST /lora-adapters: `[{id, scale}]` becomes the set ?model= serves (the
+        listed adapters at those scales, the others off), until a reload changes the adapters; a
+        request's own `lora` still replaces it."""
+        name = self._adapters_model(request)
+        items = decoded(_lora_list_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        cfg = self.manager.config.model(self.manager.config.base_of(name))
+        self.manager.set_lora(name, chosen_adapters(cfg, items, ""))
+        await request.json(200, {"success": True, "model": name, "adapters": self._adapter_list(name)})
+
+    def _adapters_model(self, request: Request) -> str:
         name = request.query("model")
         if not name:
-            raise bad_request("model: required (?model=), the model whose adapters to list", param="model")
+            raise bad_request("model: required (?model=), the model whose adapters these are", param="model")
+        config = self.manager.config
+        if config.model(config.base_of(name)) is None:
+            raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
+        return name
+
+    def _adapter_list(self, name: str) -> list[dict]:
         config = self.manager.config
         cfg = config.model(config.base_of(name))
-        if cfg is None:
-            raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
-        await request.json(200, [{"id": i, "name": a.name, "path": str(config.adapter_path(a)), "scale": a.scale}
-                                 for i, a in enumerate(cfg.lora)])
+        _, chosen = self.manager.adapter_target(name) or (name, BASE)
+        scales = dict(chosen)
+        return [{"id": i, "name": a.name, "path": str(config.adapter_path(a)), "scale": scales.get(i, 0.0)}
+                for i, a in enumerate(cfg.lora)]
 
     async def apply_template(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))

@@ -42,6 +42,8 @@ OPERATIONS: tuple[Op, ...] = (
        query=(("model", "the model whose properties are asked (loaded if need be)"),)),
     Op("get", "/lora-adapters", "llama-server's list of a model's LoRA adapters: [{id, name, path, scale}]",
        query=(("model", "a model, or one of its adapters' names"),)),
+    Op("post", "/lora-adapters", "llama-server's global adapter scales: [{id, scale}] becomes the set ?model= serves",
+       list[s.LoraScale], auth="admin", query=(("model", "a model, or one of its adapters' names"),)),
     Op("post", "/apply-template", "llama-server's: the prompt text a chat renders to", s.ChatRequest,
        ls.AppliedTemplate),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
@@ -103,7 +105,7 @@ _ERRORS = {"400": "invalid request (the field is named in error.param)", "401": 
            "503": "loading, not ready, or draining"}
 
 
-def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dict[str, Any]]:
+def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, Any]:
     """A valid body per request type (and per group endpoint), with this server's names."""
     model = models[0] if models else "model"
     msgs = [{"role": "user", "content": "Hello"}]
@@ -126,6 +128,7 @@ def _examples(models: list[str], groups: list[tuple[str, str]]) -> dict[Any, dic
         admin.KvConvert: {"model": model, "mode": "q8_0"},
         admin.KvWarm: {"model": model, "prompt": "You are a helpful assistant."},
         admin.KvFlush: {"model": model},
+        "/lora-adapters": [],  # (POST: no adapter on; the ids are each model's)
     }
 
 

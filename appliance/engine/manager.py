@@ -113,6 +113,10 @@ class ModelManager:
         self.estimates: dict[str, Estimate | None] = {}
         self._estimated: dict[str, ModelConfig] = {}  # the config each estimate was made for
         self.last_used: dict[str, float] = {}
+        # The adapter sets names were given by POST /lora-adapters (llama-server's global scales),
+        # in place of the set the config gives them (none for a model's own name); kept until a
+        # reload changes the model's adapters.
+        self.lora_sets: dict[str, AdapterSet] = {}
         # A client's keep-alive for a model (Ollama's keep_alive), over the strategy's: seconds
         # idle before unloading (inf: never for idleness); where the strategy may unload it.
         self.keep_alive_asked: dict[str, float] = {}
@@ -754,16 +758,27 @@ class ModelManager:
         self.events.append({"time": time.time(), "event": kind, "model": model, "detail": detail})
 
     def adapter_target(self, name: str) -> tuple[str, AdapterSet] | None:
-        """For a LoRA adapter's name (models[].lora): its model's name and the adapter set it serves."""
+        """For a LoRA adapter's name (models[].lora), or a name POST /lora-adapters gave a set: its
+        model's name and the adapter set it serves (None: the model's own name, no adapters)."""
+        if name in self.lora_sets:
+            return self.config.base_of(name), self.lora_sets[name]
         found = self.config.adapter(name)
         if found is None:
             return None
         cfg, index = found
         return cfg.name, lora_set(index, cfg.lora[index].scale)
 
+    def set_lora(self, name: str, chosen: AdapterSet) -> None:
+        """Serve `chosen` under `name` (a model's or an adapter's name) from now on."""
+        with self._lock:
+            if not chosen and self.config.base_of(name) == name:
+                self.lora_sets.pop(name, None)  # a model's own name with none: as configured
+            else:
+                self.lora_sets[name] = chosen
+
     def is_ready(self, name: str) -> bool:
         """Whether the model (or an adapter's model) can take a request now, with no load first."""
-        if name not in self.runners and (adapter := self.adapter_target(name)) is not None:
+        if (adapter := self.adapter_target(name)) is not None:
             name = adapter[0]
         runner = self.runners.get(name)
         return runner is not None and runner.state == "ready"
@@ -773,8 +788,11 @@ class ModelManager:
 
         Raises KeyError (unknown model), NotReady, PolicyRefused, InsufficientMemory or TimeoutError.
         """
-        if name not in self.runners and (adapter := self.adapter_target(name)) is not None:
-            return AdaptedRunner(await self.ready_runner(adapter[0]), name, adapter[1])
+        if (adapter := self.adapter_target(name)) is not None:
+            return AdaptedRunner(await self._ready_model(adapter[0]), name, adapter[1])
+        return await self._ready_model(name)
+
+    async def _ready_model(self, name: str) -> ModelRunner:
         runner = self.runners[name]
         self.last_used[name] = time.monotonic()
         if runner.state == "ready":
@@ -825,6 +843,10 @@ class ModelManager:
     def apply_config(self, config: Config, added: list[str]) -> list[str]:
         """Take a reloaded config: new models get runners (loaded now if the strategy boots them)."""
         with self._lock:
+            for name in list(self.lora_sets):  # a posted set holds while the adapters it names do
+                before, now = self.config.model(self.config.base_of(name)), config.model(config.base_of(name))
+                if before is None or now is None or before.name != now.name or before.lora != now.lora:
+                    del self.lora_sets[name]
             self.config = config
             self.policy.reconfigure(config)
             self.kv_controller = self._kv_controller(config)

@@ -139,10 +139,50 @@ def test_llama_server_per_request_lora(lora_server):
     r = httpx.post(lora_server.base + "/v1/completions", timeout=60,
                    json={"model": "merged", "prompt": prompt, "max_tokens": 2, "lora": [{"id": 0, "scale": 1}]})
     assert r.status_code == 400 and "has no adapter 0 (it has none" in r.json()["error"]["message"]
+    # each adapter at the scale the name serves it at
     listed = httpx.get(lora_server.base + "/lora-adapters", params={"model": "tiny-half"}).json()
-    assert [(a["id"], a["name"], a["scale"]) for a in listed] == [(0, "tiny-lora", 1.0), (1, "tiny-half", 0.5)]
+    assert [(a["id"], a["name"], a["scale"]) for a in listed] == [(0, "tiny-lora", 0.0), (1, "tiny-half", 0.5)]
     assert listed[0]["path"].endswith("adapter.gguf")
+    listed = httpx.get(lora_server.base + "/lora-adapters", params={"model": "tiny"}).json()
+    assert [a["scale"] for a in listed] == [0.0, 0.0]
     assert httpx.get(lora_server.base + "/lora-adapters", params={"model": "nope"}).status_code == 404
+
+
+def set_lora(srv, model: str, body) -> httpx.Response:
+    return httpx.post(srv.base + "/lora-adapters", params={"model": model}, json=body)
+
+
+def test_llama_server_global_adapter_scales(lora_server):
+    """POST /lora-adapters: the list becomes the set the name serves (llama-server's global
+    scales, what a request without its own `lora` gets), the others off."""
+    prompt = PROMPTS[1]
+    by_name = {m: tokens_and_logprobs(complete(lora_server, m, prompt)) for m in ("tiny", "tiny-lora", "tiny-half")}
+    try:
+        r = set_lora(lora_server, "tiny", [{"id": 1, "scale": 0.5}])
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        assert [a["scale"] for a in r.json()["adapters"]] == [0.0, 0.5]
+        assert tokens_and_logprobs(complete(lora_server, "tiny", prompt)) == by_name["tiny-half"]
+        assert [a["scale"] for a in httpx.get(lora_server.base + "/lora-adapters", params={"model": "tiny"}).json()] \
+            == [0.0, 0.5]
+        # a request's own list still replaces the name's set
+        assert tokens_and_logprobs(complete(lora_server, "tiny", prompt, lora=[])) == by_name["tiny"]
+        # an adapter's name: its set off, then another adapter in its place
+        assert set_lora(lora_server, "tiny-lora", []).status_code == 200
+        assert tokens_and_logprobs(complete(lora_server, "tiny-lora", prompt)) == by_name["tiny"]
+        assert set_lora(lora_server, "tiny-lora", [{"id": 0, "scale": 0.5}]).status_code == 200
+        assert tokens_and_logprobs(complete(lora_server, "tiny-lora", prompt)) == by_name["tiny-half"]
+        for body, param in (([{"id": 2, "scale": 1}], "[0].id"), ([{"id": 0, "scale": 1}, {"id": 0, "scale": 2}], "[1].id"),
+                            ([{"id": 0, "scale": 99}], "[0].scale"), ({"id": 0}, None)):
+            r = set_lora(lora_server, "tiny", body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert set_lora(lora_server, "merged", [{"id": 0, "scale": 1}]).json()["error"]["param"] == "[0].id"
+        assert set_lora(lora_server, "nope", []).status_code == 404
+        assert httpx.post(lora_server.base + "/lora-adapters", json=[]).json()["error"]["param"] == "model"
+    finally:
+        set_lora(lora_server, "tiny", [])
+        set_lora(lora_server, "tiny-lora", [{"id": 0, "scale": 1}])
+    assert tokens_and_logprobs(complete(lora_server, "tiny", prompt)) == by_name["tiny"]
+    assert tokens_and_logprobs(complete(lora_server, "tiny-lora", prompt)) == by_name["tiny-lora"]
 
 
 def test_activated_lora_is_refused_by_name(lora_server):

@@ -130,8 +130,12 @@ def test_every_api_serves_an_adapter_by_its_name(srv):
 
 def test_a_reload_changes_an_adapters_scale_live(srv):
     """models[].lora[i].scale applies at a reload without a load: at 0 the adapter's name serves
-    the model's own answer, and back at 1 its first one; the GET /lora-adapters list follows."""
+    the model's own answer, and back at 1 its first one; the GET /lora-adapters list follows. A
+    set POST /lora-adapters gave is dropped by a reload that changes the model's adapters."""
     tuned = chat(srv, "smollm2-tuned", QUESTIONS[0])
+    r = httpx.post(srv.base + "/lora-adapters", params={"model": "smollm2"}, json=[{"id": 0, "scale": 1}])
+    assert r.status_code == 200, r.text
+    assert chat(srv, "smollm2", QUESTIONS[0]) == tuned
     original = srv.config_path.read_text()
     cfg = yaml.safe_load(original)
     cfg["models"][0]["lora"][0]["scale"] = 0
@@ -141,8 +145,9 @@ def test_a_reload_changes_an_adapters_scale_live(srv):
         assert r.status_code == 200 and r.json()["applied"] == ["models.smollm2.lora[0].scale"], r.text
         assert r.json()["restart_required"] == []
         assert chat(srv, "smollm2-tuned", QUESTIONS[0]) == chat(srv, "smollm2", QUESTIONS[0]) != tuned
-        listed = httpx.get(srv.base + "/lora-adapters", params={"model": "smollm2"}).json()
-        assert [a["scale"] for a in listed] == [0]
+        for name in ("smollm2", "smollm2-tuned"):
+            listed = httpx.get(srv.base + "/lora-adapters", params={"model": name}).json()
+            assert [a["scale"] for a in listed] == [0], name
     finally:
         srv.config_path.write_text(original)
         assert httpx.post(srv.base + "/v1/admin/config/reload", timeout=60).status_code == 200
