@@ -57,6 +57,9 @@ class KvDiskConfig(Struct, frozen=True, forbid_unknown_fields=True):
     max_mb: Annotated[int, Meta(ge=1, le=16_777_216)] = 4096
     # Store f16/q8_0 states TurboQuant-compressed (null: as llama.cpp wrote them).
     compress: KvCompress | None = None
+    # Directories of other model identities under `path` (an older GGUF version, KV type or
+    # llama.cpp build) unused for this many days are deleted when a model opens its own (0: never).
+    prune_after_days: Annotated[float, Meta(ge=0, le=36500)] = 7.0
 
 
 class KvCacheConfig(Struct, frozen=True, forbid_unknown_fields=True):

@@ -213,6 +213,7 @@ class ModelManager:
             codec=codec,
             wait_quiet=lambda max_s: self.cores.wait_quiet(WRITE_QUIET_S, max_s),
             max_defer_s=WRITE_MAX_DEFER_S,
+            prune_after_s=disk.prune_after_days * 86400,
         )
         return PrefixCache(store, rot, loaded.args.n_seq_max, loaded.swa_window, (loaded.type_k, loaded.type_v))
 

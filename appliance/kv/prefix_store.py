@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import disk_prune
+
 log = logging.getLogger("eie.prefix")
 
 MAGIC = b"EIEKVST1"
@@ -86,6 +88,7 @@ class PrefixStore:
         codec: str = "raw",
         wait_quiet: Callable[[float], bool] | None = None,
         max_defer_s: float = 5.0,
+        prune_after_s: float = 0.0,
     ):
         self.identity = identity
         self.block = block
@@ -96,6 +99,7 @@ class PrefixStore:
         self._decode = decode or (lambda b: b)
         self._wait_quiet = wait_quiet
         self.max_defer_s = max_defer_s
+        self.prune_after_s = prune_after_s  # sibling identity directories unused this long are deleted
         self._queued_bytes = 0  # states waiting for the writer
         self._lock = threading.RLock()
         self._ram: collections.OrderedDict[bytes, tuple[_Entry, bytes]] = collections.OrderedDict()
@@ -263,6 +267,9 @@ class PrefixStore:
         assert self.dir is not None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            disk_prune.opened(self.dir)
+            if self.prune_after_s > 0:
+                disk_prune.prune_stale(self.dir.parent, self.prune_after_s)
             self._scan()
         except OSError as e:
             self._disable(e)
@@ -425,6 +432,8 @@ class PrefixStore:
             self._queue.put(None)
             self._writer.join(timeout=30)
             self._writer = None
+        if self.dir is not None:
+            disk_prune.closed(self.dir)
         with self._lock:
             for key, (entry, _) in self._ram.items():
                 if key not in self._disk:

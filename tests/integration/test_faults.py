@@ -272,9 +272,14 @@ def test_kill_9_and_restart_keep_the_kv_disk_tier_and_the_audit_chain(server_fac
     files_before = sorted(p.name for p in kv.rglob("*.kv"))  # one directory per model identity
     assert files_before
     assert subprocess.run([str(EIE), "audit", "verify", str(audit)]).returncode == 0
+    # an older build's or model version's directory, unused for 8 days, goes at the next start
+    (own,) = [d for d in kv.iterdir() if d.is_dir()]
+    shutil.copytree(own, stale := kv / ("ab" * 16))
+    os.utime(stale, (time.time(), time.time() - 8 * 86400))
 
     srv.start()
     srv.wait_settled()
+    assert not stale.exists() and own.is_dir()
     disk = kv_disk(srv)
     assert disk["enabled"] and disk["entries"] == len(files_before)  # every whole entry is back
     assert chat(srv, "question 1").status_code == 200  # the same conversation: restored from disk

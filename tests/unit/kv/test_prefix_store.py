@@ -304,3 +304,35 @@ def test_writes_stop_waiting_once_the_queue_holds_more_than_the_ram_tier(tmp_pat
     s.drain(10)
     assert len(list((tmp_path / ID.hex()).glob("*.kv"))) == 2
     s.close()
+
+
+def test_opening_a_store_deletes_other_identities_unused_past_the_limit(tmp_path):
+    """An older model file, KV type or build left its directory; one unused for longer than
+    prune_after_s goes when a store opens, and nothing else does."""
+    day = 86400.0
+    old = store(tmp_path, identity=OTHER_ID)
+    old.put(block_keys(OTHER_ID, list(range(8)), 4), b"old state")
+    old.close()
+    stale = tmp_path / OTHER_ID.hex()
+    assert any(stale.glob("*.kv"))
+    recent = tmp_path / (b"\x03" * 16).hex()
+    recent.mkdir()
+    (recent / "x.kv").write_bytes(b"kept")
+    other_files = tmp_path / "notes"  # not an identity directory: never touched
+    other_files.mkdir()
+    for path, age in ((stale, 8 * day), (recent, 6 * day), (other_files, 30 * day)):
+        os.utime(path, (os.path.getatime(path), os.path.getmtime(path) - age))
+    # a store that prunes nothing (0) keeps every directory
+    store(tmp_path).close()
+    assert stale.is_dir()
+    own = tmp_path / ID.hex()
+    os.utime(own, (0, os.path.getmtime(own) - 30 * day))  # its own directory, however old, stays
+    s = store(tmp_path, prune_after_s=7 * day)
+    assert not stale.exists() and recent.is_dir() and other_files.is_dir() and own.is_dir()
+    assert os.path.getmtime(own) > os.path.getmtime(recent)  # opening marks it used
+    # another identity open in this process is in use, however old its directory
+    os.utime(own, (0, os.path.getmtime(own) - 30 * day))
+    second = store(tmp_path, identity=b"\x04" * 16, prune_after_s=7 * day)
+    assert own.is_dir()
+    s.close()
+    second.close()

@@ -1,0 +1,75 @@
+"""Old identity directories of the prefix cache's disk tier.
+
+Each model identity (GGUF file version, KV types, K centring, llama.cpp build) has its own
+directory under the tier's path, so a new model file, KV type or build starts an empty one and
+the old ones are never read again. A directory's modification time is its last use: entries
+written or deleted change it, and a store touches it when it opens and closes. When a store
+opens, the sibling directories unused for longer than `kv_cache.disk.prune_after_days` are
+deleted, so that an appliance's updates do not fill its disk with caches nothing reads (one
+appliance per cache directory: another process's open store is not seen here).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("eie.prefix")
+
+IDENTITY_DIR = re.compile(r"[0-9a-f]{32}")  # engine/prefix.py model_identity, hex
+
+_open: set[Path] = set()  # identity directories with an open store in this process
+_lock = threading.Lock()
+
+
+def touch(directory: Path) -> None:
+    try:
+        os.utime(directory)
+    except OSError:
+        pass  # a read-only or vanished directory: the store reports its own disk errors
+
+
+def opened(directory: Path) -> None:
+    touch(directory)
+    with _lock:
+        _open.add(directory.resolve())
+
+
+def closed(directory: Path) -> None:
+    touch(directory)
+    with _lock:
+        _open.discard(directory.resolve())
+
+
+def prune_stale(root: Path, max_age_s: float, now: float | None = None) -> list[tuple[str, int]]:
+    """Delete the identity directories under `root` unused for `max_age_s` and not open here;
+    returns (name, bytes freed) for each. Other files and directories are left alone."""
+    cutoff = (time.time() if now is None else now) - max_age_s
+    removed = []
+    try:
+        children = list(root.iterdir())
+    except OSError:
+        return removed
+    for child in children:
+        try:
+            if not IDENTITY_DIR.fullmatch(child.name) or not child.is_dir() or child.is_symlink():
+                continue
+            if child.stat().st_mtime >= cutoff:
+                continue
+            with _lock:
+                if child.resolve() in _open:
+                    continue
+            size = sum(f.stat().st_size for f in child.iterdir() if f.is_file())
+        except OSError:
+            continue
+        shutil.rmtree(child, ignore_errors=True)
+        if not child.exists():
+            removed.append((child.name, size))
+            log.info("prefix cache: deleted %s (%d bytes), unused for over %.0f days", child, size,
+                     max_age_s / 86400)
+    return removed
