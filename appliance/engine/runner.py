@@ -46,6 +46,10 @@ from .token_pick import TokenPicker
 T = TypeVar("T")
 log = logging.getLogger("eie.runner")
 
+# One exactness probe at a time per key (model file, build, KV types, ...): ModelRunner._measure_exact_rows
+_SAME_PROBE: dict[tuple, threading.Lock] = {}
+_SAME_PROBE_LOCK = threading.Lock()
+
 
 @dataclass
 class GenerationRequest:
@@ -407,19 +411,31 @@ class ModelRunner:
         if self._cached_exact_rows():
             return
         key, max_rows = self._exact_rows_key()
-        granted = self.cores.acquire(self.threads)
+        # Models that share a file and KV types (names with other templates or settings) measure
+        # it once: the others wait for its answer here, instead of each measuring it at once.
+        with _SAME_PROBE_LOCK:
+            lock = _SAME_PROBE.setdefault(key, threading.Lock())
+        while not lock.acquire(timeout=0.1):
+            raise_if_set(self.cancel)
         try:
-            self._use_adapters(BASE)
-            lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
-            self._threads_set = granted
-            self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id,
-                                              cancel=self.cancel)
+            if self.cache_dir is not None and self._cached_exact_rows():
+                return
+            t0 = time.monotonic()
+            granted = self.cores.acquire(self.threads)
+            try:
+                self._use_adapters(BASE)
+                lc.llama_set_n_threads(self.loaded.ctx, granted, granted)
+                self._threads_set = granted
+                self.spec.exact_rows = exact_rows(self.loaded.ctx, self.loaded.n_vocab, max_rows, seq_id,
+                                                  cancel=self.cancel)
+            finally:
+                self.cores.release(granted)
+            file_facts.save(self.cache_dir, file_facts.EXACT_VERIFY_ROWS, key, self.spec.exact_rows)
         finally:
-            self.cores.release(granted)
-        file_facts.save(self.cache_dir, file_facts.EXACT_VERIFY_ROWS, key, self.spec.exact_rows)
+            lock.release()
         self.spec.exact_kv = (self.loaded.type_k, self.loaded.type_v)
-        log.info("model %s: speculative verification is exact up to %d tokens per sequence", self.name,
-                 self.spec.exact_rows)
+        log.info("model %s: speculative verification is exact up to %d tokens per sequence (measured in %.2fs)",
+                 self.name, self.spec.exact_rows, time.monotonic() - t0)
 
     def stop(self) -> None:
         with self._cond:

@@ -44,6 +44,10 @@ CONTROL_COPIES = [("mistral", MISTRAL_TOKENS, MISTRAL_TEMPLATE), ("lfm2", LFM2_T
 # without it.
 SPECULATING_COPIES = {"mistral", "gpt-oss", "minimax"}
 NO_SPECULATION = {"speculative": {"sources": []}}
+# The copies (each its own file) keep K as it is: K centring measures each new file's K means at
+# its first load (2-4 s each here), and it changes no tool format; the models on SmolLM2's and
+# the Hermes file keep it (SmolLM2's greedy answers, which some tests read, are its own with it).
+UNCENTRED = {"center_k": False}
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +62,13 @@ def server(server_factory, tmp_path_factory):
                    *(model_entry(name, copies[name], n_parallel=1, chat_template=template,
                                  # its think block, which the prompt opens, closed at once
                                  **({"reasoning_budget": 0} if name == "minimax" else {}),
-                                 **({} if name in SPECULATING_COPIES else NO_SPECULATION))
+                                 **({} if name in SPECULATING_COPIES else NO_SPECULATION), kv_cache=UNCENTRED)
                      for name, _, template in CONTROL_COPIES),
-                   model_entry("mistral-args", copies["mistral"], n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE),
-                   model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE),
+                   model_entry("mistral-args", copies["mistral"], n_parallel=1, chat_template=MISTRAL_ARGS_TEMPLATE,
+                               kv_cache=UNCENTRED),
+                   # as its tagged copy (llama3-tag), whose answers are compared with its own
+                   model_entry("llama3", SMOLLM2, n_parallel=1, chat_template=LLAMA3_TEMPLATE, kv_cache=UNCENTRED,
+                               **NO_SPECULATION),
                    model_entry("qwen3-coder", hermes, n_parallel=1, chat_template=QWEN3_CODER_TEMPLATE),
                    model_entry("glm", hermes, n_parallel=1, chat_template=GLM_TEMPLATE),
                    model_entry("minicpm5", SMOLLM2, n_parallel=1, chat_template=MINICPM5_TEMPLATE),

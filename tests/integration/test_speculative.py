@@ -245,3 +245,15 @@ def test_a_draft_model_with_another_vocabulary_fails_the_load_naming_the_key(ser
     error = health["models"]["m"]["error"]
     assert "models[0].speculative.draft_model" in error and "vocabulary" in error and "262144" in error, error
     srv.stop()
+
+
+def test_names_on_one_file_measure_exact_verification_once(server_factory):
+    """Four names on SmolLM2 load together (its other facts are known in this run): the first
+    to step measures, the others wait for its answer (a draft length no other test uses, so that
+    no answer is kept yet)."""
+    spec = {"sources": ["ngram"], "max_draft": 6}
+    srv = server_factory({"models": [model_entry(f"m{i}", SMOLLM2, n_parallel=1, speculative=spec)
+                                     for i in range(4)]}, "spec-one-probe")
+    statuses = [probed_status(srv, f"m{i}") for i in range(4)]
+    assert all(s["exact_verify_rows"] == statuses[0]["exact_verify_rows"] for s in statuses), statuses
+    assert srv.log().count("tokens per sequence (measured in") == 1, srv.log()
