@@ -302,6 +302,8 @@ class App:
                     await stream.raw(b"event: error\ndata: " + request.error_body(err) + b"\n\n")
                     await stream.close()
                 return
+            if stream is not None:
+                stream.stop()  # no keep-alive may start a response under the error's
             await request.error(err)
         except (OSError, RuntimeError):
             pass  # response already started or client gone
