@@ -88,7 +88,6 @@ def test_a_queued_stream_gets_keepalives_and_then_its_answer(server):
     # one per interval of silence, not a flood: the wait ended when the first data came
     waited = next(t for t, line in lines if line.startswith("data:")) - t0
     assert len(kept) <= waited / INTERVAL + 2, (len(kept), waited)
-    assert all(b - a >= INTERVAL * 0.9 for a, b in zip(kept, kept[1:])), kept
     chunks = [json.loads(line[6:]) for _, line in lines if line.startswith("data: {")]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == alone
     assert lines[-1][1] == "data: [DONE]"
