@@ -20,11 +20,12 @@ class ReloadPlan:
 def plan_reload(old: Config, new: Config) -> ReloadPlan:
     plan = ReloadPlan(config=old)
     server = old.server
-    for key in ("limits", "responses", "api_keys", "admin_keys", "api_key_file", "metrics_auth", "drain_grace_s"):
+    for key in ("limits", "responses", "api_keys", "admin_keys", "api_key_file", "metrics_auth", "drain_grace_s",
+                "stream_keepalive_s"):
         if getattr(old.server, key) != getattr(new.server, key):
             server = structs.replace(server, **{key: getattr(new.server, key)})
             plan.applied.append(f"server.{key}")
-    for key in ("host", "port"):
+    for key in ("host", "port", "state_dir", "cache_dir"):
         if getattr(old.server, key) != getattr(new.server, key):
             plan.restart_required.append(f"server.{key}")
     if old.server.responses.persist != new.server.responses.persist:
