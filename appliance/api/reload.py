@@ -73,11 +73,17 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     if old.vram != new.vram:
         vram = new.vram
         plan.applied.append("vram")
+    # (inference.kv_cache and .speculative reach each model's own settings: a model change above)
+    inference = old.inference
+    if old.inference.kv_adaptive != new.inference.kv_adaptive:
+        inference = structs.replace(inference, kv_adaptive=new.inference.kv_adaptive)
+        plan.applied.append("inference.kv_adaptive")
     if old.server.log_format != new.server.log_format:
         plan.restart_required.append("server.log_format")
     if old.audit != new.audit:
         plan.restart_required.append("audit")
     if old.model_dir != new.model_dir:
         plan.restart_required.append("model_dir")
-    plan.config = structs.replace(old, server=server, policy=policy, models=models, groups=groups, vram=vram)
+    plan.config = structs.replace(old, server=server, policy=policy, models=models, groups=groups, vram=vram,
+                                  inference=inference)
     return plan

@@ -64,6 +64,7 @@ def test_config_reload_applies_live_changes_and_keeps_the_old_config_on_error(se
     cfg = yaml.safe_load(srv.config_path.read_text())
     cfg["server"]["limits"]["max_tokens"] = 8
     cfg["server"]["stream_keepalive_s"] = 30
+    cfg["inference"] = {"kv_adaptive": {"cooldown_s": 5}}
     cfg["server"]["port"] = cfg["server"]["port"] + 1
     cfg["models"].append(small("b"))
     cfg["groups"] = [{"name": "pair", "models": ["a", "b"]}]
@@ -72,7 +73,7 @@ def test_config_reload_applies_live_changes_and_keeps_the_old_config_on_error(se
     assert r.status_code == 200, r.text
     body = r.json()
     assert "server.limits" in body["applied"] and "models.b (added)" in body["applied"] and "groups" in body["applied"]
-    assert "server.stream_keepalive_s" in body["applied"]
+    assert "server.stream_keepalive_s" in body["applied"] and "inference.kv_adaptive" in body["applied"]
     assert body["restart_required"] == ["server.port"]
     r = post(srv, "/v1/completions", None, {"model": "a", "prompt": "Hi", "max_tokens": 50})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
