@@ -11,6 +11,7 @@ appliance per cache directory: another process's open store is not seen here).
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -23,7 +24,8 @@ log = logging.getLogger("eie.prefix")
 
 IDENTITY_DIR = re.compile(r"[0-9a-f]{32}")  # engine/prefix.py model_identity, hex
 
-_open: set[Path] = set()  # identity directories with an open store in this process
+# identity directories with an open store in this process (names on one file and KV types share one)
+_open: collections.Counter[Path] = collections.Counter()
 _lock = threading.Lock()
 
 
@@ -37,13 +39,16 @@ def touch(directory: Path) -> None:
 def opened(directory: Path) -> None:
     touch(directory)
     with _lock:
-        _open.add(directory.resolve())
+        _open[directory.resolve()] += 1
 
 
 def closed(directory: Path) -> None:
     touch(directory)
     with _lock:
-        _open.discard(directory.resolve())
+        key = directory.resolve()
+        _open[key] -= 1
+        if _open[key] <= 0:
+            del _open[key]
 
 
 def prune_stale(root: Path, max_age_s: float, now: float | None = None) -> list[tuple[str, int]]:
@@ -62,7 +67,7 @@ def prune_stale(root: Path, max_age_s: float, now: float | None = None) -> list[
             if child.stat().st_mtime >= cutoff:
                 continue
             with _lock:
-                if child.resolve() in _open:
+                if _open[child.resolve()] > 0:
                     continue
             size = sum(f.stat().st_size for f in child.iterdir() if f.is_file())
         except OSError:

@@ -110,6 +110,7 @@ class PrefixStore:
         self.stats = collections.Counter()
         self.disk_error: str | None = None
         self.dir = disk_dir / identity.hex() if disk_dir else None
+        self._dir_open = False  # counted open in disk_prune (until close)
         self._queue: queue.Queue = queue.Queue()
         self._generation = 0  # bumped by flush(): queued writes of an older generation are dropped
         self._writer: threading.Thread | None = None
@@ -268,6 +269,7 @@ class PrefixStore:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             disk_prune.opened(self.dir)
+            self._dir_open = True
             if self.prune_after_s > 0:
                 disk_prune.prune_stale(self.dir.parent, self.prune_after_s)
             self._scan()
@@ -432,7 +434,8 @@ class PrefixStore:
             self._queue.put(None)
             self._writer.join(timeout=30)
             self._writer = None
-        if self.dir is not None:
+        if self._dir_open:
+            self._dir_open = False
             disk_prune.closed(self.dir)
         with self._lock:
             for key, (entry, _) in self._ram.items():

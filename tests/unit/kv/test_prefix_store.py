@@ -336,3 +336,18 @@ def test_opening_a_store_deletes_other_identities_unused_past_the_limit(tmp_path
     assert own.is_dir()
     s.close()
     second.close()
+
+
+def test_a_directory_two_stores_share_stays_open_until_both_close(tmp_path):
+    day = 86400.0
+    a, b = store(tmp_path), store(tmp_path)  # (two names on one file and KV types: one identity)
+    own = tmp_path / ID.hex()
+    a.close()
+    a.close()  # closing twice counts once
+    os.utime(own, (0, os.path.getmtime(own) - 30 * day))
+    store(tmp_path, identity=OTHER_ID, prune_after_s=7 * day).close()
+    assert own.is_dir()  # b still has it open
+    b.close()
+    os.utime(own, (0, os.path.getmtime(own) - 30 * day))
+    store(tmp_path, identity=OTHER_ID, prune_after_s=7 * day).close()
+    assert not own.exists()
