@@ -19,7 +19,7 @@ import pytest
 
 import tiny_bert
 from conftest import EIE, SMOLLM2, model_entry
-from opshelp import audit_path, metric, sse_events, wait_for
+from opshelp import audit_path, metric, wait_for
 from tiny_llama import write_tiny_llama
 
 NO_EOS = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end tokens: generations run to max_tokens
