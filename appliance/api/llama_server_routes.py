@@ -18,7 +18,7 @@ from msgspec import Meta, Struct
 from llama_cpp import __version__ as llama_cpp_version
 
 from .. import __version__
-from ..config import Config
+from ..config import Config, ModelConfig
 from ..engine.adapters import BASE
 from ..engine.client import Generations, fit_max_tokens
 from ..engine.manager import ModelManager
@@ -169,33 +169,34 @@ class LlamaServerRoutes:
         """llama-server's GET /lora-adapters for ?model= (a model, or one of its adapters' names):
         the model's adapters by the id a request's `lora` names them with, each at the scale that
         name serves it at (0: not applied; a model's own name applies none unless POST gave it some)."""
-        await request.json(200, self._adapter_list(self._adapters_model(request)))
+        name, cfg = self._adapters_model(request)
+        await request.json(200, self._adapter_list(name, cfg))
 
     async def set_lora_adapters(self, request: Request) -> None:
         """llama-server's POST /lora-adapters: `[{id, scale}]` becomes the set ?model= serves (the
         listed adapters at those scales, the others off), until a reload changes the adapters; a
         request's own `lora` still replaces it."""
-        name = self._adapters_model(request)
+        name, cfg = self._adapters_model(request)
         items = decoded(_lora_list_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        cfg = self.manager.config.model(self.manager.config.base_of(name))
         self.manager.set_lora(name, chosen_adapters(cfg, items, ""))
-        await request.json(200, {"success": True, "model": name, "adapters": self._adapter_list(name)})
+        await request.json(200, {"success": True, "model": name, "adapters": self._adapter_list(name, cfg)})
 
-    def _adapters_model(self, request: Request) -> str:
+    def _adapters_model(self, request: Request) -> tuple[str, ModelConfig]:
+        """?model= (a model's or an adapter's name) and the configured model it belongs to."""
         name = request.query("model")
         if not name:
             raise bad_request("model: required (?model=), the model whose adapters these are", param="model")
         config = self.manager.config
-        if config.model(config.base_of(name)) is None:
-            raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
-        return name
-
-    def _adapter_list(self, name: str) -> list[dict]:
-        config = self.manager.config
         cfg = config.model(config.base_of(name))
+        if cfg is None:
+            raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found")
+        return name, cfg
+
+    def _adapter_list(self, name: str, cfg: ModelConfig) -> list[dict]:
+        """`cfg`'s adapters, each at the scale `name` serves it at (0: off)."""
         _, chosen = self.manager.adapter_target(name) or (name, BASE)
         scales = dict(chosen)
-        return [{"id": i, "name": a.name, "path": str(config.adapter_path(a)), "scale": scales.get(i, 0.0)}
+        return [{"id": i, "name": a.name, "path": str(self.manager.config.adapter_path(a)), "scale": scales.get(i, 0.0)}
                 for i, a in enumerate(cfg.lora)]
 
     async def apply_template(self, request: Request) -> None:

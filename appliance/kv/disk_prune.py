@@ -51,15 +51,14 @@ def closed(directory: Path) -> None:
             del _open[key]
 
 
-def prune_stale(root: Path, max_age_s: float, now: float | None = None) -> list[tuple[str, int]]:
-    """Delete the identity directories under `root` unused for `max_age_s` and not open here;
-    returns (name, bytes freed) for each. Other files and directories are left alone."""
-    cutoff = (time.time() if now is None else now) - max_age_s
-    removed = []
+def prune_stale(root: Path, max_age_s: float) -> None:
+    """Delete the identity directories under `root` unused for `max_age_s` and not open here
+    (each logged with the bytes it held). Other files and directories are left alone."""
+    cutoff = time.time() - max_age_s
     try:
         children = list(root.iterdir())
     except OSError:
-        return removed
+        return
     for child in children:
         try:
             if not IDENTITY_DIR.fullmatch(child.name) or not child.is_dir() or child.is_symlink():
@@ -74,7 +73,5 @@ def prune_stale(root: Path, max_age_s: float, now: float | None = None) -> list[
             continue
         shutil.rmtree(child, ignore_errors=True)
         if not child.exists():
-            removed.append((child.name, size))
             log.info("prefix cache: deleted %s (%d bytes), unused for over %.0f days", child, size,
                      max_age_s / 86400)
-    return removed

@@ -4,10 +4,10 @@ tests/unit/kv/native/simd_check.c compares the SIMD encoder, decoder and K·Q pr
 scalar ones on generated rows and prints a digest of the scalar results. It is built twice: for
 this machine with gcc (scalar vs AVX2), and for AArch64 with Zig's clang (static, with no C
 library but the few functions of native/freestanding_aarch64.c: Zig would otherwise build all of
-musl first, 80 s on 2 cores), which the Unicorn CPU emulator runs (scalar vs NEON). Both must find no mismatch, and the two digests
-must be equal: the ARM build encodes and decodes bit for bit like the x86 one (and so like the
-numpy reference, which the other codec tests tie to the x86 build). A decoder that reads one
-index group out of order fails it (checked by hand)."""
+musl first, 80 s on 2 cores), which the Unicorn CPU emulator runs (scalar vs NEON). Both must
+find no mismatch, and the two digests must be equal: the ARM build encodes and decodes bit for
+bit like the x86 one (and so like the numpy reference, which the other codec tests tie to the x86
+build). A decoder that reads one index group out of order fails it (checked by hand)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def musl_headers() -> list[str]:
     dirs = [include / d for d in ("aarch64-linux-musl", "generic-musl", "aarch64-linux-any", "any-linux-any")]
     assert all(d.is_dir() for d in dirs), dirs
     return [flag for d in dirs for flag in ("-isystem", str(d))]
+
+
 FLAGS = ["-O2", "-ffp-contract=off", f"-I{CODEC}", str(CHECK), str(CODEC / "turboquant.c")]
 
 
