@@ -124,6 +124,15 @@ class LoraAdapterConfig(Struct, frozen=True, forbid_unknown_fields=True):
     scale: Annotated[float, Meta(ge=-16, le=16)] = 1.0
 
 
+class ControlVectorConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """A control vector file of a model (engine/control_vector.py): F32 `direction.<layer>`
+    tensors of the model's width, relative to model_dir."""
+
+    path: Annotated[str, Meta(min_length=1)]
+    # Multiplies the file's directions before the model's files are summed.
+    scale: Annotated[float, Meta(ge=-1000, le=1000)] = 1.0
+
+
 class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     name: ModelName
     path: Annotated[str, Meta(min_length=1)]
@@ -166,6 +175,11 @@ class ModelConfig(Struct, frozen=True, forbid_unknown_fields=True):
     pooling: Literal["auto", "mean", "cls", "last", "rank"] = "auto"
     # LoRA adapters loaded with the weights, each served as a model of its own name (at most 16).
     lora: Annotated[list[LoraAdapterConfig], Meta(max_length=16)] = []
+    # Control vectors (llama-server's --control-vector-scaled), summed and added to the outputs of
+    # control_vector_layers [first, last] (default: every layer from 1), on every request.
+    control_vectors: Annotated[list[ControlVectorConfig], Meta(max_length=16)] = []
+    control_vector_layers: Annotated[list[Annotated[int, Meta(ge=1, le=100_000)]],
+                                     Meta(min_length=2, max_length=2)] | None = None
 
 
 # Model fields read at each request, not at the load: a reload applies a change to the next request.
@@ -433,8 +447,12 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         found = self.adapter(name)
         return found[0].name if found is not None else name
 
-    def adapter_path(self, adapter: LoraAdapterConfig) -> Path:
+    def adapter_path(self, adapter: LoraAdapterConfig | ControlVectorConfig) -> Path:
         return self._under_model_dir(adapter.path)
+
+    def control_files(self, m: ModelConfig) -> list[tuple[Path, float]]:
+        """A model's control vector files, resolved, with their scales."""
+        return [(self.adapter_path(c), c.scale) for c in m.control_vectors]
 
     def group(self, name: str) -> GroupConfig | None:
         for g in self.groups:
@@ -556,6 +574,8 @@ def _check(value: Any, t: mi.Type, path: str, problems: list[str]) -> None:
             return
         if t.min_length is not None and len(value) < t.min_length:
             problems.append(f"{path}: expected at least {t.min_length} item(s), got {len(value)}")
+        if t.max_length is not None and len(value) > t.max_length:
+            problems.append(f"{path}: expected at most {t.max_length} item(s), got {len(value)}")
         for i, item in enumerate(value):
             _check(item, t.item_type, f"{path}[{i}]", problems)
         return
@@ -663,6 +683,15 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
 def _lora_checks(i: int, m: dict[str, Any], problems: list[str]) -> None:
     if m.get("lora") and m.get("embedding") is True:
         problems.append(f"models[{i}].lora: an embedding model serves no adapters; leave lora out")
+    if m.get("control_vectors") and m.get("embedding") is True:
+        problems.append(f"models[{i}].control_vectors: an embedding model is not steered; leave control_vectors out")
+    layers = m.get("control_vector_layers")
+    if layers is not None and not m.get("control_vectors"):
+        problems.append(f"models[{i}].control_vector_layers: bounds the layers control_vectors act on; "
+                        "set control_vectors, or leave it out")
+    elif isinstance(layers, list) and len(layers) == 2 and all(isinstance(x, int) for x in layers) and layers[0] > layers[1]:
+        problems.append(f"models[{i}].control_vector_layers: the first layer ({layers[0]}) is after the last "
+                        f"({layers[1]}); give [first, last]")
 
 
 def _adapter_name_checks(models: list[Any], problems: list[str]) -> set[str]:

@@ -178,7 +178,8 @@ class OpenAIRoutes:
     def _card(self, name: str, runner: ModelRunner) -> ModelCard:
         reranks = runner.reranker or runner.cfg.pooling == "rank"
         kind = ("rerank" if reranks else "embedding") if runner.cfg.embedding else "chat"
-        card = ModelCard(name, self.created, "eie", runner.state, kind=kind, context_length=runner.n_ctx)
+        card = ModelCard(name, self.created, "eie", runner.state, kind=kind, context_length=runner.n_ctx,
+                         control_vectors=[c.path for c in runner.cfg.control_vectors] or None)
         if kind != "chat" or runner.state != "ready":
             return card
         native = native_tools.format_of(runner.template, runner.vocab)

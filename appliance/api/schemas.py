@@ -453,6 +453,7 @@ class ModelCard(Struct, frozen=True):
     group_type: str | None = None  # a group's: parallel | sequential | fanout
     members: list[str] | None = None  # a group's models
     adapter_of: str | None = None  # a LoRA adapter's: the model it is served on (models[].lora)
+    control_vectors: list[str] | None = None  # the files steering it (models[].control_vectors)
 
 
 class ModelList(Struct, frozen=True):

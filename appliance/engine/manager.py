@@ -156,12 +156,14 @@ class ModelManager:
         return ModelRunner(self._with_kv_choice(cfg), self.config.model_path(cfg), self.cores,
                            prefix_factory=self._prefix_cache, speculator_factory=self._speculator,
                            cache_dir=self.config.cache_dir(), cancel=self._stop,
-                           adapter_files=[(a.name, self.config.adapter_path(a)) for a in cfg.lora])
+                           adapter_files=[(a.name, self.config.adapter_path(a)) for a in cfg.lora],
+                           control_files=self.config.control_files(cfg))
 
     def _adapter_estimate(self, cfg: ModelConfig) -> int:
-        """What the model's LoRA adapters will take: their files' size (an unreadable one: 0, its load says why)."""
+        """What the model's LoRA adapters and control vectors will take: their files' size (an
+        unreadable one: 0, its load says why)."""
         total = 0
-        for a in cfg.lora:
+        for a in (*cfg.lora, *cfg.control_vectors):
             try:
                 total += self.config.adapter_path(a).stat().st_size
             except OSError:

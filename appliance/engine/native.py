@@ -14,7 +14,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 import llama_cpp as lc
 import numpy as np
@@ -24,7 +24,7 @@ from ..kv.migrate import rotation_sizes
 from ..resources import heap
 from ..resources.architectures import is_encoder
 from ..resources.cores import CoreBudget
-from . import backends, gguf_checks, gguf_tensors, held_gil, k_centering
+from . import backends, control_vector, gguf_checks, gguf_tensors, held_gil, k_centering
 from .load_cancel import raise_if_set
 
 log = logging.getLogger("eie.llama")
@@ -217,6 +217,8 @@ class LoadedModel:
     # K centring (engine/k_centering.py): the per-layer K means every context of this model
     # subtracts, unrotated; None when off.
     k_centers: np.ndarray | None = None
+    # The control vector every context of this model applies (engine/control_vector.py); None: none.
+    control: control_vector.ControlVector | None = None
 
     @property
     def swa_window(self) -> int:
@@ -391,6 +393,8 @@ def load(
     n_outputs_max: int = 0,
     swa_full: bool = True,
     pooling: str | None = None,
+    control_vectors: Sequence[tuple[Path, float]] = (),
+    control_layers: Sequence[int] | None = None,
 ) -> LoadedModel:
     """Load weights and create one context with `n_seq_max` sequences, one KV stream each.
 
@@ -403,6 +407,8 @@ def load(
     `swa_full`, sliding-window layers keep only the window and a batch of cells per sequence.
     With `pooling` (auto, mean, cls, last) the context gives one embedding per sequence instead of
     logits; auto takes the GGUF's pooling type, or mean where it names none (a generative model).
+    `control_vectors` ((file, scale) pairs) are summed into a control vector acting on
+    `control_layers` (default: all), which every context of the model applies.
     """
     init_backend()
     if not path.is_file():
@@ -436,6 +442,15 @@ def load(
             lc.llama_free(ctx)
             raise LoadError(f"{path.name} has no classification head ({' or '.join(_RANK_HEAD)}), which pooling "
                             "rank scores with: it cannot rerank")
+        control = None
+        if control_vectors:
+            try:
+                control = control_vector.read(control_vectors, lc.llama_model_n_embd(model),
+                                              lc.llama_model_n_layer(model), control_layers)
+                control_vector.apply(ctx, control)
+            except control_vector.ControlVectorError as e:
+                lc.llama_free(ctx)
+                raise LoadError(str(e)) from e
         vocab = lc.llama_model_get_vocab(model)
         loaded = LoadedModel(
             model=model,
@@ -448,6 +463,7 @@ def load(
             args=args,
             type_k=type_k,
             type_v=type_v,
+            control=control,
         )
         try:
             raise_if_set(cancel)
@@ -556,6 +572,12 @@ def new_context(loaded: LoadedModel, type_k: str, type_v: str) -> tuple[lc.llama
         if not ctx:
             raise LoadError(_last_error(lines) or "llama.cpp could not create a context")
         fresh = parse_buffer_sizes(lines)
+        if loaded.control is not None:  # the same vector as every context of this model
+            try:
+                control_vector.apply(ctx, loaded.control)
+            except control_vector.ControlVectorError:
+                lc.llama_free(ctx)
+                raise
         if loaded.k_centers is not None:  # the same means as every context of this model
             try:
                 fresh = _apply_centers(ctx, loaded.k_centers, type_k, loaded.metadata, fresh, lines)

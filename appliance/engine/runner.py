@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import hashlib
 import heapq
 import logging
 import threading
@@ -249,9 +250,11 @@ class ModelRunner:
                  prefix_factory: Callable[["ModelRunner"], PrefixCache | None] | None = None,
                  speculator_factory: Callable[["ModelRunner"], Speculator | None] | None = None,
                  cache_dir: Path | None = None, cancel: threading.Event | None = None,
-                 adapter_files: list[tuple[str, Path]] | None = None):
+                 adapter_files: list[tuple[str, Path]] | None = None,
+                 control_files: list[tuple[Path, float]] | None = None):
         self.cfg = cfg
         self.adapter_files = adapter_files or []  # (name, path) of the model's LoRA adapters, in cfg.lora order
+        self.control_files = control_files or []  # (path, scale) of the model's control vectors
         self.adapters: list[LoadedAdapter] = []
         self._switch = AdapterSwitch([])
         self._turns = AdapterTurns()  # which adapter set a step decodes, and for how long
@@ -331,6 +334,8 @@ class ModelRunner:
                 n_outputs_max=self.outputs_cap,
                 swa_full=self.cfg.kv_cache.sliding_window == "full",
                 pooling=self.cfg.pooling if self.cfg.embedding else None,
+                control_vectors=self.control_files,
+                control_layers=self.cfg.control_vector_layers,
             )
             self.swa_window = self.loaded.swa_window
             self.adapters = load_adapters(self.loaded.model, self.adapter_files)
@@ -391,6 +396,7 @@ class ModelRunner:
     def _exact_rows_key(self) -> tuple[tuple, int]:
         max_rows = min(self.spec.cfg.max_draft + 1, self.outputs_cap)
         centered = self.loaded.k_centers is not None  # other keys, other rounding
+        # not a control vector: it adds one row to every token's state, which changes no order of sums
         return (*file_facts.stat_key(self.path), build_id(), max_rows, self.loaded.type_k, self.loaded.type_v,
                 centered, *EXACTNESS_CONTEXTS), max_rows
 
@@ -464,9 +470,10 @@ class ModelRunner:
     @property
     def adapter_bytes(self) -> int:
         """The LoRA adapters' buffers, as llama.cpp allocated them, and what the compute buffer
-        grew by with a set of them (measured at the reserve after a change)."""
+        grew by with a set of them (measured at the reserve after a change); and the control vector's."""
         grown = self._switch.compute_peak - self.loaded.buffers.compute if self.loaded is not None else 0
-        return sum(a.bytes for a in self.adapters) + max(0, grown)
+        control = self.loaded.control.nbytes if self.loaded is not None and self.loaded.control is not None else 0
+        return sum(a.bytes for a in self.adapters) + max(0, grown) + control
 
     @property
     def n_ctx(self) -> int:
@@ -1011,7 +1018,13 @@ class ModelRunner:
         prefix.save(self.loaded.ctx, seq.seq_id, prefix.keys_of(tokens[:n_tokens], self._adapter_identity(seq)))
 
     def _adapter_identity(self, seq: _Sequence) -> bytes:
-        return adapter_identity(self.adapters, seq.req.adapters)
+        """What the sequence's KV depends on beyond the model file (prefix cache keys): its adapter
+        set and the model's control vector (b"" for neither)."""
+        own = adapter_identity(self.adapters, seq.req.adapters)
+        control = self.loaded.control
+        if control is None:
+            return own
+        return hashlib.blake2b(control.identity + own, digest_size=16).digest()
 
     def _follow(self, seq: _Sequence) -> bool:
         """Take the leader's prompt KV once it exists; True while the follower must wait."""

@@ -186,3 +186,38 @@ def test_lora_adapters_are_served_names():
     assert model.name == "m" and index == 1 and model.lora[1].scale == 0.5
     assert str(config.adapter_path(model.lora[1])) == "/a/t.gguf"
     assert config.adapter_path(model.lora[0]) == config.model_base() / "tuned.gguf"
+
+
+CVEC = {"path": "happy.gguf"}
+
+
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ({"models": [{**GOOD_MODEL, "control_vectors": [{}]}]}, "models[0].control_vectors[0].path: required key is missing"),
+        ({"models": [{**GOOD_MODEL, "control_vectors": [{**CVEC, "scale": 2000}]}]},
+         "models[0].control_vectors[0].scale: expected number >= -1000 and <= 1000, got 2000"),
+        ({"models": [{**GOOD_MODEL, "control_vectors": [CVEC], "control_vector_layers": [0, 3]}]},
+         "models[0].control_vector_layers[0]: expected int >= 1"),
+        ({"models": [{**GOOD_MODEL, "control_vectors": [CVEC], "control_vector_layers": [4]}]},
+         "models[0].control_vector_layers: expected at least 2 item(s), got 1"),
+        ({"models": [{**GOOD_MODEL, "control_vectors": [CVEC], "control_vector_layers": [1, 2, 3]}]},
+         "models[0].control_vector_layers: expected at most 2 item(s), got 3"),
+        ({"models": [{**GOOD_MODEL, "control_vectors": [CVEC], "control_vector_layers": [9, 3]}]},
+         "models[0].control_vector_layers: the first layer (9) is after the last (3)"),
+        ({"models": [{**GOOD_MODEL, "control_vector_layers": [1, 3]}]},
+         "models[0].control_vector_layers: bounds the layers control_vectors act on; set control_vectors"),
+        ({"models": [{**GOOD_MODEL, "embedding": True, "control_vectors": [CVEC]}]},
+         "models[0].control_vectors: an embedding model is not steered"),
+    ],
+)
+def test_control_vector_problems(raw, expected):
+    assert any(p.startswith(expected) for p in problems(raw)), problems(raw)
+
+
+def test_control_vector_files_resolve_under_model_dir():
+    config = parse_config({"models": [{**GOOD_MODEL, "control_vectors": [CVEC, {"path": "/a/sad.gguf", "scale": -0.5}],
+                                       "control_vector_layers": [2, 5]}]})
+    model = config.models[0]
+    assert config.control_files(model) == [(config.model_base() / "happy.gguf", 1.0), (Path("/a/sad.gguf"), -0.5)]
+    assert model.control_vector_layers == [2, 5]
