@@ -442,15 +442,6 @@ def load(
             lc.llama_free(ctx)
             raise LoadError(f"{path.name} has no classification head ({' or '.join(_RANK_HEAD)}), which pooling "
                             "rank scores with: it cannot rerank")
-        control = None
-        if control_vectors:
-            try:
-                control = control_vector.read(control_vectors, lc.llama_model_n_embd(model),
-                                              lc.llama_model_n_layer(model), control_layers)
-                control_vector.apply(ctx, control)
-            except control_vector.ControlVectorError as e:
-                lc.llama_free(ctx)
-                raise LoadError(str(e)) from e
         vocab = lc.llama_model_get_vocab(model)
         loaded = LoadedModel(
             model=model,
@@ -463,10 +454,11 @@ def load(
             args=args,
             type_k=type_k,
             type_v=type_v,
-            control=control,
         )
         try:
             raise_if_set(cancel)
+            if control_vectors:
+                loaded.control = _steer(loaded, control_vectors, control_layers)
             if center_k:
                 _center(loaded, path, cache_dir, cores, lines, cancel)
         except BaseException:
@@ -479,6 +471,19 @@ def load(
             lc.llama_model_free(model)
             heap.trim()
         _router.stop_capture()
+
+
+def _steer(loaded: LoadedModel, files: Sequence[tuple[Path, float]],
+           layers: Sequence[int] | None) -> control_vector.ControlVector:
+    """Read the model's control vector and apply it to the context (LoadError when a file cannot
+    steer this model)."""
+    n_embd, n_layer = lc.llama_model_n_embd(loaded.model), lc.llama_model_n_layer(loaded.model)
+    try:
+        cv = control_vector.read(files, n_embd, n_layer, layers)
+        control_vector.apply(loaded.ctx, cv)
+    except control_vector.ControlVectorError as e:
+        raise LoadError(str(e)) from e
+    return cv
 
 
 def _center(loaded: LoadedModel, path: Path, cache_dir: Path | None, cores: CoreBudget | None,

@@ -51,7 +51,7 @@ def files(tmp_path_factory):
     write_control_vector(d / "steer.gguf", {last: direction})
     rng = np.random.default_rng(3)
     write_control_vector(d / "middle.gguf", {10: rng.standard_normal(576) * 2})
-    write_control_vector(d / "narrow.gguf", {3: np.ones(64)})
+    write_control_vector(d / "narrow.gguf", {2: np.ones(64)})
     return {"dir": d, "token": token, "last": last}
 
 
@@ -150,3 +150,4 @@ def test_a_vector_of_another_width_fails_the_load_by_name(srv):
     health = httpx.get(srv.base + "/health").json()["models"]["narrow"]
     assert health["state"] == "failed"
     assert "narrow.gguf" in health["error"] and "64" in health["error"] and "576 wide" in health["error"], health
+
