@@ -108,6 +108,15 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
         gens.cancel()
 
 
+def chat_max_tokens(config: Config, runner: ModelRunner, chat: ChatRequest, prompt: list[int],
+                    prompt_param: str) -> int:
+    """The tokens `chat`'s answer may have after `prompt`; a 400 naming `prompt_param` (or the
+    max tokens field) where they do not fit the context or the server's limits."""
+    limits = config.server.limits
+    return fit_max_tokens(runner.n_ctx, len(prompt), chat.max_completion_tokens, None, limits.max_tokens,
+                          prompt_param, limits.max_prompt_tokens)
+
+
 async def relay_chat(request: Request, config: Config, runner: ModelRunner, chat: ChatRequest, prompt: list[int],
                      params: SamplingParams, shape: AnswerShape, writer: AnswerWriter, stream: bool,
                      prompt_param: str, framing: Callable[[Event], bytes] = named_event,
@@ -115,9 +124,7 @@ async def relay_chat(request: Request, config: Config, runner: ModelRunner, chat
     """Generate the answer to `chat` (its prompt, sampling and shape from chat_answer_plan) and
     relay it through `writer`: the sequence the chat route would run, within the server's limits
     (`prompt_param`: the field a prompt that does not fit is named by)."""
-    limits = config.server.limits
-    max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), chat.max_completion_tokens, None, limits.max_tokens,
-                                prompt_param, limits.max_prompt_tokens)
+    max_tokens = chat_max_tokens(config, runner, chat, prompt, prompt_param)
     top = (chat.top_logprobs or 0) if chat.logprobs else None
     gens = Generations(runner, [GenerationRequest(prompt, max_tokens, params, stop_list(chat), deadline(config),
                                                   top_logprobs=top, speculative=chat.speculative)])

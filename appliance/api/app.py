@@ -4,10 +4,11 @@ id, metrics, structured log, audit), lifespan, drain and reload."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import msgspec
 
@@ -24,6 +25,7 @@ from .probes import run_probe
 from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
 from .group_chat import GroupChat
+from .responses_background import BackgroundResponses
 from .group_routes import GroupRoutes
 from .llama_server_routes import LlamaServerRoutes
 from .http import Receive, Request, Send
@@ -84,6 +86,7 @@ class App:
         self._idle = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.admin.draining = lambda: self.draining
+        self.responses.background = BackgroundResponses(self._counted)
         self.routes: dict[str, dict[str, Route]] = {
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
@@ -102,6 +105,7 @@ class App:
             "/v1/responses/{response_id}": {"GET": Route(self.responses.retrieve, "key"),
                                             "DELETE": Route(self.responses.delete, "key")},
             "/v1/responses/{response_id}/input_items": {"GET": Route(self.responses.input_items, "key")},
+            "/v1/responses/{response_id}/cancel": {"POST": Route(self.responses.cancel, "key")},
             "/v1/embeddings": {"POST": Route(self.embeddings.embeddings, "key", True)},
             "/v1/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},
             "/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},  # llama-server's and Jina's path
@@ -157,7 +161,8 @@ class App:
 
     def _extra_metrics(self) -> dict:
         return {
-            "eie_in_flight_requests": ("HTTP requests being served", self.in_flight),
+            "eie_in_flight_requests": ("HTTP requests being served and background responses being made",
+                                       self.in_flight),
             "eie_draining": ("1 while the server drains for shutdown", int(self.draining)),
             "eie_audit_write_errors_total": ("Audit records that could not be written",
                                              self.audit.errors if self.audit else 0),
@@ -245,6 +250,19 @@ class App:
                     self._idle.set()
             self._account(info, request, route)
             context.current.reset(token)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Work in flight that is not a request being served (a background response's answer):
+        the drain waits for it as for a request."""
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
 
     def _limit(self, who: str) -> str:
         """Count the request against its key's limits (429 when over one); returns `who`."""

@@ -91,6 +91,31 @@ class Request:
         await self.respond(err.status, self.error_body(err), JSON, err.headers)
 
 
+class DetachedRequest(Request):
+    """A request nobody waits on: a background response's answer runs through the routes' own
+    code with it (api/responses_background.py). What it sends is dropped, and `cancel()` reads to
+    the generation as its client going away."""
+
+    def __init__(self, like: Request):
+        self._gone = asyncio.Event()
+        super().__init__(like.scope, self._receive, self._send)
+        self.raw_body = like.raw_body
+
+    async def _receive(self) -> dict[str, Any]:
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        pass
+
+    def cancel(self) -> None:
+        self._gone.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._gone.is_set()
+
+
 class EventStream:
     """Server-sent events (or another streamed body: `content_type`); the response starts with the
     first event, so errors before it keep their status.

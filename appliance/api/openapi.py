@@ -48,8 +48,8 @@ OPERATIONS: tuple[Op, ...] = (
        ls.AppliedTemplate),
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
     Op("get", "/v1/models/{model_id}", "One model or group and its state", None, s.ModelCard),
-    Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events)", rs.ResponsesRequest,
-       rs.Response),
+    Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events; background: "
+       "queued at once, then read with GET)", rs.ResponsesRequest, rs.Response),
     Op("get", "/v1/responses/{response_id}", "A stored response", None, rs.Response),
     Op("post", "/api/chat", "Ollama API: a chat answer (stream, the default: newline-delimited JSON)",
        ol.OllamaChatRequest, ol.OllamaAnswer, tag="ollama"),
@@ -71,6 +71,8 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/messages/count_tokens", "Anthropic Messages API: a request's prompt tokens", an.MessagesRequest,
        an.TokenCount),
     Op("delete", "/v1/responses/{response_id}", "Delete a stored response", None, rs.DeletedResponse),
+    Op("post", "/v1/responses/{response_id}/cancel", "Cancel a background response (one that has finished comes "
+       "back as it is)", None, rs.Response),
     Op("get", "/v1/responses/{response_id}/input_items", "A stored response's input items", None, rs.InputItemList,
        query=(("order", "asc or desc (default desc)"), ("limit", "1 to 100 (default 20)"),
               ("after", "an item id: list the items after it"))),

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from .responses_schemas import Response
+from .responses_schemas import Response, ResponseError
 from .schemas import ChatMessage, encoder
 
 log = logging.getLogger("eie.responses")
@@ -38,6 +38,7 @@ class Record(msgspec.Struct, frozen=True):
 
 
 _record = msgspec.json.Decoder(Record)
+UNFINISHED = ("queued", "in_progress")  # a background response's states before its end
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,11 @@ class ResponseStore:
             self._bytes -= record.size
             self._forget(response_id)
             return None
-        stored = Stored(rec.response, rec.input_items, rec.turns, rec.owner, len(data))
+        response = rec.response
+        if response.status in UNFINISHED:  # a background response the previous run did not finish
+            response = msgspec.structs.replace(response, status="failed", error=ResponseError(
+                "server_restarted", "the server stopped before this background response finished"))
+        stored = Stored(response, rec.input_items, rec.turns, rec.owner, len(data))
         self._records[response_id] = stored
         self._bytes += stored.size - record.size
         return stored
@@ -162,6 +167,8 @@ class ResponseStore:
         if self.max_entries == 0 or len(data) > self.max_bytes:
             return
         with self._lock:
+            if (before := self._records.get(response.id)) is not None:  # a background response's later state
+                self._bytes -= before.size
             self._records[response.id] = Stored(response, input_items, turns, owner, len(data))
             self._bytes += len(data)
             if self.directory is not None:

@@ -126,10 +126,15 @@ def messages(input_items: list[dict[str, Any]]) -> list[ChatMessage]:
 def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> ChatRequest:
     """The chat request that asks the model what `req` asks, over `conversation` (the earlier
     responses' turns and this input, after the instructions)."""
-    for field, allowed in (("background", (None, False)), ("conversation", (None,)), ("prompt", (None,)),
-                           ("truncation", (None, "disabled"))):
+    for field, allowed in (("conversation", (None,)), ("prompt", (None,)), ("truncation", (None, "disabled"))):
         if getattr(req, field) not in allowed:
             raise bad_request(f"{field} is not supported by this server", param=field)
+    if req.background and not req.store:
+        raise bad_request("a background response is stored (it is read with GET /v1/responses/{id}): "
+                          "leave store true", param="background")
+    if req.background and req.stream:
+        raise bad_request("a background response is not streamed here: leave stream out and poll "
+                          "GET /v1/responses/{id}", param="stream")
     for value in req.include or []:
         if value != "message.output_text.logprobs":
             raise bad_request(f"include value {value!r} is not supported (message.output_text.logprobs only)",

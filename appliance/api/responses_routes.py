@@ -1,11 +1,13 @@
-"""OpenAI's Responses API: POST /v1/responses (whole or streamed), and the stored responses:
-GET and DELETE /v1/responses/{response_id}, GET /v1/responses/{response_id}/input_items.
+"""OpenAI's Responses API: POST /v1/responses (whole, streamed or in the background), and the
+stored responses: GET and DELETE /v1/responses/{response_id}, GET
+/v1/responses/{response_id}/input_items, POST /v1/responses/{response_id}/cancel.
 
 A request is asked as a chat request would ask it (api/responses_input.py): the same prompt,
 sampling, tools, structured output and think blocks; only the answer's form differs."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from urllib.parse import parse_qs
 
@@ -15,7 +17,7 @@ from ..config import Config
 from ..engine.manager import ModelManager
 from ..observability import context
 from . import responses_input
-from .answer_relay import relay_chat
+from .answer_relay import chat_max_tokens, relay_chat
 from .group_chat import GroupChat
 from .errors import ApiError, bad_request, decoded
 from .generation import (
@@ -24,7 +26,8 @@ from .generation import (
     generation_runner,
 )
 from .http import Request
-from .response_store import MissingResponse, ResponseStore
+from .response_store import UNFINISHED, MissingResponse, ResponseStore
+from .responses_background import BackgroundResponses
 from .responses_output import ResponseEvents
 from .responses_schemas import (
     DeletedResponse,
@@ -56,6 +59,8 @@ class ResponsesRoutes:
         self.manager = manager
         self.store = store
         self.groups: GroupChat | None = None  # a chain or fanout group asked as a model (set by the app)
+        # background responses; the app's counts their work as requests in flight
+        self.background = BackgroundResponses(contextlib.nullcontext)
 
     # ---- POST /v1/responses ----------------------------------------------------------------
 
@@ -69,6 +74,10 @@ class ResponsesRoutes:
         earlier: list[ChatMessage] = []
         if req.previous_response_id is not None:
             try:
+                if self.store.get(req.previous_response_id, owner).response.status in UNFINISHED:
+                    raise ApiError(400, f"previous response {req.previous_response_id!r} is still in progress (a "
+                                   "background response: continue it once it has finished)",
+                                   param="previous_response_id", code="previous_response_in_progress")
                 earlier = self.store.conversation(req.previous_response_id, owner)
             except MissingResponse as e:
                 raise ApiError(400, f"previous response {e.response_id!r} is {e.why}", param="previous_response_id",
@@ -83,20 +92,33 @@ class ResponsesRoutes:
             reasoning=req.reasoning or ReasoningConfig(), store=req.store, temperature=req.temperature,
             text=req.text or TextConfig(), tool_choice=req.tool_choice or "auto", tools=req.tools or [],
             top_p=req.top_p, top_logprobs=req.top_logprobs or 0, user=req.user, metadata=req.metadata or {},
+            background=bool(req.background),
         )
 
         def keep(response: Response) -> None:  # before the client hears of it: a GET may follow at once
             if req.store:
                 self.store.put(response, items, turns + [_assistant_turn(response)], owner)
 
-        writer = ResponseEvents(base, bool(chat.logprobs), keep)
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
-        if group is not None and self.groups is not None:  # a chain or fanout group asked as a model
-            await self.groups.relay_answer(request, chat, group, lambda _: writer, req.stream)
+        groups = self.groups if group is not None else None
+        if groups is not None:  # a chain or fanout group asked as a model
+            async def answer(to: Request, writer: ResponseEvents) -> None:
+                await groups.relay_answer(to, chat, group, lambda _: writer, req.stream)
+        else:
+            # the model, the prompt and the request's fields are checked before a background response starts
+            runner = await generation_runner(self.manager, req.model,
+                                             sse=request if req.stream else None)
+            prompt, params, shape = await chat_answer_plan(runner, chat)
+            chat_max_tokens(self.config, runner, chat, prompt, "input")  # a prompt that does not fit: 400 now
+
+            async def answer(to: Request, writer: ResponseEvents) -> None:
+                await relay_chat(to, self.config, runner, chat, prompt, params, shape, writer, req.stream, "input")
+        if req.background:
+            queued = msgspec.structs.replace(base, status="queued")
+            self.background.start(request, queued, bool(chat.logprobs), keep, answer, responses_input.renamed)
+            await request.json(200, queued)
             return
-        runner = await generation_runner(self.manager, req.model, sse=request if req.stream else None)
-        prompt, params, shape = await chat_answer_plan(runner, chat)
-        await relay_chat(request, self.config, runner, chat, prompt, params, shape, writer, req.stream, "input")
+        await answer(request, ResponseEvents(base, bool(chat.logprobs), keep))
 
     # ---- the stored responses --------------------------------------------------------------
 
@@ -111,11 +133,23 @@ class ResponsesRoutes:
 
     async def delete(self, request: Request) -> None:
         response_id = request.path_params["response_id"]
+        if self._stored(request).response.status in UNFINISHED:
+            await self.background.cancel(response_id)  # else its end would store it again
         try:
             self.store.delete(response_id, _owner())
         except MissingResponse as e:
             raise _missing(e) from None
         await request.json(200, DeletedResponse(response_id))
+
+    async def cancel(self, request: Request) -> None:
+        """Stop a background response (its state becomes cancelled); one that has finished comes
+        back as it is."""
+        record = self._stored(request)
+        if not record.response.background:
+            raise bad_request("only a background response can be cancelled", param="response_id")
+        if record.response.status in UNFINISHED:
+            await self.background.cancel(record.response.id)
+        await request.json(200, self._stored(request).response)
 
     async def input_items(self, request: Request) -> None:
         """The input items, newest first unless `order=asc`, `limit` (1-100, default 20) at a

@@ -782,7 +782,8 @@ class ModelRunner:
         kept: collections.deque[_Sequence] = collections.deque()
         while self._waiting:
             seq = self._waiting.popleft()
-            if seq.cancelled:
+            if seq.cancelled:  # its request still waits for an end (a client gone, a background response cancelled)
+                seq.sink(Failed("cancelled", "request cancelled"))
                 continue
             if now > seq.req.deadline:
                 seq.sink(Failed("timeout", "request deadline passed while waiting for a sequence slot"))

@@ -1,0 +1,181 @@
+"""Background responses (the Responses API's background: true) through the real server: queued at
+once, then the same answer as a foreground request; cancelled while queued or while running,
+without disturbing another request; bad requests refused before they start; the drain waiting
+for one within its grace and ending the rest as failed, and one a killed process never finished
+reading as failed after the restart."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import SMOLLM2, model_entry
+from opshelp import wait_for
+
+GPL = open("/usr/share/common-licenses/GPL-3").read()
+# a JSON answer whose string must run long: the grammar keeps the model writing
+LONG = {"format": {"type": "json_schema", "name": "long", "schema": {
+    "type": "object", "properties": {"story": {"type": "string", "minLength": 1500}}, "required": ["story"]}}}
+
+
+@pytest.fixture(scope="module")
+def srv(server_factory):
+    return server_factory({"models": [model_entry("smol", SMOLLM2, n_ctx=1024, n_parallel=1)]}, "responses-background")
+
+
+def post(srv, **body) -> httpx.Response:
+    return httpx.post(srv.base + "/v1/responses", timeout=120, json={"model": "smol", "temperature": 0, **body})
+
+
+def get(srv, response_id: str) -> dict:
+    r = httpx.get(f"{srv.base}/v1/responses/{response_id}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def finished(srv, response_id: str, timeout: float = 90) -> dict:
+    return wait_for(lambda: (r := get(srv, response_id))["status"] not in ("queued", "in_progress") and r,
+                    timeout=timeout)
+
+
+def sched(srv) -> dict:
+    return httpx.get(srv.base + "/v1/admin/scheduling/status").json()["models"]["smol"]
+
+
+def text(response: dict) -> str:
+    return "".join(part["text"] for item in response["output"] if item["type"] == "message"
+                   for part in item["content"])
+
+
+def test_a_background_response_is_queued_at_once_and_answers_as_a_foreground_one(srv):
+    body = {"input": "Name three colors.", "max_output_tokens": 24}
+    foreground = post(srv, **body).json()
+    t0 = time.monotonic()
+    queued = post(srv, background=True, **body)
+    assert queued.status_code == 200, queued.text
+    assert queued.json()["status"] == "queued" and queued.json()["background"] is True
+    assert queued.json()["output"] == [] and time.monotonic() - t0 < 2
+    done = finished(srv, queued.json()["id"])
+    assert done["status"] == foreground["status"] and done["output"], done
+    assert text(done) == text(foreground)
+    for count in ("input_tokens", "output_tokens"):
+        assert done["usage"][count] == foreground["usage"][count]
+    # and it continues as a stored response does
+    went_on = post(srv, previous_response_id=done["id"], input="Another one?", max_output_tokens=8)
+    assert went_on.status_code == 200 and went_on.json()["usage"]["input_tokens"] > done["usage"]["input_tokens"]
+
+
+def test_the_openai_sdk_polls_and_cancels_a_background_response(srv):
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+    made = client.responses.create(model="smol", input="Tell me a long story.", text=LONG, max_output_tokens=900,
+                                   temperature=0, background=True)
+    assert made.status == "queued" and made.background
+    wait_for(lambda: client.responses.retrieve(made.id).status == "in_progress" and sched(srv)["running"] == 1)
+    before = sched(srv)["decode_tokens"]
+    cancelled = client.responses.cancel(made.id)
+    assert cancelled.status == "cancelled", cancelled
+    assert client.responses.retrieve(made.id).status == "cancelled"
+    wait_for(lambda: sched(srv)["running"] == 0, timeout=5)
+    stopped = sched(srv)["decode_tokens"]
+    assert stopped - before < 450  # it stopped well short of the 900 tokens it was asked for
+    time.sleep(0.5)
+    assert sched(srv)["decode_tokens"] == stopped
+    again = client.responses.cancel(made.id)  # a finished response comes back as it is
+    assert again.status == "cancelled"
+
+
+def test_a_queued_response_is_cancelled_without_disturbing_the_request_ahead_of_it(srv):
+    """One slot: a streamed chat answer holds it, the background response waits for it, is
+    cancelled while it waits, and the chat answer goes on to its end."""
+    def long_chat() -> int:
+        with httpx.stream("POST", srv.base + "/v1/chat/completions", timeout=120, json={
+                "model": "smol", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 200,
+                "temperature": 0, "stream": True, "logit_bias": {"2": -100}}) as r:
+            return sum(1 for line in r.iter_lines() if line.startswith("data: {") and '"content"' in line)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        chat = pool.submit(long_chat)
+        wait_for(lambda: sched(srv)["running"] == 1)
+        queued = post(srv, background=True, input="Name a fruit.", max_output_tokens=8).json()
+        wait_for(lambda: get(srv, queued["id"])["status"] == "in_progress" and sched(srv)["queued"] == 1)
+        follow = post(srv, previous_response_id=queued["id"], input="And another?")
+        assert follow.status_code == 400 and follow.json()["error"]["code"] == "previous_response_in_progress"
+        r = httpx.post(f"{srv.base}/v1/responses/{queued['id']}/cancel", timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["output"] == [], r.text
+        assert sched(srv)["queued"] == 0
+        assert chat.result(timeout=120) >= 190  # every token of its answer
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": "Hi", "background": True, "store": False}, "background"),
+    ({"input": "Hi", "background": True, "stream": True}, "stream"),
+    ({"input": "Hi", "background": True, "model": "nope"}, "model"),
+    ({"input": GPL[:20000], "background": True}, "input"),  # over the context: refused before it starts
+    ({"input": "Hi", "background": True, "max_output_tokens": 1020}, "max_output_tokens"),
+])
+def test_bad_background_requests_name_the_field(srv, body, param):
+    r = post(srv, **body)
+    assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
+def test_only_a_stored_background_response_is_cancelled(srv):
+    made = post(srv, input="Hi", max_output_tokens=2).json()
+    r = httpx.post(f"{srv.base}/v1/responses/{made['id']}/cancel")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_id", r.text
+    r = httpx.post(f"{srv.base}/v1/responses/resp_nothing/cancel")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found"
+
+
+def test_a_drain_waits_for_a_background_response_and_a_killed_one_reads_as_failed(server_factory, tmp_path):
+    """SIGTERM with two background responses, one slot: the drain lets the first finish within
+    its grace and ends the second, queued behind it, as failed; after a kill -9 a response in
+    progress reads as failed at the next start."""
+    config = {"server": {"state_dir": str(tmp_path), "drain_grace_s": 5},
+              "models": [model_entry("smol", SMOLLM2, n_ctx=1024, n_parallel=1)]}
+    first = server_factory(config, "background-drain")
+    short = post(first, background=True, input="Tell me a story.", text=LONG, max_output_tokens=100).json()
+    wait_for(lambda: sched(first)["running"] == 1)
+    long = post(first, background=True, input="Tell me a long story.", text=LONG, max_output_tokens=900).json()
+    first.stop()
+    second = server_factory(config, "background-kill")
+    done = get(second, short["id"])
+    assert done["status"] == "incomplete" and done["usage"]["output_tokens"] == 100, done
+    ended = get(second, long["id"])
+    assert ended["status"] == "failed" and ended["error"]["code"] == "shutting_down", ended
+    killed = post(second, background=True, input="Tell me a story.", text=LONG, max_output_tokens=900).json()
+    wait_for(lambda: sched(second)["running"] == 1)
+    second.proc.kill()
+    second.proc.wait()
+    third = server_factory(config, "background-after")
+    lost = get(third, killed["id"])
+    assert lost["status"] == "failed" and lost["error"]["code"] == "server_restarted", json.dumps(lost)
+
+
+def test_a_client_gone_while_queued_ends_its_request(srv):
+    """A request waiting for the slot whose client goes away ends then (it used to wait, counted
+    in flight, for an end the runner never sent once it dropped the sequence)."""
+    def in_flight() -> float:
+        metrics = httpx.get(srv.base + "/metrics").text
+        return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("eie_in_flight_requests ")))
+
+    def long_chat() -> None:
+        with httpx.stream("POST", srv.base + "/v1/chat/completions", timeout=120, json={
+                "model": "smol", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 200,
+                "temperature": 0, "stream": True, "logit_bias": {"2": -100}}) as r:
+            for _ in r.iter_lines():
+                pass
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        chat = pool.submit(long_chat)
+        wait_for(lambda: sched(srv)["running"] == 1)
+        with pytest.raises(httpx.ReadTimeout):  # waits for the slot; the client gives up and closes
+            httpx.post(srv.base + "/v1/responses", timeout=1, json={"model": "smol", "input": "Hi",
+                                                                    "max_output_tokens": 4})
+        wait_for(lambda: sched(srv)["queued"] == 0, timeout=5)
+        chat.result(timeout=120)
+    wait_for(lambda: in_flight() == 0, timeout=5)
