@@ -45,9 +45,6 @@ class BackgroundResponses:
         self.in_flight = in_flight  # counts the work as a request in flight (the app's drain waits for it)
         self._jobs: dict[str, _Job] = {}
 
-    def __len__(self) -> int:
-        return len(self._jobs)
-
     def start(self, request: Request, queued: Response, logprobs: bool, keep: Callable[[Response], None],
               answer: Answer, rename: Callable[[ApiError], ApiError]) -> None:
         """Store `queued` and make its answer in the background."""

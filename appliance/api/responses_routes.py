@@ -114,6 +114,9 @@ class ResponsesRoutes:
             async def answer(to: Request, writer: ResponseEvents) -> None:
                 await relay_chat(to, self.config, runner, chat, prompt, params, shape, writer, req.stream, "input")
         if req.background:
+            if self.store.max_entries == 0:
+                raise bad_request("a background response is read from the stored responses, and this server "
+                                  "keeps none (server.responses.max_entries is 0)", param="background")
             queued = msgspec.structs.replace(base, status="queued")
             self.background.start(request, queued, bool(chat.logprobs), keep, answer, responses_input.renamed)
             await request.json(200, queued)

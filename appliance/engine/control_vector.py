@@ -12,6 +12,7 @@ layers that can be steered are 1 .. n_layer - 1.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ class ControlVector:
         """What llama.cpp allocates for it: one F32 tensor of the model's width per layer from 1."""
         return int(self.data.nbytes)
 
-    @property
+    @functools.cached_property
     def identity(self) -> bytes:
         """What a KV state computed with it depends on: its directions and layer range."""
         h = hashlib.blake2b(digest_size=16)
