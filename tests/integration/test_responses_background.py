@@ -20,7 +20,7 @@ from opshelp import wait_for
 GPL = open("/usr/share/common-licenses/GPL-3").read()
 # a JSON answer whose string must run long: the grammar keeps the model writing
 LONG = {"format": {"type": "json_schema", "name": "long", "schema": {
-    "type": "object", "properties": {"story": {"type": "string", "minLength": 1500}}, "required": ["story"]}}}
+    "type": "object", "properties": {"story": {"type": "string", "minLength": 2000}}, "required": ["story"]}}}
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_a_drain_ends_a_background_response_and_a_killed_one_reads_as_failed(ser
     first = server_factory(config, "background-drain")
     long = post(first, background=True, input="Tell me a long story.", text=LONG, max_output_tokens=900).json()
     wait_for(lambda: sched(first)["running"] == 1)
-    first.stop()  # it needs 400 tokens or more (its string's minLength): past the grace
+    first.stop()  # it needs 500 tokens or more (its string's minLength): past the grace
     assert "draining: 1 requests in flight" in first.log_path.read_text()
     second = server_factory(config, "background-kill")
     ended = get(second, long["id"])
