@@ -13,6 +13,7 @@ import pytest
 from appliance.engine.manager import shape_of
 from appliance.resources import repack
 from conftest import SMOLLM2, model_entry
+from opshelp import wait_for
 
 KEY = "test-key-0123456789"
 
@@ -269,6 +270,12 @@ def test_504_when_the_deadline_passes(server_factory):
     assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
     assert last["response"]["error"]["code"] == "deadline_exceeded"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # In the background the POST answers at once, and the response is stored as failed.
+    made = post(srv, "/v1/responses", {**body, "background": True}, key=None)
+    assert made.status_code == 200 and made.json()["status"] == "queued", made.text
+    done = wait_for(lambda: (got := httpx.get(f"{srv.base}/v1/responses/{made.json()['id']}").json())["status"]
+                    not in ("queued", "in_progress") and got, timeout=10)
+    assert done["status"] == "failed" and done["error"]["code"] == "deadline_exceeded", done
     # The Messages API: Anthropic's envelope before the first token, an error event after it.
     body = {"model": "smollm2-135m", "max_tokens": 1000, "messages": [{"role": "user", "content": "Once upon a time"}],
             "logit_bias": no_end}
