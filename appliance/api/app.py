@@ -208,7 +208,7 @@ class App:
         request = Request(scope, receive, send_tagged)
         request.keepalive_s = self.config.server.stream_keepalive_s
         route: Route | None = None
-        counted = False
+        counted = contextlib.ExitStack()  # holds the in-flight count while the request is served
         who: str | None = None  # the limits' holder, once admitted
         try:
             route = self._route(request)
@@ -217,9 +217,7 @@ class App:
                 if self.draining:
                     raise ApiError(503, "the server is shutting down", type="service_unavailable",
                                    code="draining", headers=[(b"retry-after", b"5")])
-                self.in_flight += 1
-                self._idle.clear()
-                counted = True
+                counted.enter_context(self._counted())
             key = self._authorize(request, route.auth)
             if route.limited:
                 who = self._limit(key.id if key else "addr:" + str((scope.get("client") or ("?",))[0]))
@@ -244,17 +242,14 @@ class App:
                 request.stream.stop()
             if who is not None:
                 self.limits.release(who)
-            if counted:
-                self.in_flight -= 1
-                if self.in_flight == 0:
-                    self._idle.set()
+            counted.close()
             self._account(info, request, route)
             context.current.reset(token)
 
     @contextlib.contextmanager
     def _counted(self) -> Iterator[None]:
-        """Work in flight that is not a request being served (a background response's answer):
-        the drain waits for it as for a request."""
+        """Work in flight, which the drain waits for: a request being served, or a background
+        response's answer."""
         self.in_flight += 1
         self._idle.clear()
         try:

@@ -109,7 +109,8 @@ class ResponsesRoutes:
             runner = await generation_runner(self.manager, req.model,
                                              sse=request if req.stream else None)
             prompt, params, shape = await chat_answer_plan(runner, chat)
-            chat_max_tokens(self.config, runner, chat, prompt, "input")  # a prompt that does not fit: 400 now
+            if req.background:  # a prompt that does not fit is a 400 now (relay_chat finds it in the foreground)
+                chat_max_tokens(self.config, runner, chat, prompt, "input")
 
             async def answer(to: Request, writer: ResponseEvents) -> None:
                 await relay_chat(to, self.config, runner, chat, prompt, params, shape, writer, req.stream, "input")
