@@ -86,7 +86,7 @@ class App:
         self._idle = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.admin.draining = lambda: self.draining
-        self.responses.background = BackgroundResponses(self._counted)
+        self.responses.background = BackgroundResponses(self._background)
         self.routes: dict[str, dict[str, Route]] = {
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
@@ -209,7 +209,6 @@ class App:
         request.keepalive_s = self.config.server.stream_keepalive_s
         route: Route | None = None
         counted = contextlib.ExitStack()  # holds the in-flight count while the request is served
-        who: str | None = None  # the limits' holder, once admitted
         try:
             route = self._route(request)
             request.error_body = route.error_body
@@ -220,7 +219,8 @@ class App:
                 counted.enter_context(self._counted())
             key = self._authorize(request, route.auth)
             if route.limited:
-                who = self._limit(key.id if key else "addr:" + str((scope.get("client") or ("?",))[0]))
+                request.limit_holder = self._limit(
+                    key.id if key else "addr:" + str((scope.get("client") or ("?",))[0]))
             await route.handler(request)
         except ApiError as e:
             info.error_code = e.code or e.type
@@ -240,8 +240,8 @@ class App:
         finally:
             if request.stream is not None:
                 request.stream.stop()
-            if who is not None:
-                self.limits.release(who)
+            if request.limit_holder is not None:  # (a background response takes its POST's over)
+                self.limits.release(request.limit_holder)
             counted.close()
             self._account(info, request, route)
             context.current.reset(token)
@@ -258,6 +258,17 @@ class App:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
+
+    @contextlib.contextmanager
+    def _background(self, holder: str | None) -> Iterator[None]:
+        """A background response's work: in flight, and one of its key's concurrent requests (the
+        POST's, which it took over: BackgroundResponses.start) until it ends."""
+        with self._counted():
+            try:
+                yield
+            finally:
+                if holder is not None:
+                    self.limits.release(holder)
 
     def _limit(self, who: str) -> str:
         """Count the request against its key's limits (429 when over one); returns `who`."""

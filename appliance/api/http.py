@@ -32,6 +32,7 @@ class Request:
         self.error_body: Callable[[ApiError], bytes] = ApiError.body  # the route's error envelope
         self.keepalive_s = 0.0  # server.stream_keepalive_s: an idle event stream's comment interval
         self.stream: EventStream | None = None  # the response's event stream, once a route opens one
+        self.limit_holder: str | None = None  # whose per-key limits count it (set once it is admitted)
 
     def query(self, key: str) -> str | None:
         """The first value of a query-string parameter (None: not given)."""

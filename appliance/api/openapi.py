@@ -49,8 +49,12 @@ OPERATIONS: tuple[Op, ...] = (
     Op("get", "/v1/models", "Configured models and their states", None, s.ModelList),
     Op("get", "/v1/models/{model_id}", "One model or group and its state", None, s.ModelCard),
     Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events; background: "
-       "queued at once, then read with GET)", rs.ResponsesRequest, rs.Response),
-    Op("get", "/v1/responses/{response_id}", "A stored response", None, rs.Response),
+       "queued at once, then read with GET; both: its events, which GET with stream=true reads again)",
+       rs.ResponsesRequest, rs.Response),
+    Op("get", "/v1/responses/{response_id}", "A stored response, or a streamed background response's events",
+       None, rs.Response, query=(("stream", "true: the response's events as server-sent events (a background "
+                                            "response made with stream), live until it ends"),
+                                 ("starting_after", "with stream: only the events after this sequence number"))),
     Op("post", "/api/chat", "Ollama API: a chat answer (stream, the default: newline-delimited JSON)",
        ol.OllamaChatRequest, ol.OllamaAnswer, tag="ollama"),
     Op("post", "/api/generate", "Ollama API: a completion (stream, the default: newline-delimited JSON)",
@@ -167,7 +171,8 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
             schema = by_type[op.response] if op.response is not None else {"type": "object"}
             ok["content"] = {"application/json": {"schema": schema}}
             if op.path in ("/v1/chat/completions", "/v1/completions", "/v1/batch/execute", "/v1/chain/execute",
-                           "/v1/responses", "/v1/messages", "/infill", "/completion"):
+                           "/v1/responses", "/v1/messages", "/infill", "/completion") or (
+                               op.method == "get" and op.path == "/v1/responses/{response_id}"):
                 ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
             if op.path in ("/api/chat", "/api/generate"):
                 ok["content"]["application/x-ndjson"] = {"schema": {"type": "string"}}

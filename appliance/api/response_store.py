@@ -35,6 +35,7 @@ class Record(msgspec.Struct, frozen=True):
     input_items: list[dict[str, Any]]
     turns: list[ChatMessage]  # this response's input and answer as chat messages
     owner: str | None  # the API key id that made it (None: the server has no keys)
+    events: list[msgspec.Raw] | None = None  # a streamed background response's events, once it has ended
 
 
 _record = msgspec.json.Decoder(Record)
@@ -48,6 +49,7 @@ class Stored:
     turns: list[ChatMessage]
     owner: str | None
     size: int  # bytes counted against the store's cap: the record's JSON
+    events: list[bytes] | None = None  # each stream event's JSON (event_log.py), where they were kept
 
 
 class MissingResponse(KeyError):
@@ -118,7 +120,8 @@ class ResponseStore:
         if response.status in UNFINISHED:  # a background response the previous run did not finish
             response = msgspec.structs.replace(response, status="failed", error=ResponseError(
                 "server_restarted", "the server stopped before this background response finished"))
-        stored = Stored(response, rec.input_items, rec.turns, rec.owner, len(data))
+        events = [bytes(e) for e in rec.events] if rec.events is not None else None
+        stored = Stored(response, rec.input_items, rec.turns, rec.owner, len(data), events)
         self._records[response_id] = stored
         self._bytes += stored.size - record.size
         return stored
@@ -162,14 +165,15 @@ class ResponseStore:
         return self._bytes
 
     def put(self, response: Response, input_items: list[dict[str, Any]], turns: list[ChatMessage],
-            owner: str | None) -> None:
-        data = encoder.encode(Record(response, input_items, turns, owner))
+            owner: str | None, events: list[bytes] | None = None) -> None:
+        raw = [msgspec.Raw(e) for e in events] if events is not None else None
+        data = encoder.encode(Record(response, input_items, turns, owner, raw))
         if self.max_entries == 0 or len(data) > self.max_bytes:
             return
         with self._lock:
             if (before := self._records.get(response.id)) is not None:  # a background response's later state
                 self._bytes -= before.size
-            self._records[response.id] = Stored(response, input_items, turns, owner, len(data))
+            self._records[response.id] = Stored(response, input_items, turns, owner, len(data), events)
             self._bytes += len(data)
             if self.directory is not None:
                 self._on_disk(self._write, self._file(response.id), data)

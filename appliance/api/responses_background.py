@@ -6,8 +6,12 @@ store holds each state as it comes: `in_progress`, then `completed` or `incomple
 the answer's writer), `failed` (with the error a foreground request would have got) or
 `cancelled` (POST /v1/responses/{id}/cancel, which stops the generation as a client going away
 does). The work counts as a request in flight, so a drain waits for it and ends it with the
-others once its grace is over; one the process never finished reads as failed after a restart
-(response_store.py).
+others once its grace is over, and against its key's concurrent requests until it ends; one the
+process never finished reads as failed after a restart (response_store.py).
+
+One asked with `stream` keeps its events in a log (event_log.py): the POST streams them, and a
+client that lost that stream reads them again from any point, while the response runs or after
+(they are stored with its final state). A cancelled response's stream ends with no final event.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Awaitable, Callable
 from msgspec.structs import replace
 
 from .errors import ApiError
+from .event_log import EventLog
 from .generation import ENGINE_ERRORS, engine_error
 from .http import DetachedRequest, Request
 from .responses_output import ResponseEvents
@@ -29,39 +34,56 @@ from .responses_schemas import Response, ResponseError
 log = logging.getLogger("eie.responses")
 
 Answer = Callable[[Request, ResponseEvents], Awaitable[None]]  # makes the answer through the writer
+Keep = Callable[..., None]  # keep(response, events=None): stores a state of the response
 
 
 @dataclass
 class _Job:
     request: DetachedRequest
     writer: ResponseEvents
-    keep: Callable[[Response], None]  # stores a state of the response
+    keep: Keep
     rename: Callable[[ApiError], ApiError]  # an error as the Responses API names its fields
+    holder: str | None  # whose concurrent requests it counts against
+    log: EventLog | None  # its stream's events (asked with `stream`)
     task: asyncio.Future[None] | None = field(default=None)
 
 
 class BackgroundResponses:
-    def __init__(self, in_flight: Callable[[], AbstractContextManager[None]]):
-        self.in_flight = in_flight  # counts the work as a request in flight (the app's drain waits for it)
+    def __init__(self, in_flight: Callable[[str | None], AbstractContextManager[None]]):
+        # counts the work as a request in flight (the app's drain waits for it) of its key's
+        self.in_flight = in_flight
         self._jobs: dict[str, _Job] = {}
 
-    def start(self, request: Request, queued: Response, logprobs: bool, keep: Callable[[Response], None],
-              answer: Answer, rename: Callable[[ApiError], ApiError]) -> None:
-        """Store `queued` and make its answer in the background."""
+    def start(self, request: Request, queued: Response, logprobs: bool, keep: Keep, answer: Answer,
+              rename: Callable[[ApiError], ApiError], stream: bool = False) -> EventLog | None:
+        """Store `queued` and make its answer in the background; with `stream`, the log its
+        events go to (its first two, `response.created` and `response.queued`, are there)."""
         keep(queued)
-        writer = ResponseEvents(replace(queued, status="in_progress"), logprobs, keep)
-        job = _Job(DetachedRequest(request), writer, keep, rename)
+        events = EventLog() if stream else None
+        writer = ResponseEvents(replace(queued, status="in_progress"), logprobs, keep,
+                                events.append if events is not None else None)
+        if events is not None:
+            writer.queued(queued)
+        holder, request.limit_holder = request.limit_holder, None  # the work holds the POST's count on
+        job = _Job(DetachedRequest(request), writer, keep, rename, holder, events)
         self._jobs[queued.id] = job
         job.task = asyncio.ensure_future(self._run(job, answer))
+        return events
+
+    def log(self, response_id: str) -> EventLog | None:
+        """The events of a streamed background response still running."""
+        job = self._jobs.get(response_id)
+        return job.log if job is not None else None
 
     async def _run(self, job: _Job, answer: Answer) -> None:
-        base = job.writer.base
+        writer = job.writer
+        base = writer.base
         try:
-            with self.in_flight():
+            with self.in_flight(job.holder):
                 job.keep(base)
                 failure: ApiError | None = None
                 try:
-                    await answer(job.request, job.writer)
+                    await answer(job.request, writer)
                 except ENGINE_ERRORS as e:
                     failure = job.rename(engine_error(e))
                 except ApiError as e:
@@ -69,16 +91,24 @@ class BackgroundResponses:
                 except Exception:
                     log.exception("background response %s failed", base.id)
                     failure = ApiError(500, "internal server error", type="server_error")
-                output = list(job.writer.items)
+                failure = failure or writer.error  # (a streamed answer says its failure in its events)
+                output = list(writer.items)
+                final = writer.result
                 if job.request.cancelled:
-                    job.keep(replace(job.writer.result or base, status="cancelled", output=output))
-                elif failure is not None:
-                    job.keep(replace(base, status="failed", output=output,
-                                     error=ResponseError(failure.code or failure.type, failure.message)))
-                elif job.writer.result is None:  # the answer ended without finishing (cannot happen)
-                    job.keep(replace(base, status="failed", output=output,
-                                     error=ResponseError("server_error", "the answer ended without finishing")))
+                    final = replace(final or base, status="cancelled", output=output)
+                elif final is None:
+                    failure = failure or ApiError(500, "the answer ended without finishing", type="server_error")
+                    if writer.error is None and job.log is not None:
+                        writer.failed(failure)
+                    final = replace(base, status="failed", output=output,
+                                    error=ResponseError(failure.code or failure.type, failure.message))
+                if job.log is not None:
+                    job.keep(final, events=job.log.events)
+                elif final is not writer.result:  # (the writer stored its result)
+                    job.keep(final)
         finally:
+            if job.log is not None:
+                job.log.close()
             del self._jobs[base.id]
 
     async def cancel(self, response_id: str) -> None:
@@ -86,5 +116,7 @@ class BackgroundResponses:
         job = self._jobs.get(response_id)
         if job is None or job.task is None:
             return
+        if job.log is not None:
+            job.log.close()  # its stream ends here
         job.request.cancel()
         await asyncio.wait([job.task], timeout=30)

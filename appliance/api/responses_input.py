@@ -132,9 +132,6 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
     if req.background and not req.store:
         raise bad_request("a background response is stored (it is read with GET /v1/responses/{id}): "
                           "leave store true", param="background")
-    if req.background and req.stream:
-        raise bad_request("a background response is not streamed here: leave stream out and poll "
-                          "GET /v1/responses/{id}", param="stream")
     for value in req.include or []:
         if value != "message.output_text.logprobs":
             raise bad_request(f"include value {value!r} is not supported (message.output_text.logprobs only)",

@@ -57,11 +57,15 @@ class ResponseEvents:
 
     streams_calls = True
 
-    def __init__(self, base: Response, logprobs: bool, keep: Callable[[Response], None]):
+    def __init__(self, base: Response, logprobs: bool, keep: Callable[[Response], None],
+                 on_event: Callable[[Event], None] | None = None):
         self.base = base  # the response as created: status in_progress, no output
         self.with_logprobs = logprobs
         self.keep = keep
+        self.on_event = on_event  # sees every event made (a streamed background response's log)
+        self.announced = False  # `queued` sent the created event already
         self.result: Response | None = None
+        self.error: ApiError | None = None  # the failure `failed` said
         self.items: list[OutputItem] = []
         self.open: _Open | None = None
         self.pending: list[ChatTokenLogprob] = []  # token logprobs whose text is held back
@@ -71,11 +75,19 @@ class ResponseEvents:
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
+        if self.on_event is not None:
+            self.on_event(event)
         return event
 
+    def queued(self, response: Response) -> list[Event]:
+        """A background response's first events, sent before its work starts."""
+        self.announced = True
+        return [self._event("response.created", response=response),
+                self._event("response.queued", response=response)]
+
     def start(self) -> list[Event]:
-        return [self._event("response.created", response=self.base),
-                self._event("response.in_progress", response=self.base)]
+        created = [] if self.announced else [self._event("response.created", response=self.base)]
+        return created + [self._event("response.in_progress", response=self.base)]
 
     def push(self, thought: str, text: str, logprobs: list[ChatTokenLogprob]) -> list[Event]:
         """A piece of the answer: reasoning, then text (either may be empty), and the logprobs of
@@ -191,6 +203,7 @@ class ResponseEvents:
                 self._event("response.output_item.done", output_index=call.index, item=done)]
 
     def failed(self, err: ApiError) -> list[Event]:
+        self.error = err
         response = replace(self.base, status="failed", output=list(self.items),
                            error=ResponseError(err.code or err.type, err.message))
         return [self._event("response.failed", response=response)]

@@ -25,7 +25,8 @@ from .generation import (
     errors_renamed,
     generation_runner,
 )
-from .http import Request
+from .event_log import EventLog
+from .http import EventStream, Request
 from .response_store import UNFINISHED, MissingResponse, ResponseStore
 from .responses_background import BackgroundResponses
 from .responses_output import ResponseEvents
@@ -95,9 +96,9 @@ class ResponsesRoutes:
             background=bool(req.background),
         )
 
-        def keep(response: Response) -> None:  # before the client hears of it: a GET may follow at once
-            if req.store:
-                self.store.put(response, items, turns + [_assistant_turn(response)], owner)
+        def keep(response: Response, events: list[bytes] | None = None) -> None:
+            if req.store:  # (before the client hears of it: a GET may follow at once)
+                self.store.put(response, items, turns + [_assistant_turn(response)], owner, events)
 
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         groups = self.groups if group is not None else None
@@ -119,8 +120,12 @@ class ResponsesRoutes:
                 raise bad_request("a background response is read from the stored responses, and this server "
                                   "keeps none (server.responses.max_entries is 0)", param="background")
             queued = msgspec.structs.replace(base, status="queued")
-            self.background.start(request, queued, bool(chat.logprobs), keep, answer, responses_input.renamed)
-            await request.json(200, queued)
+            events = self.background.start(request, queued, bool(chat.logprobs), keep, answer,
+                                           responses_input.renamed, bool(req.stream))
+            if events is None:
+                await request.json(200, queued)
+            else:  # its client may go away: the response goes on, and its events can be read again
+                await _relay(request, events, -1)
             return
         await answer(request, ResponseEvents(base, bool(chat.logprobs), keep))
 
@@ -133,7 +138,33 @@ class ResponsesRoutes:
             raise _missing(e) from None
 
     async def retrieve(self, request: Request) -> None:
-        await request.json(200, self._stored(request).response)
+        """The stored response, or with `stream=true` its events (a background response asked
+        with `stream`), after the sequence number `starting_after` where it is given."""
+        stream = request.query("stream")
+        if stream not in (None, "true", "false"):
+            raise bad_request("stream must be true or false", param="stream")
+        record = self._stored(request)
+        if stream != "true":
+            await request.json(200, record.response)
+            return
+        after = request.query("starting_after")
+        try:
+            starting_after = int(after) if after is not None else -1
+        except ValueError:
+            starting_after = -2
+        if starting_after < -1 or (after is not None and starting_after < 0):
+            raise bad_request("starting_after must be a sequence number (an integer from 0)", param="starting_after")
+        events = self.background.log(record.response.id)
+        if events is None and record.events is not None:
+            events = EventLog(record.events, done=True)
+        if events is None:
+            response = record.response
+            restarted = response.error is not None and response.error.code == "server_restarted"
+            why = ("it was not made in the background" if not response.background
+                   else "the server restarted before it finished" if restarted
+                   else "it was made without stream")
+            raise bad_request(f"response {record.response.id!r} has no events to stream: {why}", param="stream")
+        await _relay(request, events, starting_after)
 
     async def delete(self, request: Request) -> None:
         response_id = request.path_params["response_id"]
@@ -179,6 +210,18 @@ class ResponsesRoutes:
         page = listed[:limit]
         await request.json(200, InputItemList(page, page[0]["id"] if page else None,
                                               page[-1]["id"] if page else None, len(listed) > limit))
+
+
+async def _relay(request: Request, events: EventLog, after: int) -> None:
+    """Stream a background response's events after sequence number `after`, as they come, until
+    it ends or the client goes away (the response goes on)."""
+    sse = EventStream(request)
+    try:
+        async for event in events.follow(after):
+            await sse.raw(event)
+        await sse.close()
+    except OSError:
+        pass
 
 
 def _assistant_turn(response: Response) -> ChatMessage:

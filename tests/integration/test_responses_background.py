@@ -122,7 +122,7 @@ def test_a_queued_response_is_cancelled_without_disturbing_the_request_ahead_of_
 
 @pytest.mark.parametrize("body,param", [
     ({"input": "Hi", "background": True, "store": False}, "background"),
-    ({"input": "Hi", "background": True, "stream": True}, "stream"),
+    ({"input": GPL[:20000], "background": True, "stream": True}, "input"),  # before the stream starts
     ({"input": "Hi", "background": True, "model": "nope"}, "model"),
     ({"input": GPL[:20000], "background": True}, "input"),  # over the context: refused before it starts
     ({"input": "Hi", "background": True, "max_output_tokens": 1020}, "max_output_tokens"),
@@ -186,3 +186,134 @@ def test_a_client_gone_while_queued_ends_its_request(srv):
         wait_for(lambda: sched(srv)["queued"] == 0, timeout=5)
         chat.result(timeout=120)
     wait_for(lambda: in_flight() == 0, timeout=5)
+
+
+def each_event(lines):
+    """The events of a server-sent event stream as they come, each checked against its `event:` line."""
+    name = None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line[len("event: "):]
+        elif line.startswith("data: "):
+            event = json.loads(line[len("data: "):])
+            assert event["type"] == name, line
+            yield event
+
+
+def events_of(lines) -> list[dict]:
+    return list(each_event(lines))
+
+
+def replay(srv, response_id: str, after: int | None = None) -> list[dict]:
+    query = "" if after is None else f"&starting_after={after}"
+    with httpx.stream("GET", f"{srv.base}/v1/responses/{response_id}?stream=true{query}", timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        return events_of(r.iter_lines())
+
+
+def streamed_text(events: list[dict]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+def test_a_streamed_background_response_goes_on_without_its_client_and_is_read_again(srv):
+    """background + stream: the POST streams the events; its client goes away after five, the
+    response goes on to its end; a GET with stream=true follows it live from the sixth and reads
+    the whole stream again once it is done, the same events with the same sequence numbers."""
+    body = {"input": "Name three colors.", "max_output_tokens": 300, "text": LONG}
+    with httpx.stream("POST", srv.base + "/v1/responses", timeout=120,
+                      json={"model": "smol", "temperature": 0, "background": True, "stream": True, **body}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = each_event(r.iter_lines())
+        first = [next(events) for _ in range(5)]
+    response_id = first[0]["response"]["id"]
+    assert [e["type"] for e in first[:3]] == ["response.created", "response.queued", "response.in_progress"]
+    assert first[0]["response"]["status"] == first[1]["response"]["status"] == "queued"
+    assert first[2]["response"]["status"] == "in_progress"
+    with httpx.stream("GET", f"{srv.base}/v1/responses/{response_id}?stream=true&starting_after=4",
+                      timeout=120) as r:
+        events = each_event(r.iter_lines())
+        rest = [next(events)]
+        assert get(srv, response_id)["status"] == "in_progress"  # followed live
+        rest += list(events)
+    whole = replay(srv, response_id)
+    assert whole == first + rest
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
+    assert whole[-1]["type"] == "response.incomplete"  # 300 tokens of a 2000-character story
+    done = get(srv, response_id)
+    assert whole[-1]["response"] == done and streamed_text(whole) == text(done) != ""
+    assert replay(srv, response_id, after=len(whole) - 3) == whole[-2:]
+    assert replay(srv, response_id, after=len(whole) + 10) == []
+    foreground = post(srv, **body).json()
+    assert text(foreground) == text(done)
+
+
+def test_the_openai_sdk_streams_a_background_response_and_picks_it_up_again(srv):
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+    stream = client.responses.create(model="smol", input="Name a fruit.", max_output_tokens=40, temperature=0,
+                                     background=True, stream=True)
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if event.sequence_number == 4:
+            break
+    stream.close()
+    response_id = seen[0].response.id
+    resumed = list(client.responses.retrieve(response_id, stream=True, starting_after=4))
+    assert resumed[0].sequence_number == 5 and resumed[-1].type in ("response.completed", "response.incomplete")
+    with client.responses.stream(response_id=response_id) as again:  # the SDK's helper reads it from the start
+        final = again.get_final_response()
+    assert final.id == response_id and final.output_text == client.responses.retrieve(response_id).output_text != ""
+
+
+def test_a_cancelled_stream_ends_and_its_events_stay_readable(srv):
+    with httpx.stream("POST", srv.base + "/v1/responses", timeout=120, json={
+            "model": "smol", "input": "Tell me a long story.", "text": LONG, "max_output_tokens": 900,
+            "background": True, "stream": True}) as r:
+        events = each_event(r.iter_lines())
+        head = [next(events)]
+        while head[-1]["type"] != "response.output_text.delta":
+            head.append(next(events))
+        cancelled = httpx.post(f"{srv.base}/v1/responses/{head[0]['response']['id']}/cancel", timeout=30).json()
+        assert cancelled["status"] == "cancelled", cancelled
+        tail = list(events)  # the stream ends
+    whole = head + tail
+    assert whole[-1]["type"] == "response.output_text.delta"  # no final event
+    assert replay(srv, cancelled["id"]) == whole
+
+
+@pytest.mark.parametrize("query,param", [
+    ("stream=yes", "stream"), ("stream=true&starting_after=-1", "starting_after"),
+    ("stream=true&starting_after=x", "starting_after")])
+def test_bad_stream_queries_name_the_field(srv, query, param):
+    made = post(srv, input="Hi", max_output_tokens=2, background=True, stream=True)
+    response_id = events_of(made.text.splitlines())[0]["response"]["id"]
+    r = httpx.get(f"{srv.base}/v1/responses/{response_id}?{query}")
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_only_a_streamed_background_response_streams_again(srv):
+    for body, why in (({}, "not made in the background"), ({"background": True}, "made without stream")):
+        made = post(srv, input="Hi", max_output_tokens=2, **body).json()
+        finished(srv, made["id"])
+        r = httpx.get(f"{srv.base}/v1/responses/{made['id']}?stream=true")
+        assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] == "stream"
+
+
+def test_background_work_counts_against_its_key_and_its_events_outlive_a_restart(server_factory, tmp_path):
+    """concurrent_requests 1: a background response holds its POST's place until it ends (here
+    cancelled); a streamed one's events are stored with it and read the same after a restart."""
+    config = {"server": {"state_dir": str(tmp_path), "limits": {"concurrent_requests": 1}},
+              "models": [model_entry("smol", SMOLLM2, n_ctx=1024, n_parallel=2)]}
+    first = server_factory(config, "background-limits")
+    long = post(first, background=True, input="Tell me a long story.", text=LONG, max_output_tokens=900).json()
+    refused = post(first, input="Hi", max_output_tokens=2)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "concurrent_requests", refused.text
+    assert httpx.post(f"{first.base}/v1/responses/{long['id']}/cancel", timeout=30).json()["status"] == "cancelled"
+    made = post(first, input="Name a fruit.", max_output_tokens=12, background=True, stream=True)
+    assert made.status_code == 200, made.text
+    events = events_of(made.text.splitlines())
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    first.stop()
+    second = server_factory(config, "background-replayed")
+    assert replay(second, events[0]["response"]["id"]) == events

@@ -156,3 +156,14 @@ def test_a_response_after_close_is_kept_in_memory_only(tmp_path):
     store.close()
     store.put(response("late"), [], turns("t"), None)
     assert store.get("late", None) and not list(tmp_path.iterdir())
+
+
+def test_a_streamed_responses_events_are_stored_with_it_and_read_back_after_a_restart(tmp_path):
+    events = [b'{"type":"response.created","sequence_number":0}', b'{"type":"response.completed","sequence_number":1}']
+    store = ResponseStore(10, 1 << 20, tmp_path)
+    store.put(response("a"), [], turns("one"), None, events)
+    store.put(response("b"), [], turns("two"), None)
+    store.close()
+    again = ResponseStore(10, 1 << 20, tmp_path)
+    assert again.get("a", None).events == events and again.get("b", None).events is None
+    assert again.get("a", None).size > again.get("b", None).size  # the events count against the cap
