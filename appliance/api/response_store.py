@@ -36,6 +36,7 @@ class Record(msgspec.Struct, frozen=True):
     turns: list[ChatMessage]  # this response's input and answer as chat messages
     owner: str | None  # the API key id that made it (None: the server has no keys)
     events: list[msgspec.Raw] | None = None  # a streamed background response's events, once it has ended
+    truncated: int = 0  # the conversation's first messages its prompt left out (`truncation: auto`)
 
 
 _record = msgspec.json.Decoder(Record)
@@ -50,6 +51,7 @@ class Stored:
     owner: str | None
     size: int  # bytes counted against the store's cap: the record's JSON
     events: list[bytes] | None = None  # each stream event's JSON (event_log.py), where they were kept
+    truncated: int = 0
 
 
 class MissingResponse(KeyError):
@@ -121,7 +123,7 @@ class ResponseStore:
             response = msgspec.structs.replace(response, status="failed", error=ResponseError(
                 "server_restarted", "the server stopped before this background response finished"))
         events = [bytes(e) for e in rec.events] if rec.events is not None else None
-        stored = Stored(response, rec.input_items, rec.turns, rec.owner, len(data), events)
+        stored = Stored(response, rec.input_items, rec.turns, rec.owner, len(data), events, rec.truncated)
         self._records[response_id] = stored
         self._bytes += stored.size - record.size
         return stored
@@ -165,15 +167,15 @@ class ResponseStore:
         return self._bytes
 
     def put(self, response: Response, input_items: list[dict[str, Any]], turns: list[ChatMessage],
-            owner: str | None, events: list[bytes] | None = None) -> None:
+            owner: str | None, events: list[bytes] | None = None, truncated: int = 0) -> None:
         raw = [msgspec.Raw(e) for e in events] if events is not None else None
-        data = encoder.encode(Record(response, input_items, turns, owner, raw))
+        data = encoder.encode(Record(response, input_items, turns, owner, raw, truncated))
         if self.max_entries == 0 or len(data) > self.max_bytes:
             return
         with self._lock:
             if (before := self._records.get(response.id)) is not None:  # a background response's later state
                 self._bytes -= before.size
-            self._records[response.id] = Stored(response, input_items, turns, owner, len(data), events)
+            self._records[response.id] = Stored(response, input_items, turns, owner, len(data), events, truncated)
             self._bytes += len(data)
             if self.directory is not None:
                 self._on_disk(self._write, self._file(response.id), data)

@@ -126,7 +126,7 @@ def messages(input_items: list[dict[str, Any]]) -> list[ChatMessage]:
 def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> ChatRequest:
     """The chat request that asks the model what `req` asks, over `conversation` (the earlier
     responses' turns and this input, after the instructions)."""
-    for field, allowed in (("conversation", (None,)), ("prompt", (None,)), ("truncation", (None, "disabled"))):
+    for field, allowed in (("conversation", (None,)), ("prompt", (None,)), ("truncation", (None, "disabled", "auto"))):
         if getattr(req, field) not in allowed:
             raise bad_request(f"{field} is not supported by this server", param=field)
     if req.background and not req.store:

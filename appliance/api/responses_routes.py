@@ -15,13 +15,16 @@ import msgspec
 
 from ..config import Config
 from ..engine.manager import ModelManager
+from ..engine.runner import ModelRunner
 from ..observability import context
 from . import responses_input
+from . import responses_truncation as truncation
 from .answer_relay import chat_max_tokens, relay_chat
 from .group_chat import GroupChat
 from .errors import ApiError, bad_request, decoded
 from .generation import (
     chat_answer_plan,
+    chat_prompt,
     errors_renamed,
     generation_runner,
 )
@@ -73,9 +76,12 @@ class ResponsesRoutes:
         req: ResponsesRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
         owner = _owner()
         earlier: list[ChatMessage] = []
+        floor = 0  # where the previous response's prompt cut its conversation (truncation: auto)
         if req.previous_response_id is not None:
             try:
-                if self.store.get(req.previous_response_id, owner).response.status in UNFINISHED:
+                previous = self.store.get(req.previous_response_id, owner)
+                floor = previous.truncated
+                if previous.response.status in UNFINISHED:
                     raise ApiError(400, f"previous response {req.previous_response_id!r} is still in progress (a "
                                    "background response: continue it once it has finished)",
                                    param="previous_response_id", code="previous_response_in_progress")
@@ -85,7 +91,9 @@ class ResponsesRoutes:
                                code="previous_response_not_found") from None
         items = responses_input.items(req.input)
         turns = responses_input.messages(items)
-        chat = responses_input.chat_request(req, earlier + turns)
+        conversation = earlier + turns
+        chat = responses_input.chat_request(req, conversation)
+        cut = 0
         base = Response(
             id=responses_input.new_id("resp"), created_at=int(time.time()), status="in_progress",
             instructions=req.instructions, max_output_tokens=req.max_output_tokens, model=req.model,
@@ -93,22 +101,28 @@ class ResponsesRoutes:
             reasoning=req.reasoning or ReasoningConfig(), store=req.store, temperature=req.temperature,
             text=req.text or TextConfig(), tool_choice=req.tool_choice or "auto", tools=req.tools or [],
             top_p=req.top_p, top_logprobs=req.top_logprobs or 0, user=req.user, metadata=req.metadata or {},
-            background=bool(req.background),
+            background=bool(req.background), truncation=req.truncation or "disabled",
         )
 
         def keep(response: Response, events: list[bytes] | None = None) -> None:
             if req.store:  # (before the client hears of it: a GET may follow at once)
-                self.store.put(response, items, turns + [_assistant_turn(response)], owner, events)
+                self.store.put(response, items, turns + [_assistant_turn(response)], owner, events, cut)
 
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         groups = self.groups if group is not None else None
         if groups is not None:  # a chain or fanout group asked as a model
+            if req.truncation == "auto":
+                raise bad_request("truncation auto cuts a model's conversation to its context; a group's "
+                                  "members each have their own: leave it out", param="truncation")
             async def answer(to: Request, writer: ResponseEvents) -> None:
                 await groups.relay_answer(to, chat, group, lambda _: writer, req.stream)
         else:
             # the model, the prompt and the request's fields are checked before a background response starts
             runner = await generation_runner(self.manager, req.model,
                                              sse=request if req.stream else None)
+            if req.truncation == "auto":
+                cut = await self._cut(runner, req, conversation, floor)
+                chat = responses_input.chat_request(req, truncation.kept(conversation, cut))
             prompt, params, shape = await chat_answer_plan(runner, chat)
             if req.background:  # a prompt that does not fit is a 400 now (relay_chat finds it in the foreground)
                 chat_max_tokens(self.config, runner, chat, prompt, "input")
@@ -128,6 +142,22 @@ class ResponsesRoutes:
                 await _relay(request, events, -1)
             return
         await answer(request, ResponseEvents(base, bool(chat.logprobs), keep))
+
+    async def _cut(self, runner: ModelRunner, req: ResponsesRequest, conversation: list[ChatMessage],
+                   floor: int) -> int:
+        """Where `truncation: auto` cuts the conversation: at the previous response's cut while
+        the prompt fits (responses_truncation.py)."""
+        sizes: dict[int, int] = {}
+
+        async def size(cut: int) -> int:
+            if cut not in sizes:
+                prompt, _ = await chat_prompt(runner, responses_input.chat_request(
+                    req, truncation.kept(conversation, cut)))
+                sizes[cut] = len(prompt)
+            return sizes[cut]
+
+        room = truncation.prompt_room(self.config, runner, req.max_output_tokens)
+        return await truncation.choose_cut(truncation.turn_starts(conversation, floor), size, room)
 
     # ---- the stored responses --------------------------------------------------------------
 

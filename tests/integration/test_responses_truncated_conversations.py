@@ -1,0 +1,60 @@
+"""truncation: auto through the real server: a conversation longer than the context goes on
+without its oldest turns (refused without it), the cut stays put while the turns after it fit
+(their prompts start alike, and the prefix cache restores them), and what cannot be cut (the
+latest turn alone too long, a group) is refused naming the field."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from conftest import SMOLLM2, model_entry
+
+GPL = open("/usr/share/common-licenses/GPL-3").read()
+N_CTX = 512
+
+
+@pytest.fixture(scope="module")
+def srv(server_factory):
+    return server_factory({"models": [model_entry("smol", SMOLLM2, n_ctx=N_CTX, n_parallel=1)],
+                           "groups": [{"name": "chain", "type": "sequential", "models": ["smol", "smol"]}]},
+                          "responses-truncation")
+
+
+def ask(srv, previous: str | None, turn: int, **body) -> httpx.Response:
+    return httpx.post(srv.base + "/v1/responses", timeout=120, json={
+        "model": "smol", "temperature": 0, "max_output_tokens": 8, "instructions": "Answer in one word.",
+        "previous_response_id": previous, "input": f"Note {turn}: {GPL[turn * 400:(turn + 1) * 400]}", **body})
+
+
+def test_a_long_conversation_goes_on_without_its_oldest_turns(srv):
+    previous, prompts, cached = None, [], []
+    for turn in range(9):
+        r = ask(srv, previous, turn, truncation="auto")
+        assert r.status_code == 200, r.text
+        response = r.json()
+        assert response["truncation"] == "auto" and response["status"] in ("completed", "incomplete")
+        if len(prompts) >= 4 and prompts[-1] > 300:
+            refused = ask(srv, previous, turn)  # the same turn without truncation: over the context
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+        previous = response["id"]
+        prompts.append(response["usage"]["input_tokens"])
+        cached.append(response["usage"]["input_tokens_details"]["cached_tokens"])
+    assert max(prompts) <= N_CTX - 8 and sum(map(int, prompts)) > 2 * N_CTX  # it went on past the context
+    cuts = [i for i in range(1, len(prompts)) if prompts[i] < prompts[i - 1]]
+    assert cuts and all(prompts[i] <= 0.75 * (N_CTX - 8) for i in cuts), prompts  # room left to grow
+    stayed = [i for i in range(cuts[0] + 1, len(prompts)) if i not in cuts]
+    assert stayed, prompts  # a turn after a cut that kept it...
+    for i in stayed:  # ...read the turns before it from the prefix cache
+        assert cached[i] >= prompts[i - 1] - 64, (prompts, cached)
+
+
+def test_what_cannot_be_cut_is_refused_naming_the_field(srv):
+    r = httpx.post(srv.base + "/v1/responses", timeout=120, json={
+        "model": "smol", "input": GPL[:6000], "truncation": "auto"})  # the latest turn alone is too long
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    r = httpx.post(srv.base + "/v1/responses", timeout=120, json={
+        "model": "chain", "input": "Hi", "truncation": "auto"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncation", r.text
+    r = httpx.post(srv.base + "/v1/responses", timeout=120, json={"model": "smol", "input": "Hi", "truncation": "some"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncation", r.text
