@@ -389,6 +389,10 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         """Where stored Responses API responses are written, or None when they stay in memory."""
         return self.state_dir() / "responses" if self.server.responses.persist else None
 
+    def conversations_dir(self) -> Path | None:
+        """Where stored conversations (the Conversations API) are written, or None when they stay in memory."""
+        return self.state_dir() / "conversations" if self.server.responses.persist else None
+
     def audit_path(self) -> Path | None:
         """The audit trail file (relative to the state directory), or None when auditing is off."""
         if not self.audit.path:

@@ -25,6 +25,8 @@ from .probes import run_probe
 from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
 from .group_chat import GroupChat
+from .conversation_routes import ConversationRoutes
+from .conversation_store import ConversationStore
 from .responses_background import BackgroundResponses
 from .group_routes import GroupRoutes
 from .llama_server_routes import LlamaServerRoutes
@@ -68,6 +70,9 @@ class App:
         stored = config.server.responses
         self.responses = ResponsesRoutes(config, manager, ResponseStore(stored.max_entries, stored.max_mb << 20,
                                                                         config.responses_dir()))
+        self.conversations = ConversationRoutes(config, ConversationStore(stored.max_entries, stored.max_mb << 20,
+                                                                          config.conversations_dir()))
+        self.responses.conversations = self.conversations.store
         self.anthropic = AnthropicRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)
         self.llama_server = LlamaServerRoutes(config, manager)
@@ -106,6 +111,14 @@ class App:
                                             "DELETE": Route(self.responses.delete, "key")},
             "/v1/responses/{response_id}/input_items": {"GET": Route(self.responses.input_items, "key")},
             "/v1/responses/{response_id}/cancel": {"POST": Route(self.responses.cancel, "key")},
+            "/v1/conversations": {"POST": Route(self.conversations.create, "key")},
+            "/v1/conversations/{conversation_id}": {"GET": Route(self.conversations.retrieve, "key"),
+                                                    "POST": Route(self.conversations.update, "key"),
+                                                    "DELETE": Route(self.conversations.delete, "key")},
+            "/v1/conversations/{conversation_id}/items": {"GET": Route(self.conversations.list_items, "key"),
+                                                          "POST": Route(self.conversations.add_items, "key")},
+            "/v1/conversations/{conversation_id}/items/{item_id}": {
+                "GET": Route(self.conversations.get_item, "key"), "DELETE": Route(self.conversations.delete_item, "key")},
             "/v1/embeddings": {"POST": Route(self.embeddings.embeddings, "key", True)},
             "/v1/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},
             "/rerank": {"POST": Route(self.embeddings.rerank, "key", True)},  # llama-server's and Jina's path
@@ -179,6 +192,8 @@ class App:
         self.anthropic.config = config
         self.ollama.config = config
         self.responses.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
+        self.conversations.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
+        self.conversations.config = config
         self.tokens.config = config
         self.embeddings.config = config
         self.groups.set_config(config)
@@ -495,6 +510,7 @@ class App:
             elif msg["type"] == "lifespan.shutdown":
                 # Runners stop (their prefix stores finish queued disk writes), then the trail closes.
                 await asyncio.to_thread(self.responses.store.close)
+                await asyncio.to_thread(self.conversations.store.close)
                 await asyncio.to_thread(self.manager.stop)
                 if self.audit is not None:
                     self.audit.record("lifecycle", event="stop")

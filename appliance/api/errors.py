@@ -50,7 +50,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
-_AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_AT_PATH = re.compile(r" - at (?:`key` in )?`\$(?P<path>[^`]*)`$")  # (a dict's key: the dict is named)
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
 

@@ -32,13 +32,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def items(value: str | list[Any]) -> list[dict[str, Any]]:
+def items(value: str | list[Any], field: str = "input") -> list[dict[str, Any]]:
     """The request's input as items in the form GET /v1/responses/{id}/input_items lists them
     (each with an id); a string is one user message. An item this server cannot take is a 400
-    naming it (`input[2].content[0].type`)."""
+    naming it (`input[2].content[0].type`; `field`: the list's name)."""
     if isinstance(value, str):
         return [_message("user", value)]
-    return [_item(raw, f"input[{i}]") for i, raw in enumerate(value)]
+    return [_item(raw, f"{field}[{i}]") for i, raw in enumerate(value)]
 
 
 def _message(role: str, text: str, item_id: str | None = None) -> dict[str, Any]:
@@ -106,11 +106,18 @@ def _text(content: Any, role: str, where: str) -> str:
 def messages(input_items: list[dict[str, Any]]) -> list[ChatMessage]:
     """Chat messages for input items: function calls join the assistant message before them
     (or make one), each function output is a tool message."""
+    return messages_and_sources(input_items)[0]
+
+
+def messages_and_sources(input_items: list[dict[str, Any]]) -> tuple[list[ChatMessage], list[int]]:
+    """`messages`, and for each message the index of the item it starts with."""
     out: list[ChatMessage] = []
-    for item in input_items:
+    sources: list[int] = []
+    for i, item in enumerate(input_items):
         kind = item["type"]
         if kind == "message":
-            out.append(ChatMessage(item["role"], item["content"][0]["text"]))
+            out.append(ChatMessage(item["role"], "".join(part.get("text", "") for part in item["content"])))
+            sources.append(i)
         elif kind == "function_call":
             call = ToolCall(id=item["call_id"], function=FunctionCall(item["name"], item["arguments"]))
             last = out[-1] if out else None
@@ -118,15 +125,17 @@ def messages(input_items: list[dict[str, Any]]) -> list[ChatMessage]:
                 out[-1] = ChatMessage("assistant", last.content, tool_calls=[*(last.tool_calls or []), call])
             else:
                 out.append(ChatMessage("assistant", None, tool_calls=[call]))
+                sources.append(i)
         elif kind == "function_call_output":
             out.append(ChatMessage("tool", item["output"], tool_call_id=item["call_id"]))
-    return out
+            sources.append(i)
+    return out, sources
 
 
 def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> ChatRequest:
     """The chat request that asks the model what `req` asks, over `conversation` (the earlier
     responses' turns and this input, after the instructions)."""
-    for field, allowed in (("conversation", (None,)), ("prompt", (None,)), ("truncation", (None, "disabled", "auto"))):
+    for field, allowed in (("prompt", (None,)), ("truncation", (None, "disabled", "auto"))):
         if getattr(req, field) not in allowed:
             raise bad_request(f"{field} is not supported by this server", param=field)
     if req.background and not req.store:

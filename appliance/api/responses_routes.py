@@ -8,7 +8,10 @@ sampling, tools, structured output and think blocks; only the answer's form diff
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
@@ -30,10 +33,13 @@ from .generation import (
 )
 from .event_log import EventLog
 from .http import EventStream, Request
+from .conversation_store import ConversationStore
+from .json_store import MissingRecord
 from .response_store import UNFINISHED, MissingResponse, ResponseStore
 from .responses_background import BackgroundResponses
 from .responses_output import ResponseEvents
 from .responses_schemas import (
+    ConversationRef,
     DeletedResponse,
     FunctionCallItem,
     InputItemList,
@@ -46,6 +52,7 @@ from .responses_schemas import (
 from .schemas import ChatMessage, FunctionCall, ToolCall
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
+log = logging.getLogger("eie.responses")
 
 
 def _owner() -> str | None:
@@ -54,7 +61,7 @@ def _owner() -> str | None:
 
 
 def _missing(e: MissingResponse, param: str | None = None) -> ApiError:
-    return ApiError(404, f"response {e.response_id!r} is {e.why}", param=param, code="response_not_found")
+    return ApiError(404, f"response {e.record_id!r} is {e.why}", param=param, code="response_not_found")
 
 
 class ResponsesRoutes:
@@ -63,6 +70,7 @@ class ResponsesRoutes:
         self.manager = manager
         self.store = store
         self.groups: GroupChat | None = None  # a chain or fanout group asked as a model (set by the app)
+        self.conversations: ConversationStore | None = None  # the conversation objects (set by the app)
         # background responses; the app's counts their work as requests in flight
         self.background = BackgroundResponses(contextlib.nullcontext)
 
@@ -75,24 +83,12 @@ class ResponsesRoutes:
     async def _create(self, request: Request) -> None:
         req: ResponsesRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
         owner = _owner()
-        earlier: list[ChatMessage] = []
-        floor = 0  # where the previous response's prompt cut its conversation (truncation: auto)
-        if req.previous_response_id is not None:
-            try:
-                previous = self.store.get(req.previous_response_id, owner)
-                floor = previous.truncated
-                if previous.response.status in UNFINISHED:
-                    raise ApiError(400, f"previous response {req.previous_response_id!r} is still in progress (a "
-                                   "background response: continue it once it has finished)",
-                                   param="previous_response_id", code="previous_response_in_progress")
-                earlier = self.store.conversation(req.previous_response_id, owner)
-            except MissingResponse as e:
-                raise ApiError(400, f"previous response {e.response_id!r} is {e.why}", param="previous_response_id",
-                               code="previous_response_not_found") from None
         items = responses_input.items(req.input)
+        conversation_id = _conversation_id(req)
+        history = (self._in_conversation(conversation_id, owner, items) if conversation_id is not None
+                   else self._after_previous(req, owner, items))
         turns = responses_input.messages(items)
-        conversation = earlier + turns
-        chat = responses_input.chat_request(req, conversation)
+        chat = responses_input.chat_request(req, history.messages)
         cut = 0
         base = Response(
             id=responses_input.new_id("resp"), created_at=int(time.time()), status="in_progress",
@@ -102,11 +98,18 @@ class ResponsesRoutes:
             text=req.text or TextConfig(), tool_choice=req.tool_choice or "auto", tools=req.tools or [],
             top_p=req.top_p, top_logprobs=req.top_logprobs or 0, user=req.user, metadata=req.metadata or {},
             background=bool(req.background), truncation=req.truncation or "disabled",
+            conversation=ConversationRef(conversation_id) if conversation_id is not None else None,
         )
+        added = False
 
         def keep(response: Response, events: list[bytes] | None = None) -> None:
+            nonlocal added
             if req.store:  # (before the client hears of it: a GET may follow at once)
                 self.store.put(response, items, turns + [_assistant_turn(response)], owner, events, cut)
+            if conversation_id is not None and response.status in ("completed", "incomplete") and not added:
+                added = True
+                self._add_to_conversation(conversation_id, owner, items, response,
+                                          history.item_at(cut) if req.truncation == "auto" else None)
 
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         groups = self.groups if group is not None else None
@@ -121,8 +124,8 @@ class ResponsesRoutes:
             runner = await generation_runner(self.manager, req.model,
                                              sse=request if req.stream else None)
             if req.truncation == "auto":
-                cut = await self._cut(runner, req, conversation, floor)
-                chat = responses_input.chat_request(req, truncation.kept(conversation, cut))
+                cut = await self._cut(runner, req, history.messages, history.floor)
+                chat = responses_input.chat_request(req, truncation.kept(history.messages, cut))
             prompt, params, shape = await chat_answer_plan(runner, chat)
             if req.background:  # a prompt that does not fit is a 400 now (relay_chat finds it in the foreground)
                 chat_max_tokens(self.config, runner, chat, prompt, "input")
@@ -142,6 +145,46 @@ class ResponsesRoutes:
                 await _relay(request, events, -1)
             return
         await answer(request, ResponseEvents(base, bool(chat.logprobs), keep))
+
+    def _after_previous(self, req: ResponsesRequest, owner: str | None, items: list[dict[str, Any]]) -> _History:
+        """The conversation up to `previous_response_id`'s answer, then this input."""
+        if req.previous_response_id is None:
+            return _History(responses_input.messages(items), 0)
+        try:
+            previous = self.store.get(req.previous_response_id, owner)
+            if previous.response.status in UNFINISHED:
+                raise ApiError(400, f"previous response {req.previous_response_id!r} is still in progress (a "
+                               "background response: continue it once it has finished)",
+                               param="previous_response_id", code="previous_response_in_progress")
+            earlier = self.store.conversation(req.previous_response_id, owner)
+        except MissingResponse as e:
+            raise ApiError(400, f"previous response {e.record_id!r} is {e.why}", param="previous_response_id",
+                           code="previous_response_not_found") from None
+        return _History(earlier + responses_input.messages(items), previous.truncated)
+
+    def _in_conversation(self, conversation_id: str, owner: str | None, items: list[dict[str, Any]]) -> _History:
+        """A conversation object's items, then this input."""
+        if self.conversations is None:
+            raise bad_request("this server keeps no conversations", param="conversation")
+        try:
+            record = self.conversations.get(conversation_id, owner)
+        except MissingRecord as e:
+            raise ApiError(404, f"conversation {e.record_id!r} is {e.why}", param="conversation",
+                           code="conversation_not_found") from None
+        every = record.items + items
+        messages, sources = responses_input.messages_and_sources(every)
+        ids = [every[i]["id"] for i in sources]  # each message's first item
+        floor = ids.index(record.cut) if record.cut in ids else 0
+        return _History(messages, floor, ids)
+
+    def _add_to_conversation(self, conversation_id: str, owner: str | None, items: list[dict[str, Any]],
+                             response: Response, cut: str | None) -> None:
+        """A response's input and output items join its conversation once it has ended."""
+        output = [msgspec.to_builtins(item) for item in response.output]
+        try:
+            self.conversations.extend(conversation_id, owner, items + output, cut)
+        except MissingRecord:  # deleted while the response was made
+            log.info("response %s ended after its conversation %s was deleted", response.id, conversation_id)
 
     async def _cut(self, runner: ModelRunner, req: ResponsesRequest, conversation: list[ChatMessage],
                    floor: int) -> int:
@@ -217,29 +260,58 @@ class ResponsesRoutes:
         await request.json(200, self._stored(request).response)
 
     async def input_items(self, request: Request) -> None:
-        """The input items, newest first unless `order=asc`, `limit` (1-100, default 20) at a
-        time after the item `after`."""
-        record = self._stored(request)
-        query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
-        order = query.get("order", "desc")
-        if order not in ("asc", "desc"):
-            raise bad_request("order must be asc or desc", param="order")
-        try:
-            limit = int(query.get("limit", "20"))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 100:
-            raise bad_request("limit must be an integer from 1 to 100", param="limit")
-        listed = record.input_items if order == "asc" else record.input_items[::-1]
-        after = query.get("after")
-        if after is not None:
-            ids = [item["id"] for item in listed]
-            if after not in ids:
-                raise bad_request(f"no input item {after!r} in this response", param="after")
-            listed = listed[ids.index(after) + 1:]
-        page = listed[:limit]
-        await request.json(200, InputItemList(page, page[0]["id"] if page else None,
-                                              page[-1]["id"] if page else None, len(listed) > limit))
+        """The input items, a page at a time (item_page)."""
+        await request.json(200, item_page(self._stored(request).input_items, request, "this response"))
+
+
+@dataclass(frozen=True)
+class _History:
+    """What a response is asked over: the earlier turns and its input, as chat messages."""
+
+    messages: list[ChatMessage]
+    floor: int  # where the prompt before it started (`truncation: auto` cuts there again while it fits)
+    ids: list[str] | None = None  # in a conversation object: each message's first item, which names a cut
+
+    def item_at(self, cut: int) -> str | None:
+        return self.ids[cut] if self.ids is not None and cut < len(self.ids) else None
+
+
+def _conversation_id(req: ResponsesRequest) -> str | None:
+    """The conversation the request is made in (`conversation`: an id, or {"id": ...})."""
+    value = req.conversation
+    if isinstance(value, dict):
+        value = value.get("id")
+    if req.conversation is not None and (not isinstance(value, str) or not value):
+        raise bad_request("conversation must be a conversation id or {\"id\": ...}", param="conversation")
+    if value is not None and req.previous_response_id is not None:
+        raise bad_request("a response continues a conversation or a previous response, not both: leave "
+                          "previous_response_id out", param="conversation")
+    return value
+
+
+def item_page(items: list[dict[str, Any]], request: Request, where: str) -> InputItemList:
+    """A page of `items` (each with an id): newest first unless `order=asc`, `limit` (1-100,
+    default 20) at a time after the item `after` (`where`: what holds them, for its error)."""
+    query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request("order must be asc or desc", param="order")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise bad_request("limit must be an integer from 1 to 100", param="limit")
+    listed = items if order == "asc" else items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item["id"] for item in listed]
+        if after not in ids:
+            raise bad_request(f"no item {after!r} in {where}", param="after")
+        listed = listed[ids.index(after) + 1:]
+    page = listed[:limit]
+    return InputItemList(page, page[0]["id"] if page else None, page[-1]["id"] if page else None,
+                         len(listed) > limit)
 
 
 async def _relay(request: Request, events: EventLog, after: int) -> None:

@@ -175,12 +175,46 @@ class Response(Struct, frozen=True, kw_only=True):
     user: str | None = None
     metadata: dict[str, str] = {}
     background: bool = False
+    conversation: ConversationRef | None = None
 
 
 class DeletedResponse(Struct, frozen=True):
     id: str
     object: str = "response.deleted"
     deleted: bool = True
+
+
+# ---- conversations (the Conversations API) ------------------------------------------------------
+
+
+class ConversationCreate(Struct, frozen=True, kw_only=True):
+    items: Annotated[list[Any], Meta(max_length=20)] | None = None  # input items, as a response's
+    metadata: Metadata | None = None
+
+
+class ConversationUpdate(Struct, frozen=True, kw_only=True):
+    metadata: Metadata
+
+
+class ConversationItemsCreate(Struct, frozen=True, kw_only=True):
+    items: Annotated[list[Any], Meta(min_length=1, max_length=20)]
+
+
+class Conversation(Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "conversation"
+    created_at: int
+    metadata: dict[str, str] = {}
+
+
+class DeletedConversation(Struct, frozen=True):
+    id: str
+    object: str = "conversation.deleted"
+    deleted: bool = True
+
+
+class ConversationRef(Struct, frozen=True):
+    id: str
 
 
 class InputItemList(Struct, frozen=True):

@@ -21,23 +21,31 @@ def srv(server_factory):
                           "responses-truncation")
 
 
-def ask(srv, previous: str | None, turn: int, **body) -> httpx.Response:
+def ask(srv, after: dict, turn: int, **body) -> httpx.Response:
     return httpx.post(srv.base + "/v1/responses", timeout=120, json={
         "model": "smol", "temperature": 0, "max_output_tokens": 8, "instructions": "Answer in one word.",
-        "previous_response_id": previous, "input": f"Note {turn}: {GPL[turn * 400:(turn + 1) * 400]}", **body})
+        "input": f"Note {turn}: {GPL[turn * 400:(turn + 1) * 400]}", **after, **body})
 
 
-def test_a_long_conversation_goes_on_without_its_oldest_turns(srv):
-    previous, prompts, cached = None, [], []
+@pytest.mark.parametrize("kept_in", ["previous_response_id", "conversation"])
+def test_a_long_conversation_goes_on_without_its_oldest_turns(srv, kept_in):
+    """Turns chained by previous_response_id, or made in a conversation object (whose cut is
+    the item it fell at)."""
+    if kept_in == "conversation":
+        after = {"conversation": httpx.post(srv.base + "/v1/conversations", json={}).json()["id"]}
+    else:
+        after = {}
+    prompts, cached = [], []
     for turn in range(9):
-        r = ask(srv, previous, turn, truncation="auto")
+        r = ask(srv, after, turn, truncation="auto")
         assert r.status_code == 200, r.text
         response = r.json()
         assert response["truncation"] == "auto" and response["status"] in ("completed", "incomplete")
         if len(prompts) >= 4 and prompts[-1] > 300:
-            refused = ask(srv, previous, turn)  # the same turn without truncation: over the context
+            refused = ask(srv, after, turn)  # the same turn without truncation: over the context
             assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
-        previous = response["id"]
+        if kept_in == "previous_response_id":
+            after = {"previous_response_id": response["id"]}
         prompts.append(response["usage"]["input_tokens"])
         cached.append(response["usage"]["input_tokens_details"]["cached_tokens"])
     assert max(prompts) <= N_CTX - 8 and sum(map(int, prompts)) > 2 * N_CTX  # it went on past the context
