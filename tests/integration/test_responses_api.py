@@ -259,7 +259,7 @@ def test_an_answer_cut_short_is_incomplete(client):
      "text.format.schema.properties.n.multipleOf"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"input": "Hi", "background": True, "store": False}, "background"),
-    ({"input": "Hi", "truncation": "auto"}, "truncation"),
+    ({"input": "Hi", "truncation": "some"}, "truncation"),
     ({"input": "Hi", "include": ["reasoning.encrypted_content"]}, "include"),
     ({"input": "Hi", "max_output_tokens": 100000}, "max_output_tokens"),
     ({"input": "Hi", "previous_response_id": "resp_nothing"}, "previous_response_id"),
