@@ -276,6 +276,23 @@ class ResponsesConfig(Struct, frozen=True, forbid_unknown_fields=True):
     persist: bool = True
 
 
+class FilesConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """The Files API's uploads (batch input files) and the Batch API's output files, kept under
+    <state_dir>/files."""
+
+    # One upload at most.
+    max_file_mb: Annotated[int, Meta(ge=1, le=65536)] = 256
+    # All files together at most (an upload, or a batch's output, past it is refused or fails).
+    max_mb: Annotated[int, Meta(ge=1, le=1 << 20)] = 2048
+
+
+class BatchesConfig(Struct, frozen=True, forbid_unknown_fields=True):
+    """The Batch API: a file of requests run in the background, at a lower priority than others."""
+
+    # A batch's requests in flight at once (each also waits behind every interactive request).
+    concurrent_requests: Annotated[int, Meta(ge=1, le=256)] = 2
+
+
 MetricsAuth = Literal["open", "key", "admin"]
 LogFormat = Literal["json", "text"]
 
@@ -300,6 +317,8 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     log_format: LogFormat = "json"
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    files: FilesConfig = field(default_factory=FilesConfig)
+    batches: BatchesConfig = field(default_factory=BatchesConfig)
     # Where the appliance keeps state that must survive (audit trail); default $EIE_STATE_DIR,
     # $STATE_DIRECTORY (systemd's StateDirectory) or ~/.local/state/eie.
     state_dir: str | None = None
@@ -392,6 +411,10 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
     def conversations_dir(self) -> Path | None:
         """Where stored conversations (the Conversations API) are written, or None when they stay in memory."""
         return self.state_dir() / "conversations" if self.server.responses.persist else None
+
+    def files_dir(self) -> Path:
+        """Where the Files API's files (and the batches' state) are kept."""
+        return self.state_dir() / "files"
 
     def audit_path(self) -> Path | None:
         """The audit trail file (relative to the state directory), or None when auditing is off."""

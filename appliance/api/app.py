@@ -25,7 +25,11 @@ from .probes import run_probe
 from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
 from .group_chat import GroupChat
+from .batch_routes import BatchRoutes
+from .batch_store import BatchStore
 from .conversation_routes import ConversationRoutes
+from .file_store import FileStore
+from .files_routes import FilesRoutes
 from .conversation_store import ConversationStore
 from .responses_background import BackgroundResponses
 from .group_routes import GroupRoutes
@@ -73,6 +77,9 @@ class App:
         self.conversations = ConversationRoutes(config, ConversationStore(stored.max_entries, stored.max_mb << 20,
                                                                           config.conversations_dir()))
         self.responses.conversations = self.conversations.store
+        self.files = FilesRoutes(config, FileStore(config.files_dir(), config.server.files.max_mb << 20))
+        self.batches = BatchRoutes(config, BatchStore(config.files_dir() / "batches"), self.files.store,
+                                   self.call_internal)
         self.anthropic = AnthropicRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)
         self.llama_server = LlamaServerRoutes(config, manager)
@@ -111,6 +118,12 @@ class App:
                                             "DELETE": Route(self.responses.delete, "key")},
             "/v1/responses/{response_id}/input_items": {"GET": Route(self.responses.input_items, "key")},
             "/v1/responses/{response_id}/cancel": {"POST": Route(self.responses.cancel, "key")},
+            "/v1/files": {"POST": Route(self.files.upload, "key"), "GET": Route(self.files.listed, "key")},
+            "/v1/files/{file_id}": {"GET": Route(self.files.retrieve, "key"), "DELETE": Route(self.files.delete, "key")},
+            "/v1/files/{file_id}/content": {"GET": Route(self.files.content, "key")},
+            "/v1/batches": {"POST": Route(self.batches.create, "key"), "GET": Route(self.batches.listed, "key")},
+            "/v1/batches/{batch_id}": {"GET": Route(self.batches.retrieve, "key")},
+            "/v1/batches/{batch_id}/cancel": {"POST": Route(self.batches.cancel, "key")},
             "/v1/conversations": {"POST": Route(self.conversations.create, "key")},
             "/v1/conversations/{conversation_id}": {"GET": Route(self.conversations.retrieve, "key"),
                                                     "POST": Route(self.conversations.update, "key"),
@@ -194,6 +207,9 @@ class App:
         self.responses.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
         self.conversations.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
         self.conversations.config = config
+        self.files.config = config
+        self.files.store.max_bytes = config.server.files.max_mb << 20
+        self.batches.config = config
         self.tokens.config = config
         self.embeddings.config = config
         self.groups.set_config(config)
@@ -227,6 +243,10 @@ class App:
         try:
             route = self._route(request)
             request.error_body = route.error_body
+            if "eie.internal_key" in scope:  # a batch's request, made inside the server as its key (call_internal)
+                info.key_id = scope["eie.internal_key"]
+                await route.handler(request)
+                return
             if route.accounted:
                 if self.draining:
                     raise ApiError(503, "the server is shutting down", type="service_unavailable",
@@ -260,6 +280,35 @@ class App:
             counted.close()
             self._account(info, request, route)
             context.current.reset(token)
+
+    async def call_internal(self, method: str, path: str, body: bytes, key_id: str | None,
+                            cancel: asyncio.Event) -> tuple[int, bytes, str]:
+        """A request made inside the server (a batch's), answered by its route as key `key_id`'s,
+        without the key's limits; `cancel` reads to it as its client going away. Returns its
+        status, its body and its request id."""
+        scope = {"type": "http", "method": method, "path": path, "query_string": b"", "client": ("batch", 0),
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                 "eie.internal_key": key_id}
+        answer: dict[str, Any] = {"status": 500, "body": [], "id": ""}
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await cancel.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start":
+                answer["status"] = msg["status"]
+                answer["id"] = dict(msg.get("headers", [])).get(b"x-request-id", b"").decode()
+            elif msg["type"] == "http.response.body":
+                answer["body"].append(msg.get("body", b""))
+
+        await self(scope, receive, send)
+        return answer["status"], b"".join(answer["body"]), answer["id"]
 
     @contextlib.contextmanager
     def _counted(self) -> Iterator[None]:
@@ -470,6 +519,7 @@ class App:
         """Refuse new work (503 draining), let in-flight requests finish for up to `grace_s`,
         then end the rest with a shutdown error; returns what happened."""
         self.draining = True
+        await self.batches.runner.stop()  # its requests run again after the restart
         t0 = time.monotonic()
         at_start = self.in_flight
         log.info("draining: %d requests in flight, grace %.0fs", at_start, grace_s)
@@ -506,11 +556,13 @@ class App:
                     return
                 if self.audit is not None:
                     self.audit.record("lifecycle", event="start", models=list(self.manager.runners))
+                self.batches.runner.resume()  # the batches a previous run left unfinished
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 # Runners stop (their prefix stores finish queued disk writes), then the trail closes.
                 await asyncio.to_thread(self.responses.store.close)
                 await asyncio.to_thread(self.conversations.store.close)
+                await self.batches.runner.stop()
                 await asyncio.to_thread(self.manager.stop)
                 if self.audit is not None:
                     self.audit.record("lifecycle", event="stop")

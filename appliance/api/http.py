@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from urllib.parse import parse_qs
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from .errors import ApiError
 from .schemas import encoder
@@ -44,6 +44,11 @@ class Request:
         return v.decode("latin-1") if v is not None else None
 
     async def body(self, limit: int) -> bytes:
+        self.raw_body = b"".join([chunk async for chunk in self.chunks(limit)])
+        return self.raw_body
+
+    async def chunks(self, limit: int) -> AsyncIterator[bytes]:
+        """The body as it comes (an upload too large to hold), at most `limit` bytes (else a 413)."""
         declared = self.header("content-length")
         if declared is not None:
             try:
@@ -51,7 +56,6 @@ class Request:
                     raise ApiError(413, f"request body exceeds {limit} bytes", code="request_too_large")
             except ValueError:
                 raise ApiError(400, "invalid Content-Length header") from None
-        chunks: list[bytes] = []
         size = 0
         while True:
             msg = await self.receive()
@@ -62,12 +66,10 @@ class Request:
             size += len(chunk)
             if size > limit:
                 raise ApiError(413, f"request body exceeds {limit} bytes", code="request_too_large")
-            chunks.append(chunk)
+            yield chunk
             if not msg.get("more_body", False):
                 break
         self._body_done = True
-        self.raw_body = b"".join(chunks)
-        return self.raw_body
 
     async def watch_disconnect(self) -> None:
         """Runs as a task once the body is read; sets `disconnected` when the client goes away."""

@@ -14,6 +14,9 @@ from . import anthropic_schemas as an
 from . import llama_server_routes as ls
 from . import ollama_schemas as ol
 from . import responses_schemas as rs
+from .batch_store import Batch, BatchCreate
+from .file_store import FileObject
+from .files_routes import DeletedFile
 from . import schemas as s
 
 REF = "#/components/schemas/{name}"
@@ -80,6 +83,20 @@ OPERATIONS: tuple[Op, ...] = (
     Op("get", "/v1/responses/{response_id}/input_items", "A stored response's input items", None, rs.InputItemList,
        query=(("order", "asc or desc (default desc)"), ("limit", "1 to 100 (default 20)"),
               ("after", "an item id: list the items after it"))),
+    Op("post", "/v1/files", "OpenAI Files API: upload a batch input file (multipart/form-data: file, purpose "
+       "batch)", None, FileObject),
+    Op("get", "/v1/files", "Your files, newest first", None, rs.InputItemList,
+       query=(("purpose", "only files of this purpose (batch, batch_output)"), ("order", "asc or desc (default desc)"),
+              ("limit", "1 to 10000 (default 10000)"), ("after", "a file id: list the files after it"))),
+    Op("get", "/v1/files/{file_id}", "A file's description", None, FileObject),
+    Op("delete", "/v1/files/{file_id}", "Delete a file", None, DeletedFile),
+    Op("get", "/v1/files/{file_id}/content", "A file's bytes (a batch's results: JSON lines)"),
+    Op("post", "/v1/batches", "OpenAI Batch API: run a file of requests in the background", BatchCreate, Batch),
+    Op("get", "/v1/batches", "Your batches, newest first", None, rs.InputItemList,
+       query=(("limit", "1 to 100 (default 20)"), ("after", "a batch id: list the batches after it"))),
+    Op("get", "/v1/batches/{batch_id}", "A batch: its status, request counts and result files", None, Batch),
+    Op("post", "/v1/batches/{batch_id}/cancel", "Cancel a batch (one that has finished comes back as it is)",
+       None, Batch),
     Op("post", "/v1/conversations", "OpenAI Conversations API: a conversation (its first items, metadata)",
        rs.ConversationCreate, rs.Conversation),
     Op("get", "/v1/conversations/{conversation_id}", "A conversation", None, rs.Conversation),

@@ -289,7 +289,8 @@ def _conversation_id(req: ResponsesRequest) -> str | None:
     return value
 
 
-def item_page(items: list[dict[str, Any]], request: Request, where: str) -> InputItemList:
+def item_page(items: list[dict[str, Any]], request: Request, where: str, max_limit: int = 100,
+              default_limit: int = 20) -> InputItemList:
     """A page of `items` (each with an id): newest first unless `order=asc`, `limit` (1-100,
     default 20) at a time after the item `after` (`where`: what holds them, for its error)."""
     query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
@@ -297,11 +298,11 @@ def item_page(items: list[dict[str, Any]], request: Request, where: str) -> Inpu
     if order not in ("asc", "desc"):
         raise bad_request("order must be asc or desc", param="order")
     try:
-        limit = int(query.get("limit", "20"))
+        limit = int(query.get("limit", str(default_limit)))
     except ValueError:
         limit = 0
-    if not 1 <= limit <= 100:
-        raise bad_request("limit must be an integer from 1 to 100", param="limit")
+    if not 1 <= limit <= max_limit:
+        raise bad_request(f"limit must be an integer from 1 to {max_limit}", param="limit")
     listed = items if order == "asc" else items[::-1]
     after = query.get("after")
     if after is not None:

@@ -27,7 +27,7 @@ from ..config import ModelConfig
 from .prefix import PrefixCache, build_id
 from ..resources import file_facts, heap, outputs
 from ..resources.cores import CoreBudget
-from . import held_gil, native
+from . import held_gil, native, priority
 from .adapter_turns import AdapterTurns
 from .adapters import BASE, AdapterSet, AdapterSwitch, LoadedAdapter, identity as adapter_identity, load as load_adapters
 from .decode import decode_with_cores
@@ -141,6 +141,10 @@ def _free_samplers(seq: _Sequence) -> None:
         seq.grammar = None
 
 
+def _is_background(seq: "_Sequence") -> bool:
+    return seq.background
+
+
 class _Sequence:
     __slots__ = (
         "req",
@@ -173,11 +177,13 @@ class _Sequence:
         "think",
         "forced",
         "migrated",
+        "background",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
         self.req = req
         self.sink = sink
+        self.background = priority.background.get()  # (read where the request is made: engine/priority.py)
         self.seq_id = -1
         self.chain = None
         self.n_prefilled = 0
@@ -780,15 +786,14 @@ class ModelRunner:
     def _admit_locked(self) -> None:
         now = time.monotonic()
         kept: collections.deque[_Sequence] = collections.deque()
-        while self._waiting:
-            seq = self._waiting.popleft()
+        for seq in priority.admission_order(list(self._waiting), _is_background):
             if seq.cancelled:  # its request still waits for an end (a client gone, a background response cancelled)
                 seq.sink(Failed("cancelled", "request cancelled"))
                 continue
             if now > seq.req.deadline:
                 seq.sink(Failed("timeout", "request deadline passed while waiting for a sequence slot"))
                 continue
-            if not self._free_ids:
+            if not priority.may_take_slot(seq.background, len(self._free_ids), self.cfg.n_parallel):
                 kept.append(seq)
                 continue
             params = seq.req.sampling

@@ -1,0 +1,85 @@
+"""OpenAI's Batch API: POST /v1/batches (a file of requests to one endpoint, run in the
+background: batch_runner.py), GET /v1/batches, GET /v1/batches/{batch_id}, POST
+/v1/batches/{batch_id}/cancel. The results are files (GET /v1/files/{id}/content)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+
+from ..config import Config
+from .batch_runner import BatchRunner, Call, read_lines
+from .batch_store import ENDPOINTS, Batch, BatchCreate, BatchErrors, BatchStore, RequestCounts
+from .errors import ApiError, bad_request, decoded
+from .file_store import FileStore
+from .files_routes import missing_file, owner
+from .http import Request
+from .json_store import MissingRecord
+from .responses_routes import item_page
+
+_create = msgspec.json.Decoder(BatchCreate)
+WINDOW_S = {"24h": 24 * 3600}
+
+
+class BatchRoutes:
+    def __init__(self, config: Config, store: BatchStore, files: FileStore, call: Call):
+        self.config = config
+        self.store = store
+        self.files = files
+        self.runner = BatchRunner(store, files, call, lambda: self.config.server.batches.concurrent_requests)
+
+    async def create(self, request: Request) -> None:
+        body: BatchCreate = decoded(_create, await request.body(self.config.server.limits.max_body_bytes))
+        if body.endpoint not in ENDPOINTS:
+            raise bad_request(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+        if body.completion_window not in WINDOW_S:
+            raise bad_request("completion_window must be 24h", param="completion_window")
+        if body.metadata is not None and len(body.metadata) > 16:
+            raise bad_request("metadata has at most 16 keys", param="metadata")
+        who = owner()
+        try:
+            file = self.files.get(body.input_file_id, who)
+        except MissingRecord as e:
+            raise missing_file(e, "input_file_id") from None
+        if file.purpose != "batch":
+            raise bad_request(f"file {file.id!r} is not a batch input file (purpose {file.purpose})",
+                              param="input_file_id")
+        created = int(time.time())
+        lines, errors = read_lines(self.files.path(file.id).read_bytes(), body.endpoint)
+        batch = Batch(id=f"batch_{uuid.uuid4().hex}", endpoint=body.endpoint, input_file_id=file.id,
+                      completion_window=body.completion_window, status="in_progress", created_at=created,
+                      in_progress_at=created, expires_at=created + WINDOW_S[body.completion_window],
+                      request_counts=RequestCounts(len(lines)), metadata=body.metadata)
+        if errors:  # refused as a whole, as OpenAI's validation refuses it
+            batch = msgspec.structs.replace(batch, status="failed", in_progress_at=None, failed_at=created,
+                                            errors=BatchErrors(errors), request_counts=RequestCounts())
+        self.store.put(batch, who, time.time_ns())
+        if not errors:
+            self.runner.start(batch)
+        await request.json(200, batch)
+
+    def _batch(self, request: Request) -> Batch:
+        try:
+            return self.store.get(request.path_params["batch_id"], owner())
+        except MissingRecord as e:
+            raise ApiError(404, f"batch {e.record_id!r} is {e.why}", code="batch_not_found") from None
+
+    async def retrieve(self, request: Request) -> None:
+        await request.json(200, self._batch(request))
+
+    async def listed(self, request: Request) -> None:
+        """Batches newest first, `limit` (1-100, default 20) at a time after `after`."""
+        batches = [msgspec.to_builtins(b) for b in self.store.listed(owner())]
+        await request.json(200, item_page(batches, request, "your batches"))
+
+    async def cancel(self, request: Request) -> None:
+        """A running batch becomes cancelling, then cancelled with the results it has; a finished
+        one comes back as it is."""
+        batch = self._batch(request)
+        if batch.status == "in_progress":
+            batch = self.store.put(msgspec.structs.replace(batch, status="cancelling",
+                                                           cancelling_at=int(time.time())), self.store.owner_of(batch.id))
+            self.runner.cancel(batch)
+        await request.json(200, batch)

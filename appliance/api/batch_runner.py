@@ -1,0 +1,258 @@
+"""A batch's requests run in the background: each line of its input file goes through the
+server's own route for the batch's endpoint (as its key, without its per-key limits), a few at a
+time (server.batches.concurrent_requests), at background priority (engine/priority.py: behind
+every other request, never in a model's last free slot). A request refused because a queue is
+full or a model is loading is tried again later; its answer, whatever its status, is the line's
+result. A stop (SIGTERM) leaves the batch in progress: the requests it cut short run again after
+the restart, the finished ones do not."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import msgspec
+
+from ..engine import priority
+from .batch_store import Batch, BatchErrors, BatchStore, LineError, RequestCounts
+from .file_store import FileStore, FileTooLarge
+
+log = logging.getLogger("eie.batches")
+
+# call(method, path, body, key id, cancel) -> (status, body, request id): a request made inside the server
+Call = Callable[[str, str, bytes, "str | None", asyncio.Event], Awaitable[tuple[int, bytes, str]]]
+
+MAX_LINES = 50_000
+_RETRIED = (429, 503)  # a full queue, a model loading or unloading: the request waits and goes again
+_RETRY_S = (0.5, 5.0)  # the first wait and the longest
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # 1-based, in the input file
+    custom_id: str
+    method: str
+    url: str
+    body: bytes
+
+
+def read_lines(data: bytes, endpoint: str) -> tuple[list[Line], list[LineError]]:
+    """The input file's requests, or the errors that refuse the batch (each naming its line)."""
+    lines: list[Line] = []
+    errors: list[LineError] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            errors.append(LineError("invalid_json_line", "the line is not JSON", line=number))
+            continue
+        if not isinstance(obj, dict):
+            errors.append(LineError("invalid_request", "the line is not a JSON object", line=number))
+            continue
+        custom_id, method, url, body = obj.get("custom_id"), obj.get("method"), obj.get("url"), obj.get("body")
+        if not isinstance(custom_id, str) or not custom_id:
+            errors.append(LineError("missing_required_parameter", "custom_id must be a non-empty string",
+                                    "custom_id", number))
+        elif custom_id in seen:
+            errors.append(LineError("duplicate_custom_id", f"custom_id {custom_id!r} is on an earlier line",
+                                    "custom_id", number))
+        elif method != "POST":
+            errors.append(LineError("invalid_method", "method must be POST", "method", number))
+        elif url != endpoint:
+            errors.append(LineError("mismatched_endpoint", f"url must be the batch's endpoint {endpoint}", "url",
+                                    number))
+        elif not isinstance(body, dict):
+            errors.append(LineError("invalid_request", "body must be a JSON object", "body", number))
+        elif body.get("stream") or body.get("background"):
+            errors.append(LineError("invalid_request", "a batch's requests are answered whole: leave "
+                                    f"{'stream' if body.get('stream') else 'background'} out",
+                                    "body.stream" if body.get("stream") else "body.background", number))
+        else:
+            seen.add(custom_id)
+            lines.append(Line(number, custom_id, method, url, msgspec.json.encode(body)))
+        if len(errors) >= 100:
+            break
+    if not errors and not lines:
+        errors.append(LineError("empty_file", "the input file has no requests"))
+    if len(lines) > MAX_LINES:
+        errors.append(LineError("too_many_requests", f"a batch has at most {MAX_LINES} requests"))
+    return lines, errors
+
+
+def now() -> int:
+    return int(time.time())
+
+
+@dataclass
+class _Running:
+    task: asyncio.Task | None = None
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)  # the batch is cancelled: in-flight requests end
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # the server stops: they end, and run again later
+
+
+class BatchRunner:
+    def __init__(self, store: BatchStore, files: FileStore, call: Call, concurrency: Callable[[], int]):
+        self.store = store
+        self.files = files
+        self.call = call
+        self.concurrency = concurrency
+        self._running: dict[str, _Running] = {}
+
+    def resume(self) -> None:
+        """Start the batches a previous run left unfinished (at start-up, on the event loop)."""
+        for batch in self.store.unfinished():
+            self.start(batch)
+
+    def start(self, batch: Batch) -> None:
+        running = self._running[batch.id] = _Running()
+        running.task = asyncio.ensure_future(self._run(batch.id, running))
+
+    def cancel(self, batch: Batch) -> None:
+        """Its running requests end without results, and it ends `cancelled` with those it has."""
+        running = self._running.get(batch.id)
+        if running is not None:
+            running.cancel.set()
+        else:  # (between its requests' end and its own: it finishes as cancelled)
+            self.start(batch)
+
+    async def stop(self) -> None:
+        """End the running requests without results (they run again after a restart)."""
+        for running in self._running.values():
+            running.stop.set()
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+
+    def _update(self, batch_id: str, **changes: Any) -> Batch:
+        owner = self.store.owner_of(batch_id)
+        return self.store.put(msgspec.structs.replace(self.store.get(batch_id, owner), **changes), owner)
+
+    async def _run(self, batch_id: str, running: _Running) -> None:
+        try:
+            await self._work(batch_id, running)
+        except Exception:
+            log.exception("batch %s failed", batch_id)
+            self._update(batch_id, status="failed", failed_at=now(), errors=BatchErrors(
+                [LineError("server_error", "the batch stopped on an internal error")]))
+        finally:
+            self._running.pop(batch_id, None)
+
+    async def _work(self, batch_id: str, running: _Running) -> None:
+        owner = self.store.owner_of(batch_id)
+        batch = self.store.get(batch_id, owner)
+        if batch.status in ("in_progress", "validating"):
+            lines, errors = read_lines(self.files.path(batch.input_file_id).read_bytes(), batch.endpoint)
+            if errors:  # (checked when it was made; the file cannot change)
+                self._update(batch_id, status="failed", failed_at=now(), errors=BatchErrors(errors))
+                return
+            done, completed, failed = self.store.finished_ids(batch_id)
+            batch = self._update(batch_id, status="in_progress", in_progress_at=batch.in_progress_at or now(),
+                                 request_counts=RequestCounts(len(lines), completed, failed))
+            await self._lines(batch, [line for line in lines if line.custom_id not in done], owner, running)
+            if running.stop.is_set():
+                return  # in progress still: the restart goes on with it
+            batch = self.store.get(batch_id, owner)
+            if batch.status == "in_progress":
+                batch = self._update(batch_id, status="finalizing", finalizing_at=now())
+        if running.stop.is_set():
+            return
+        self._finish(batch_id, owner)
+
+    async def _lines(self, batch: Batch, lines: list[Line], owner: str | None, running: _Running) -> None:
+        slots = asyncio.Semaphore(max(1, self.concurrency()))
+        tasks: set[asyncio.Task] = set()
+        ended = asyncio.Event()  # cancelled, stopping or expired: no new request starts
+
+        async def watch() -> None:
+            waits = [asyncio.ensure_future(running.cancel.wait()), asyncio.ensure_future(running.stop.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                ended.set()
+            finally:
+                for w in waits:
+                    w.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            for line in lines:
+                await slots.acquire()
+                if ended.is_set() or (batch.expires_at is not None and now() >= batch.expires_at):
+                    slots.release()
+                    break
+                task = asyncio.ensure_future(self._line(batch, line, owner, running, ended))
+                tasks.add(task)
+                task.add_done_callback(lambda t: (tasks.discard(t), slots.release()))
+            if tasks:
+                await asyncio.wait(set(tasks))
+        finally:
+            watcher.cancel()
+        if not ended.is_set() and batch.expires_at is not None and now() >= batch.expires_at:
+            self._expire(batch, owner)
+
+    async def _line(self, batch: Batch, line: Line, owner: str | None, running: _Running,
+                    ended: asyncio.Event) -> None:
+        priority.background.set(True)  # (this task's context: the requests it makes yield to others)
+        wait = _RETRY_S[0]
+        while True:
+            status, body, request_id = await self.call(line.method, line.url, line.body, owner, ended)
+            if ended.is_set():
+                return  # cut short: cancelled (no result) or stopping (it runs again after the restart)
+            if status not in _RETRIED:
+                break
+            try:
+                await asyncio.wait_for(ended.wait(), wait)
+                return
+            except asyncio.TimeoutError:
+                wait = min(wait * 2, _RETRY_S[1])
+        try:
+            answer: Any = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            answer = body.decode("utf-8", "replace")
+        failed = not 200 <= status < 300
+        self.store.append(batch.id, failed, {
+            "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
+            "response": {"status_code": status, "request_id": request_id, "body": answer}, "error": None})
+        counts = self.store.get(batch.id, owner).request_counts
+        self._update(batch.id, request_counts=RequestCounts(counts.total, counts.completed + (not failed),
+                                                            counts.failed + failed))
+
+    def _expire(self, batch: Batch, owner: str | None) -> None:
+        """The completion window has passed: the requests not run are failed as expired."""
+        done, _, _ = self.store.finished_ids(batch.id)
+        lines, _ = read_lines(self.files.path(batch.input_file_id).read_bytes(), batch.endpoint)
+        for line in lines:
+            if line.custom_id not in done:
+                self.store.append(batch.id, True, {
+                    "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
+                    "error": {"code": "batch_expired", "message": "the batch's completion window passed before "
+                              "this request ran"}})
+        self._update(batch.id, status="expired", expired_at=now())
+
+    def _finish(self, batch_id: str, owner: str | None) -> None:
+        """The results become files (batch_output) and the batch ends: completed, or cancelled
+        with the results it has, or expired."""
+        batch = self.store.get(batch_id, owner)
+        ids: dict[str, str | None] = {}
+        for failed, key in ((False, "output_file_id"), (True, "error_file_id")):
+            path = self.store.results(batch_id, failed)
+            ids[key] = None
+            if path.exists() and path.stat().st_size:
+                scratch = self.files.scratch()
+                path.replace(scratch)
+                kind = "error" if failed else "output"
+                try:
+                    ids[key] = self.files.add(scratch, f"{batch_id}_{kind}.jsonl", "batch_output", owner).id
+                except FileTooLarge as e:
+                    self._update(batch_id, status="failed", failed_at=now(),
+                                 errors=BatchErrors([LineError("files_full", str(e))]))
+                    return
+        end = {"cancelling": ("cancelled", "cancelled_at"), "expired": ("expired", "expired_at")}.get(
+            batch.status, ("completed", "completed_at"))
+        self._update(batch_id, status=end[0], **{end[1]: getattr(batch, end[1]) or now()}, **ids)

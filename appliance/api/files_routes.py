@@ -1,0 +1,87 @@
+"""OpenAI's Files API, for the Batch API's files: POST /v1/files (multipart: `file`, `purpose`
+batch), GET /v1/files, GET/DELETE /v1/files/{file_id}, GET /v1/files/{file_id}/content."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..config import Config
+from ..observability import context
+from .errors import ApiError, bad_request
+from .file_store import FileObject, FileStore, FileTooLarge
+from .http import Request
+from .json_store import MissingRecord
+from .multipart_upload import read_upload
+from .responses_routes import item_page
+
+PURPOSES = ("batch",)  # what an upload may be for (batch_output: the files batches write)
+_CHUNK = 1 << 20
+
+
+class DeletedFile(msgspec.Struct, frozen=True):
+    id: str
+    object: str = "file"
+    deleted: bool = True
+
+
+def owner() -> str | None:
+    info = context.current.get()
+    return info.key_id if info is not None else None
+
+
+def missing_file(e: MissingRecord, param: str | None = None) -> ApiError:
+    return ApiError(404, f"file {e.record_id!r} is {e.why}", param=param, code="file_not_found")
+
+
+class FilesRoutes:
+    def __init__(self, config: Config, store: FileStore):
+        self.config = config
+        self.store = store
+
+    async def upload(self, request: Request) -> None:
+        scratch = self.store.scratch()
+        try:
+            form = await read_upload(request, self.config.server.files.max_file_mb << 20, "file", scratch)
+            purpose = form.fields.get("purpose")
+            if purpose not in PURPOSES:
+                raise bad_request(f"purpose must be one of {', '.join(PURPOSES)} (this server's files are "
+                                  "batch input files)", param="purpose")
+            if form.filename is None:
+                raise bad_request("the form has no file part (field: file)", param="file")
+            try:
+                file = self.store.add(scratch, form.filename, purpose, owner())
+            except FileTooLarge as e:
+                raise ApiError(413, str(e), code="files_full") from None
+        finally:
+            scratch.unlink(missing_ok=True)
+        await request.json(200, file)
+
+    def _file(self, request: Request) -> FileObject:
+        try:
+            return self.store.get(request.path_params["file_id"], owner())
+        except MissingRecord as e:
+            raise missing_file(e) from None
+
+    async def listed(self, request: Request) -> None:
+        """Files newest first unless `order=asc`, `limit` (1-10000) at a time after `after`, of one
+        `purpose` where it is given."""
+        files = [msgspec.to_builtins(f) for f in self.store.listed(owner(), request.query("purpose"))]
+        await request.json(200, item_page(files, request, "your files", 10_000, 10_000))
+
+    async def retrieve(self, request: Request) -> None:
+        await request.json(200, self._file(request))
+
+    async def delete(self, request: Request) -> None:
+        file = self._file(request)
+        self.store.delete(file.id, owner())
+        await request.json(200, DeletedFile(file.id))
+
+    async def content(self, request: Request) -> None:
+        """The file's bytes, read from disk a piece at a time."""
+        file = self._file(request)
+        with open(self.store.path(file.id), "rb") as f:
+            await request.send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/octet-stream"), (b"content-length", str(file.bytes).encode())]})
+            while chunk := f.read(_CHUNK):
+                await request.send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await request.send({"type": "http.response.body", "body": b""})

@@ -1,0 +1,159 @@
+"""The Files and Batch APIs through the real server and the OpenAI SDK: a batch's answers are
+the answers the same requests get one by one, a failed request's answer goes to the error file,
+a file that cannot run is refused naming its lines, a batch leaves an interactive request a slot
+(it yields to it), a cancelled batch keeps the results it has, and a batch a stopped server was
+running goes on after the restart without running a finished request again."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import SMOLLM2, model_entry
+from opshelp import wait_for
+
+QUESTIONS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city."]
+LONG = {"max_tokens": 300, "logit_bias": {"2": -100}}  # no end of text: it runs its 300 tokens
+
+
+def config(tmp_path, **server) -> dict:
+    return {"server": {"state_dir": str(tmp_path), **server},
+            "models": [model_entry("smol", SMOLLM2, n_ctx=2048, n_parallel=2)]}
+
+
+@pytest.fixture(scope="module")
+def srv(server_factory, tmp_path_factory):
+    return server_factory(config(tmp_path_factory.mktemp("batches")), "batches")
+
+
+def sdk(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def chat_line(custom_id: str, content: str, **extra) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "smol", "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 12,
+        **extra}}
+
+
+def submit(client: openai.OpenAI, lines: list[dict]):
+    file = client.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
+    return client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def finished(client: openai.OpenAI, batch_id: str, timeout: float = 120):
+    return wait_for(lambda: (b := client.batches.retrieve(batch_id)).status in ("completed", "failed", "cancelled",
+                                                                                 "expired") and b, timeout=timeout)
+
+
+def results(client: openai.OpenAI, file_id: str | None) -> dict[str, dict]:
+    if file_id is None:
+        return {}
+    return {r["custom_id"]: r for r in map(json.loads, client.files.content(file_id).text.splitlines())}
+
+
+def test_a_batch_answers_as_its_requests_one_by_one(srv):
+    client = sdk(srv)
+    lines = [chat_line(f"q{i}", q) for i, q in enumerate(QUESTIONS)]
+    lines.append(chat_line("missing", "Hi") | {"body": {**chat_line("x", "Hi")["body"], "model": "nope"}})
+    batch = submit(client, lines)
+    assert batch.status == "in_progress" and batch.request_counts.total == 5
+    done = finished(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 4 and done.request_counts.failed == 1
+    out, err = results(client, done.output_file_id), results(client, done.error_file_id)
+    assert sorted(out) == ["q0", "q1", "q2", "q3"] and list(err) == ["missing"]
+    for i, question in enumerate(QUESTIONS):
+        alone = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": question}],
+                                               temperature=0, max_tokens=12)
+        answer = out[f"q{i}"]["response"]
+        assert answer["status_code"] == 200 and answer["request_id"]
+        assert answer["body"]["choices"][0]["message"]["content"] == alone.choices[0].message.content
+    assert err["missing"]["response"]["status_code"] == 404
+    assert err["missing"]["response"]["body"]["error"]["param"] == "model"
+    listed = client.batches.list(limit=100).data
+    assert listed[0].id == done.id  # newest first
+    output = client.files.retrieve(done.output_file_id)
+    assert output.purpose == "batch_output" and output.filename == f"{done.id}_output.jsonl"
+
+
+def test_a_file_that_cannot_run_is_refused_naming_its_lines(srv):
+    client = sdk(srv)
+    good = chat_line("a", "Hi")
+    batch = submit(client, [good, good, chat_line("b", "Hi") | {"url": "/v1/completions"},
+                            chat_line("c", "Hi", stream=True)])
+    assert batch.status == "failed"
+    assert [(e.code, e.line) for e in batch.errors.data] == [
+        ("duplicate_custom_id", 2), ("mismatched_endpoint", 3), ("invalid_request", 4)]
+    file = client.files.create(file=("x.jsonl", jsonl([good])), purpose="batch")
+    r = httpx.post(srv.base + "/v1/batches", json={"input_file_id": file.id, "endpoint": "/v1/models",
+                                                   "completion_window": "24h"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "endpoint"
+    r = httpx.post(srv.base + "/v1/batches", json={"input_file_id": "file-nothing", "endpoint": "/v1/completions",
+                                                   "completion_window": "24h"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "input_file_id"
+
+
+def test_the_files_api(srv):
+    client = sdk(srv)
+    made = client.files.create(file=("a.jsonl", b'{"x": 1}\n'), purpose="batch")
+    assert made.bytes == 9 and made.filename == "a.jsonl" and made.purpose == "batch"
+    assert client.files.retrieve(made.id).id == made.id
+    assert client.files.content(made.id).content == b'{"x": 1}\n'
+    assert made.id in [f.id for f in client.files.list(purpose="batch")]
+    assert client.files.delete(made.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(made.id)
+    r = httpx.post(srv.base + "/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "fine-tune"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "purpose", r.text
+    r = httpx.post(srv.base + "/v1/files", data={"purpose": "batch"}, files={"other": ("a", b"x")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text
+    r = httpx.post(srv.base + "/v1/files", json={"purpose": "batch"})
+    assert r.status_code == 415, r.text
+
+
+def sched(srv) -> dict:
+    return httpx.get(srv.base + "/v1/admin/scheduling/status").json()["models"]["smol"]
+
+
+def test_a_batch_yields_a_slot_to_an_interactive_request_and_is_cancelled_with_what_it_has(srv):
+    """Two slots and two batch requests at a time: one runs, one waits (a batch leaves the last
+    slot free), and a chat request coming meanwhile runs at once beside it."""
+    client = sdk(srv)
+    batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(6)])
+    wait_for(lambda: sched(srv)["running"] == 1 and sched(srv)["queued"] == 1)
+    t0 = time.monotonic()
+    quick = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=4, temperature=0)
+    assert quick.choices[0].message.content is not None and time.monotonic() - t0 < 2.5
+    assert client.batches.retrieve(batch.id).request_counts.completed == 0  # it ran beside the batch's first
+    wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    done = finished(client, batch.id)
+    assert done.status == "cancelled" and 1 <= done.request_counts.completed < 6
+    out = results(client, done.output_file_id)
+    assert len(out) == done.request_counts.completed and done.error_file_id is None
+    wait_for(lambda: sched(srv)["running"] == 0 and sched(srv)["queued"] == 0, timeout=10)
+
+
+def test_a_batch_goes_on_after_a_restart_without_running_a_request_twice(server_factory, tmp_path):
+    cfg = config(tmp_path, batches={"concurrent_requests": 1})
+    first = server_factory(cfg, "batch-restart")
+    client = sdk(first)
+    batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(4)])
+    wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
+    first.stop()
+    second = server_factory(cfg, "batch-resumed")
+    client = sdk(second)
+    done = finished(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 4
+    lines = client.files.content(done.output_file_id).text.splitlines()
+    assert sorted(json.loads(line)["custom_id"] for line in lines) == [f"long{i}" for i in range(4)]
