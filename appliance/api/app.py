@@ -26,6 +26,7 @@ from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
 from .group_chat import GroupChat
 from .batch_routes import BatchRoutes
+from .batch_runner import InternalAnswer
 from .batch_store import BatchStore
 from .conversation_routes import ConversationRoutes
 from .file_store import FileStore
@@ -282,14 +283,13 @@ class App:
             context.current.reset(token)
 
     async def call_internal(self, method: str, path: str, body: bytes, key_id: str | None,
-                            cancel: asyncio.Event) -> tuple[int, bytes, str]:
+                            cancel: asyncio.Event) -> InternalAnswer:
         """A request made inside the server (a batch's), answered by its route as key `key_id`'s,
-        without the key's limits; `cancel` reads to it as its client going away. Returns its
-        status, its body and its request id."""
+        without the key's limits; `cancel` reads to it as its client going away."""
         scope = {"type": "http", "method": method, "path": path, "query_string": b"", "client": ("batch", 0),
                  "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
                  "eie.internal_key": key_id}
-        answer: dict[str, Any] = {"status": 500, "body": [], "id": ""}
+        answer: dict[str, Any] = {"status": 500, "body": [], "id": "", "retry": False}
         sent = False
 
         async def receive() -> dict[str, Any]:
@@ -302,13 +302,15 @@ class App:
 
         async def send(msg: dict[str, Any]) -> None:
             if msg["type"] == "http.response.start":
+                headers = dict(msg.get("headers", []))
                 answer["status"] = msg["status"]
-                answer["id"] = dict(msg.get("headers", [])).get(b"x-request-id", b"").decode()
+                answer["id"] = headers.get(b"x-request-id", b"").decode()
+                answer["retry"] = b"retry-after" in headers
             elif msg["type"] == "http.response.body":
                 answer["body"].append(msg.get("body", b""))
 
         await self(scope, receive, send)
-        return answer["status"], b"".join(answer["body"]), answer["id"]
+        return InternalAnswer(answer["status"], b"".join(answer["body"]), answer["id"], answer["retry"])
 
     @contextlib.contextmanager
     def _counted(self) -> Iterator[None]:

@@ -23,12 +23,19 @@ from .file_store import FileStore, FileTooLarge
 
 log = logging.getLogger("eie.batches")
 
-# call(method, path, body, key id, cancel) -> (status, body, request id): a request made inside the server
-Call = Callable[[str, str, bytes, "str | None", asyncio.Event], Awaitable[tuple[int, bytes, str]]]
+@dataclass(frozen=True)
+class InternalAnswer:
+    status: int
+    body: bytes
+    request_id: str
+    retry_after: bool  # the server asked to be asked again (a full queue, a model loading)
+
+
+# call(method, path, body, key id, cancel): a request made inside the server
+Call = Callable[[str, str, bytes, "str | None", asyncio.Event], Awaitable[InternalAnswer]]
 
 MAX_LINES = 50_000
-_RETRIED = (429, 503)  # a full queue, a model loading or unloading: the request waits and goes again
-_RETRY_S = (0.5, 5.0)  # the first wait and the longest
+_RETRY_S = (0.5, 5.0)  # the first wait before a request goes again, and the longest
 
 
 @dataclass(frozen=True)
@@ -201,10 +208,10 @@ class BatchRunner:
         priority.background.set(True)  # (this task's context: the requests it makes yield to others)
         wait = _RETRY_S[0]
         while True:
-            status, body, request_id = await self.call(line.method, line.url, line.body, owner, ended)
+            answer = await self.call(line.method, line.url, line.body, owner, ended)
             if ended.is_set():
                 return  # cut short: cancelled (no result) or stopping (it runs again after the restart)
-            if status not in _RETRIED:
+            if not (answer.status in (429, 503) and answer.retry_after):
                 break
             try:
                 await asyncio.wait_for(ended.wait(), wait)
@@ -212,13 +219,14 @@ class BatchRunner:
             except asyncio.TimeoutError:
                 wait = min(wait * 2, _RETRY_S[1])
         try:
-            answer: Any = msgspec.json.decode(body)
+            body: Any = msgspec.json.decode(answer.body)
         except msgspec.DecodeError:
-            answer = body.decode("utf-8", "replace")
-        failed = not 200 <= status < 300
+            body = answer.body.decode("utf-8", "replace")
+        failed = not 200 <= answer.status < 300
         self.store.append(batch.id, failed, {
             "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
-            "response": {"status_code": status, "request_id": request_id, "body": answer}, "error": None})
+            "response": {"status_code": answer.status, "request_id": answer.request_id, "body": body},
+            "error": None})
         counts = self.store.get(batch.id, owner).request_counts
         self._update(batch.id, request_counts=RequestCounts(counts.total, counts.completed + (not failed),
                                                             counts.failed + failed))

@@ -221,12 +221,9 @@ class ResponsesRoutes:
             await request.json(200, record.response)
             return
         after = request.query("starting_after")
-        try:
-            starting_after = int(after) if after is not None else -1
-        except ValueError:
-            starting_after = -2
-        if starting_after < -1 or (after is not None and starting_after < 0):
+        if after is not None and not (after.isascii() and after.isdigit()):
             raise bad_request("starting_after must be a sequence number (an integer from 0)", param="starting_after")
+        starting_after = int(after) if after is not None else -1
         events = self.background.log(record.response.id)
         if events is None and record.events is not None:
             events = EventLog(record.events, done=True)

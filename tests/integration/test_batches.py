@@ -157,3 +157,27 @@ def test_a_batch_goes_on_after_a_restart_without_running_a_request_twice(server_
     assert done.status == "completed" and done.request_counts.completed == 4
     lines = client.files.content(done.output_file_id).text.splitlines()
     assert sorted(json.loads(line)["custom_id"] for line in lines) == [f"long{i}" for i in range(4)]
+
+
+def test_a_request_refused_for_a_full_queue_goes_again(server_factory, tmp_path):
+    """One slot and no queue: while a chat answer holds the slot the batch's request is refused
+    (429 queue_full, retry-after) and goes again until it runs; its result is its answer."""
+    cfg = {"server": {"state_dir": str(tmp_path)},
+           "models": [model_entry("smol", SMOLLM2, n_ctx=1024, n_parallel=1, max_queue=0)]}
+    srv = server_factory(cfg, "batch-queue-full")
+    client = sdk(srv)
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", timeout=120, json={
+            "model": "smol", "messages": [{"role": "user", "content": "Tell me a story."}], "stream": True,
+            "temperature": 0, **LONG}) as r:
+        lines = r.iter_lines()
+        next(lines)
+        refused = httpx.post(srv.base + "/v1/chat/completions", json=chat_line("x", "Hi")["body"])
+        assert refused.status_code == 429 and refused.headers["retry-after"]  # what the batch meets
+        batch = submit(client, [chat_line("only", "Name a colour.")])
+        time.sleep(1)
+        assert client.batches.retrieve(batch.id).request_counts.completed == 0
+        for _ in lines:
+            pass
+    done = finished(client, batch.id)
+    assert done.request_counts.completed == 1 and done.error_file_id is None
+    assert results(client, done.output_file_id)["only"]["response"]["status_code"] == 200
