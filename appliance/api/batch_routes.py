@@ -10,13 +10,13 @@ import uuid
 import msgspec
 
 from ..config import Config
+from ..observability import context
 from .batch_runner import BatchRunner, Call, read_lines
 from .batch_store import ENDPOINTS, Batch, BatchCreate, BatchErrors, BatchStore, RequestCounts
-from .errors import ApiError, bad_request, decoded
+from .errors import bad_request, decoded
 from .file_store import FileStore
-from .files_routes import missing_file, owner
 from .http import Request
-from .json_store import MissingRecord
+from .json_store import MissingRecord, not_found
 from .responses_routes import item_page
 
 _create = msgspec.json.Decoder(BatchCreate)
@@ -38,11 +38,11 @@ class BatchRoutes:
             raise bad_request("completion_window must be 24h", param="completion_window")
         if body.metadata is not None and len(body.metadata) > 16:
             raise bad_request("metadata has at most 16 keys", param="metadata")
-        who = owner()
+        who = context.key_id()
         try:
             file = self.files.get(body.input_file_id, who)
         except MissingRecord as e:
-            raise missing_file(e, "input_file_id") from None
+            raise not_found("file", e, "input_file_id") from None
         if file.purpose != "batch":
             raise bad_request(f"file {file.id!r} is not a batch input file (purpose {file.purpose})",
                               param="input_file_id")
@@ -62,16 +62,16 @@ class BatchRoutes:
 
     def _batch(self, request: Request) -> Batch:
         try:
-            return self.store.get(request.path_params["batch_id"], owner())
+            return self.store.get(request.path_params["batch_id"], context.key_id())
         except MissingRecord as e:
-            raise ApiError(404, f"batch {e.record_id!r} is {e.why}", code="batch_not_found") from None
+            raise not_found("batch", e) from None
 
     async def retrieve(self, request: Request) -> None:
         await request.json(200, self._batch(request))
 
     async def listed(self, request: Request) -> None:
         """Batches newest first, `limit` (1-100, default 20) at a time after `after`."""
-        batches = [msgspec.to_builtins(b) for b in self.store.listed(owner())]
+        batches = [msgspec.to_builtins(b) for b in self.store.listed(context.key_id())]
         await request.json(200, item_page(batches, request, "your batches"))
 
     async def cancel(self, request: Request) -> None:

@@ -7,14 +7,13 @@ hundred bytes; its results are files)."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from .json_store import MissingRecord
+from .json_store import MissingRecord, may_read, write_atomically
 from .schemas import encoder
 
 log = logging.getLogger("eie.batches")
@@ -98,15 +97,13 @@ class BatchStore:
         with self._lock:
             before = self._batches.get(batch.id)
             kept = _Kept(batch, owner, stamp if stamp is not None else before.stamp)
-            path = self.directory / f"{batch.id}.json"
-            path.with_suffix(".tmp").write_bytes(encoder.encode(kept))
-            os.replace(path.with_suffix(".tmp"), path)
+            write_atomically(self.directory / f"{batch.id}.json", encoder.encode(kept))
             self._batches[batch.id] = kept
             return batch
 
     def get(self, batch_id: str, owner: str | None) -> Batch:
         kept = self._batches.get(batch_id)
-        if kept is None or not (kept.owner is None or kept.owner == owner):
+        if kept is None or not may_read(kept.owner, owner):
             raise MissingRecord(batch_id)
         return kept.batch
 
@@ -116,7 +113,7 @@ class BatchStore:
     def listed(self, owner: str | None) -> list[Batch]:
         """This owner's batches, oldest first."""
         return [k.batch for k in sorted(self._batches.values(), key=lambda k: k.stamp)
-                if k.owner is None or k.owner == owner]
+                if may_read(k.owner, owner)]
 
     def unfinished(self) -> list[Batch]:
         return [k.batch for k in self._batches.values() if k.batch.status in UNFINISHED]

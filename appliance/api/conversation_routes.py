@@ -16,7 +16,7 @@ from . import responses_input
 from .conversation_store import ConversationRecord, ConversationStore
 from .errors import ApiError, decoded
 from .http import Request
-from .json_store import MissingRecord
+from .json_store import MissingRecord, not_found
 from .responses_routes import item_page
 from .responses_schemas import (
     Conversation,
@@ -30,15 +30,6 @@ from .responses_schemas import (
 _create = msgspec.json.Decoder(ConversationCreate)
 _update = msgspec.json.Decoder(ConversationUpdate)
 _add = msgspec.json.Decoder(ConversationItemsCreate)
-
-
-def _owner() -> str | None:
-    info = context.current.get()
-    return info.key_id if info is not None else None
-
-
-def _missing(e: MissingRecord) -> ApiError:
-    return ApiError(404, f"conversation {e.record_id!r} is {e.why}", code="conversation_not_found")
 
 
 def _new_items(raw: list, present: list[dict]) -> list[dict]:
@@ -62,16 +53,16 @@ class ConversationRoutes:
 
     def _stored(self, request: Request) -> ConversationRecord:
         try:
-            return self.store.get(request.path_params["conversation_id"], _owner())
+            return self.store.get(request.path_params["conversation_id"], context.key_id())
         except MissingRecord as e:
-            raise _missing(e) from None
+            raise not_found("conversation", e) from None
 
     async def create(self, request: Request) -> None:
         body: ConversationCreate = await self._body(request, _create)
         items = _new_items(body.items or [], [])
         conversation = Conversation(id=responses_input.new_id("conv"), created_at=int(time.time()),
                                     metadata=body.metadata or {})
-        self._keep(ConversationRecord(conversation, items, _owner()))
+        self._keep(ConversationRecord(conversation, items, context.key_id()))
         await request.json(200, conversation)
 
     def _keep(self, record: ConversationRecord) -> None:
@@ -95,9 +86,9 @@ class ConversationRoutes:
     async def delete(self, request: Request) -> None:
         conversation_id = request.path_params["conversation_id"]
         try:
-            self.store.delete(conversation_id, _owner())
+            self.store.delete(conversation_id, context.key_id())
         except MissingRecord as e:
-            raise _missing(e) from None
+            raise not_found("conversation", e) from None
         await request.json(200, DeletedConversation(conversation_id))
 
     async def list_items(self, request: Request) -> None:

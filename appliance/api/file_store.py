@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from .json_store import MissingRecord
+from .json_store import MissingRecord, may_read, write_atomically
 from .schemas import encoder
 
 log = logging.getLogger("eie.files")
@@ -87,22 +87,20 @@ class FileStore:
                               filename=filename, purpose=purpose)
             os.replace(scratch, self.path(file.id))
             described = _Described(file, owner, time.time_ns())
-            meta = self.directory / f"{file.id}.json"
-            meta.with_suffix(".tmp").write_bytes(encoder.encode(described))
-            os.replace(meta.with_suffix(".tmp"), meta)
+            write_atomically(self.directory / f"{file.id}.json", encoder.encode(described))
             self._files[file.id] = described
             return file
 
     def get(self, file_id: str, owner: str | None) -> FileObject:
         described = self._files.get(file_id)
-        if described is None or not (described.owner is None or described.owner == owner):
+        if described is None or not may_read(described.owner, owner):
             raise MissingRecord(file_id)
         return described.file
 
     def listed(self, owner: str | None, purpose: str | None = None) -> list[FileObject]:
         """This owner's files, oldest first."""
         return [d.file for d in sorted(self._files.values(), key=lambda d: d.stamp)
-                if (d.owner is None or d.owner == owner) and (purpose is None or d.file.purpose == purpose)]
+                if may_read(d.owner, owner) and (purpose is None or d.file.purpose == purpose)]
 
     def delete(self, file_id: str, owner: str | None) -> None:
         self.get(file_id, owner)

@@ -10,7 +10,7 @@ from ..observability import context
 from .errors import ApiError, bad_request
 from .file_store import FileObject, FileStore, FileTooLarge
 from .http import Request
-from .json_store import MissingRecord
+from .json_store import MissingRecord, not_found
 from .multipart_upload import read_upload
 from .responses_routes import item_page
 
@@ -22,15 +22,6 @@ class DeletedFile(msgspec.Struct, frozen=True):
     id: str
     object: str = "file"
     deleted: bool = True
-
-
-def owner() -> str | None:
-    info = context.current.get()
-    return info.key_id if info is not None else None
-
-
-def missing_file(e: MissingRecord, param: str | None = None) -> ApiError:
-    return ApiError(404, f"file {e.record_id!r} is {e.why}", param=param, code="file_not_found")
 
 
 class FilesRoutes:
@@ -49,7 +40,7 @@ class FilesRoutes:
             if form.filename is None:
                 raise bad_request("the form has no file part (field: file)", param="file")
             try:
-                file = self.store.add(scratch, form.filename, purpose, owner())
+                file = self.store.add(scratch, form.filename, purpose, context.key_id())
             except FileTooLarge as e:
                 raise ApiError(413, str(e), code="files_full") from None
         finally:
@@ -58,14 +49,14 @@ class FilesRoutes:
 
     def _file(self, request: Request) -> FileObject:
         try:
-            return self.store.get(request.path_params["file_id"], owner())
+            return self.store.get(request.path_params["file_id"], context.key_id())
         except MissingRecord as e:
-            raise missing_file(e) from None
+            raise not_found("file", e) from None
 
     async def listed(self, request: Request) -> None:
         """Files newest first unless `order=asc`, `limit` (1-10000) at a time after `after`, of one
         `purpose` where it is given."""
-        files = [msgspec.to_builtins(f) for f in self.store.listed(owner(), request.query("purpose"))]
+        files = [msgspec.to_builtins(f) for f in self.store.listed(context.key_id(), request.query("purpose"))]
         await request.json(200, item_page(files, request, "your files", 10_000, 10_000))
 
     async def retrieve(self, request: Request) -> None:
@@ -73,7 +64,7 @@ class FilesRoutes:
 
     async def delete(self, request: Request) -> None:
         file = self._file(request)
-        self.store.delete(file.id, owner())
+        self.store.delete(file.id, context.key_id())
         await request.json(200, DeletedFile(file.id))
 
     async def content(self, request: Request) -> None:

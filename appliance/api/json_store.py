@@ -20,6 +20,8 @@ from typing import Callable, Generic, TypeVar
 
 import msgspec
 
+from .errors import ApiError
+
 log = logging.getLogger("eie.store")
 
 V = TypeVar("V")
@@ -32,6 +34,23 @@ class MissingRecord(KeyError):
         super().__init__(record_id)
         self.record_id = record_id
         self.why = why
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`path` holds `data` whole, or what it held before (a crash never leaves half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def may_read(owner: str | None, reader: str | None) -> bool:
+    """Whether `reader` (an API key id) may read what `owner` made (None: made without keys)."""
+    return owner is None or owner == reader
+
+
+def not_found(kind: str, e: MissingRecord, param: str | None = None) -> ApiError:
+    """The 404 for a record that is not there (`kind`: response, conversation, file, batch)."""
+    return ApiError(404, f"{kind} {e.record_id!r} is {e.why}", param=param, code=f"{kind}_not_found")
 
 
 @dataclass
@@ -119,12 +138,6 @@ class JsonStore(Generic[V]):
             log.warning("a stored record's file: %s", e)
 
     @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-
-    @staticmethod
     def _touch(path: Path) -> None:
         if path.exists():
             os.utime(path)  # the file's time keeps the least-recently-used order across a restart
@@ -148,7 +161,7 @@ class JsonStore(Generic[V]):
             self._records.move_to_end(record_id)
             self._bytes += len(data)
             if self.directory is not None:
-                self._on_disk(self._write, self._file(record_id), data)
+                self._on_disk(write_atomically, self._file(record_id), data)
             self._trim()
             return True
 
@@ -174,7 +187,7 @@ class JsonStore(Generic[V]):
         entry = self._records.get(record_id)
         if entry is not None:
             entry = self._loaded(record_id, entry)
-        if entry is None or not (entry.owner is None or entry.owner == owner):
+        if entry is None or not may_read(entry.owner, owner):
             raise MissingRecord(record_id)
         return entry
 

@@ -34,7 +34,7 @@ from .generation import (
 from .event_log import EventLog
 from .http import EventStream, Request
 from .conversation_store import ConversationStore
-from .json_store import MissingRecord
+from .json_store import MissingRecord, not_found
 from .response_store import UNFINISHED, MissingResponse, ResponseStore
 from .responses_background import BackgroundResponses
 from .responses_output import ResponseEvents
@@ -55,15 +55,6 @@ _decoder = msgspec.json.Decoder(ResponsesRequest)
 log = logging.getLogger("eie.responses")
 
 
-def _owner() -> str | None:
-    info = context.current.get()
-    return info.key_id if info is not None else None
-
-
-def _missing(e: MissingResponse, param: str | None = None) -> ApiError:
-    return ApiError(404, f"response {e.record_id!r} is {e.why}", param=param, code="response_not_found")
-
-
 class ResponsesRoutes:
     def __init__(self, config: Config, manager: ModelManager, store: ResponseStore):
         self.config = config
@@ -82,7 +73,7 @@ class ResponsesRoutes:
 
     async def _create(self, request: Request) -> None:
         req: ResponsesRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
-        owner = _owner()
+        owner = context.key_id()
         items = responses_input.items(req.input)
         conversation_id = _conversation_id(req)
         history = (self._in_conversation(conversation_id, owner, items) if conversation_id is not None
@@ -169,8 +160,7 @@ class ResponsesRoutes:
         try:
             record = self.conversations.get(conversation_id, owner)
         except MissingRecord as e:
-            raise ApiError(404, f"conversation {e.record_id!r} is {e.why}", param="conversation",
-                           code="conversation_not_found") from None
+            raise not_found("conversation", e, "conversation") from None
         every = record.items + items
         messages, sources = responses_input.messages_and_sources(every)
         ids = [every[i]["id"] for i in sources]  # each message's first item
@@ -206,9 +196,9 @@ class ResponsesRoutes:
 
     def _stored(self, request: Request):
         try:
-            return self.store.get(request.path_params["response_id"], _owner())
+            return self.store.get(request.path_params["response_id"], context.key_id())
         except MissingResponse as e:
-            raise _missing(e) from None
+            raise not_found("response", e) from None
 
     async def retrieve(self, request: Request) -> None:
         """The stored response, or with `stream=true` its events (a background response asked
@@ -241,9 +231,9 @@ class ResponsesRoutes:
         if self._stored(request).response.status in UNFINISHED:
             await self.background.cancel(response_id)  # else its end would store it again
         try:
-            self.store.delete(response_id, _owner())
+            self.store.delete(response_id, context.key_id())
         except MissingResponse as e:
-            raise _missing(e) from None
+            raise not_found("response", e) from None
         await request.json(200, DeletedResponse(response_id))
 
     async def cancel(self, request: Request) -> None:

@@ -48,3 +48,10 @@ def request_id(given: str | None) -> str:
 
 def info() -> RequestInfo | None:
     return current.get()
+
+
+def key_id() -> str | None:
+    """The API key id the current request was made with (None: no keys, or outside a request):
+    the owner of what it stores."""
+    request = current.get()
+    return request.key_id if request is not None else None
