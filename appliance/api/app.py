@@ -193,6 +193,10 @@ class App:
             "eie_draining": ("1 while the server drains for shutdown", int(self.draining)),
             "eie_audit_write_errors_total": ("Audit records that could not be written",
                                              self.audit.errors if self.audit else 0),
+            "eie_batches_running": ("Batches (the Batch API) whose requests are being run",
+                                    self.batches.runner.running),
+            "eie_files_bytes": ("Bytes the Files API's files take (uploads and batch results)",
+                                self.files.store.bytes),
         }
 
     def apply_config(self, config: Config) -> None:

@@ -112,6 +112,10 @@ class BatchRunner:
         self.concurrency = concurrency
         self._running: dict[str, _Running] = {}
 
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
     def resume(self) -> None:
         """Start the batches a previous run left unfinished (at start-up, on the event loop)."""
         for batch in self.store.unfinished():
