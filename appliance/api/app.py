@@ -25,6 +25,7 @@ from .probes import run_probe
 from .auth import Key, KeyFileError, KeyRing, read_key_file
 from .errors import ApiError
 from .group_chat import GroupChat
+from .anthropic_batches import MessageBatchRoutes
 from .batch_routes import BatchRoutes
 from .batch_runner import InternalAnswer
 from .batch_store import BatchStore
@@ -81,6 +82,7 @@ class App:
         self.files = FilesRoutes(config, FileStore(config.files_dir(), config.server.files.max_mb << 20))
         self.batches = BatchRoutes(config, BatchStore(config.files_dir() / "batches"), self.files.store,
                                    self.call_internal)
+        self.message_batches = MessageBatchRoutes(config, self.batches.store, self.files.store, self.batches.runner)
         self.anthropic = AnthropicRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)
         self.llama_server = LlamaServerRoutes(config, manager)
@@ -115,6 +117,15 @@ class App:
             "/v1/messages": {"POST": Route(self.anthropic.messages, "key", True, error_body=anthropic_error)},
             "/v1/messages/count_tokens": {"POST": Route(self.anthropic.count_tokens, "key",
                                                         error_body=anthropic_error)},
+            "/v1/messages/batches": {"POST": Route(self.message_batches.create, "key", error_body=anthropic_error),
+                                     "GET": Route(self.message_batches.listed, "key", error_body=anthropic_error)},
+            "/v1/messages/batches/{batch_id}": {
+                "GET": Route(self.message_batches.retrieve, "key", error_body=anthropic_error),
+                "DELETE": Route(self.message_batches.delete, "key", error_body=anthropic_error)},
+            "/v1/messages/batches/{batch_id}/cancel": {
+                "POST": Route(self.message_batches.cancel, "key", error_body=anthropic_error)},
+            "/v1/messages/batches/{batch_id}/results": {
+                "GET": Route(self.message_batches.results, "key", error_body=anthropic_error)},
             "/v1/responses/{response_id}": {"GET": Route(self.responses.retrieve, "key"),
                                             "DELETE": Route(self.responses.delete, "key")},
             "/v1/responses/{response_id}/input_items": {"GET": Route(self.responses.input_items, "key")},
@@ -215,6 +226,7 @@ class App:
         self.files.config = config
         self.files.store.max_bytes = config.server.files.max_mb << 20
         self.batches.config = config
+        self.message_batches.config = config
         self.tokens.config = config
         self.embeddings.config = config
         self.groups.set_config(config)

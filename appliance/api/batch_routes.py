@@ -61,8 +61,11 @@ class BatchRoutes:
         await request.json(200, batch)
 
     def _batch(self, request: Request) -> Batch:
+        batch_id = request.path_params["batch_id"]
         try:
-            return self.store.get(request.path_params["batch_id"], context.key_id())
+            if not batch_id.startswith("batch_"):  # (a message batch is read through Anthropic's API)
+                raise MissingRecord(batch_id)
+            return self.store.get(batch_id, context.key_id())
         except MissingRecord as e:
             raise not_found("batch", e) from None
 
@@ -71,7 +74,7 @@ class BatchRoutes:
 
     async def listed(self, request: Request) -> None:
         """Batches newest first, `limit` (1-100, default 20) at a time after `after`."""
-        batches = [msgspec.to_builtins(b) for b in self.store.listed(context.key_id())]
+        batches = [msgspec.to_builtins(b) for b in self.store.listed(context.key_id()) if b.endpoint in ENDPOINTS]
         await request.json(200, item_page(batches, request, "your batches"))
 
     async def cancel(self, request: Request) -> None:

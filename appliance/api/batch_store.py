@@ -107,6 +107,14 @@ class BatchStore:
             raise MissingRecord(batch_id)
         return kept.batch
 
+    def delete(self, batch_id: str) -> None:
+        """The batch's state and its results not yet made files go."""
+        with self._lock:
+            self._batches.pop(batch_id, None)
+            for path in (self.directory / f"{batch_id}.json", self.results(batch_id, False),
+                         self.results(batch_id, True)):
+                path.unlink(missing_ok=True)
+
     def owner_of(self, batch_id: str) -> str | None:
         return self._batches[batch_id].owner
 

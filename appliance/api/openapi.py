@@ -14,6 +14,7 @@ from . import anthropic_schemas as an
 from . import llama_server_routes as ls
 from . import ollama_schemas as ol
 from . import responses_schemas as rs
+from .anthropic_batches import DeletedMessageBatch, MessageBatch, MessageBatchCreate, MessageBatchList
 from .batch_store import Batch, BatchCreate
 from .file_store import FileObject
 from .files_routes import DeletedFile
@@ -97,6 +98,16 @@ OPERATIONS: tuple[Op, ...] = (
     Op("get", "/v1/batches/{batch_id}", "A batch: its status, request counts and result files", None, Batch),
     Op("post", "/v1/batches/{batch_id}/cancel", "Cancel a batch (one that has finished comes back as it is)",
        None, Batch),
+    Op("post", "/v1/messages/batches", "Anthropic Message Batches API: run `requests` ([{custom_id, params}]) in "
+       "the background", MessageBatchCreate, MessageBatch),
+    Op("get", "/v1/messages/batches", "Your message batches, newest first", None, MessageBatchList,
+       query=(("limit", "1 to 1000 (default 20)"), ("after_id", "a batch id: the batches after it"),
+              ("before_id", "a batch id: the batches before it"))),
+    Op("get", "/v1/messages/batches/{batch_id}", "A message batch", None, MessageBatch),
+    Op("delete", "/v1/messages/batches/{batch_id}", "Delete an ended message batch and its results", None,
+       DeletedMessageBatch),
+    Op("post", "/v1/messages/batches/{batch_id}/cancel", "Cancel a message batch", None, MessageBatch),
+    Op("get", "/v1/messages/batches/{batch_id}/results", "An ended message batch's results (JSON lines)"),
     Op("post", "/v1/conversations", "OpenAI Conversations API: a conversation (its first items, metadata)",
        rs.ConversationCreate, rs.Conversation),
     Op("get", "/v1/conversations/{conversation_id}", "A conversation", None, rs.Conversation),
