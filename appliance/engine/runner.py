@@ -536,6 +536,11 @@ class ModelRunner:
     def running(self) -> int:
         return len(self._active)
 
+    def background_counts(self) -> tuple[int, int]:
+        """Background sequences (a batch's: engine/priority.py) running and waiting."""
+        with self._cond:
+            return (sum(1 for s in self._active if s.background), sum(1 for s in self._waiting if s.background))
+
     def speculative_stats(self) -> dict | None:
         """Speculative decoding counters (drafted, accepted, acceptance_rate, controller_on, per
         source, ...) as a plain dict; None when the model does not speculate."""

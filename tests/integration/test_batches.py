@@ -130,6 +130,7 @@ def test_a_batch_yields_a_slot_to_an_interactive_request_and_is_cancelled_with_w
     batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(6)])
     wait_for(lambda: sched(srv)["running"] == 1 and sched(srv)["queued"] == 1)
     assert "eie_batches_running 1.0" in httpx.get(srv.base + "/metrics").text
+    assert sched(srv)["background"] == {"running": 1, "queued": 1}
     t0 = time.monotonic()
     quick = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=4, temperature=0)
