@@ -131,11 +131,11 @@ def test_a_batch_yields_a_slot_to_an_interactive_request_and_is_cancelled_with_w
     wait_for(lambda: sched(srv)["running"] == 1 and sched(srv)["queued"] == 1)
     assert "eie_batches_running 1.0" in httpx.get(srv.base + "/metrics").text
     assert sched(srv)["background"] == {"running": 1, "queued": 1}
-    t0 = time.monotonic()
     quick = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=4, temperature=0)
-    assert quick.choices[0].message.content is not None and time.monotonic() - t0 < 2.5
-    assert client.batches.retrieve(batch.id).request_counts.completed == 0  # it ran beside the batch's first
+    assert quick.choices[0].message.content is not None
+    # it ran beside the batch's first request (300 tokens), not after it
+    assert client.batches.retrieve(batch.id).request_counts.completed == 0
     wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
