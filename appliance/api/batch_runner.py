@@ -251,20 +251,20 @@ class BatchRunner:
         """The results become files (batch_output) and the batch ends: completed, or cancelled
         with the results it has, or expired."""
         batch = self.store.get(batch_id, owner)
-        ids: dict[str, str | None] = {}
         for failed, key in ((False, "output_file_id"), (True, "error_file_id")):
             path = self.store.results(batch_id, failed)
-            ids[key] = None
-            if path.exists() and path.stat().st_size:
-                scratch = self.files.scratch()
-                path.replace(scratch)
-                kind = "error" if failed else "output"
-                try:
-                    ids[key] = self.files.add(scratch, f"{batch_id}_{kind}.jsonl", "batch_output", owner).id
-                except FileTooLarge as e:
-                    self._update(batch_id, status="failed", failed_at=now(),
-                                 errors=BatchErrors([LineError("files_full", str(e))]))
-                    return
+            if getattr(batch, key) is not None or not path.exists() or not path.stat().st_size:
+                continue  # (made a file already, before a stop)
+            scratch = self.files.scratch()
+            path.replace(scratch)
+            try:
+                file = self.files.add(scratch, f"{batch_id}_{'error' if failed else 'output'}.jsonl", "batch_output",
+                                      owner)
+            except FileTooLarge as e:
+                self._update(batch_id, status="failed", failed_at=now(),
+                             errors=BatchErrors([LineError("files_full", str(e))]))
+                return
+            batch = self._update(batch_id, **{key: file.id})
         end = {"cancelling": ("cancelled", "cancelled_at"), "expired": ("expired", "expired_at")}.get(
             batch.status, ("completed", "completed_at"))
-        self._update(batch_id, status=end[0], **{end[1]: getattr(batch, end[1]) or now()}, **ids)
+        self._update(batch_id, status=end[0], **{end[1]: getattr(batch, end[1]) or now()})

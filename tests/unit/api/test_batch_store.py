@@ -1,0 +1,40 @@
+"""The Batch API's state on disk: results read back after a restart (a line a stop cut short is
+dropped, so its request runs again and the next result starts a line of its own), and an input
+file's lines checked before a batch runs."""
+
+from __future__ import annotations
+
+import json
+
+from appliance.api.batch_runner import read_lines
+from appliance.api.batch_store import Batch, BatchStore
+
+
+def test_results_after_a_restart_drop_a_line_cut_short(tmp_path):
+    store = BatchStore(tmp_path)
+    store.put(Batch(id="batch_1", endpoint="/v1/completions", input_file_id="f", completion_window="24h",
+                    status="in_progress", created_at=0), None, 1)
+    store.append("batch_1", False, {"custom_id": "a", "response": {"status_code": 200}})
+    store.append("batch_1", True, {"custom_id": "b", "response": {"status_code": 400}})
+    with open(store.results("batch_1", False), "ab") as f:
+        f.write(b'{"custom_id": "c", "resp')  # the stop came mid-write
+    again = BatchStore(tmp_path)
+    assert again.get("batch_1", None).status == "in_progress"
+    assert again.finished_ids("batch_1") == ({"a", "b"}, 1, 1)
+    again.append("batch_1", False, {"custom_id": "c", "response": {"status_code": 200}})
+    assert again.finished_ids("batch_1") == ({"a", "b", "c"}, 2, 1)
+
+
+def test_an_input_files_lines_are_checked_each_naming_its_line():
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": "x"}}
+    good = json.dumps(line).encode()
+    lines, errors = read_lines(b"\n".join([good, b"", json.dumps(line | {"custom_id": "b"}).encode()]),
+                               "/v1/completions")
+    assert [x.custom_id for x in lines] == ["a", "b"] and [x.number for x in lines] == [1, 3] and not errors
+    bad = [good, good, b"nope", json.dumps(line | {"custom_id": "c", "method": "GET"}).encode(),
+           json.dumps(line | {"custom_id": "d", "body": {"stream": True}}).encode()]
+    _, errors = read_lines(b"\n".join(bad), "/v1/completions")
+    assert [(e.code, e.line, e.param) for e in errors] == [
+        ("duplicate_custom_id", 2, "custom_id"), ("invalid_json_line", 3, None), ("invalid_method", 4, "method"),
+        ("invalid_request", 5, "body.stream")]
+    assert read_lines(b"\n\n", "/v1/completions")[1][0].code == "empty_file"
