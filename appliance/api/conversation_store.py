@@ -4,6 +4,7 @@ each, read back after a restart)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ class ConversationRecord(msgspec.Struct, frozen=True):
 
 
 _record = msgspec.json.Decoder(ConversationRecord)
+log = logging.getLogger("eie.responses")
 
 
 def _decoded(conversation_id: str, data: bytes) -> tuple[ConversationRecord, str | None]:
@@ -47,5 +49,7 @@ class ConversationStore(JsonStore[ConversationRecord]):
         """Add `items` at the end (and, where given, the item its latest prompt started at)."""
         record = self.get(conversation_id, owner)
         record = msgspec.structs.replace(record, items=record.items + items, cut=cut or record.cut)
-        self.put(record)
+        if not self.put(record):
+            log.warning("conversation %s is past server.responses.max_mb: %d items were not added",
+                        conversation_id, len(items))
         return record
