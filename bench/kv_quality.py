@@ -45,8 +45,8 @@ def load(path: Path, kv: str, n_ctx: int, threads: int) -> native.LoadedModel:
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
 class Reader:

@@ -35,6 +35,7 @@ import llama_cpp as lc  # noqa: E402
 
 from appliance.engine import native  # noqa: E402
 from appliance.kv import migrate  # noqa: E402
+from kv_quality import log_softmax  # noqa: E402  (the same measure of distance as the quality bench)
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
@@ -82,12 +83,6 @@ class Context:
     def close(self) -> None:
         lc.llama_batch_free(self.batch)
         self.m.free()
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
 def kld(ref_logits: np.ndarray, got_logits: np.ndarray) -> float:
