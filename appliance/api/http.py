@@ -114,6 +114,14 @@ class DetachedRequest(Request):
     def cancel(self) -> None:
         self._gone.set()
 
+    async def cancelled_within(self, seconds: float) -> bool:
+        """Wait up to `seconds`; True if it was cancelled meanwhile."""
+        try:
+            await asyncio.wait_for(self._gone.wait(), seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
     @property
     def cancelled(self) -> bool:
         return self._gone.is_set()

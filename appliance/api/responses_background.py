@@ -34,6 +34,12 @@ from .responses_schemas import Response, ResponseError
 log = logging.getLogger("eie.responses")
 
 Answer = Callable[[Request, ResponseEvents], Awaitable[None]]  # makes the answer through the writer
+_RETRY_S = (0.5, 5.0)  # the first wait before a refused answer goes again, and the longest
+
+
+def _asks_retry(err: ApiError) -> bool:
+    """A refusal that says to ask again (429 or 503 with retry-after: a full queue, a model loading)."""
+    return err.status in (429, 503) and any(name == b"retry-after" for name, _ in err.headers or [])
 Keep = Callable[..., None]  # keep(response, events=None): stores a state of the response
 
 
@@ -81,16 +87,15 @@ class BackgroundResponses:
         try:
             with self.in_flight(job.holder):
                 job.keep(base)
-                failure: ApiError | None = None
-                try:
-                    await answer(job.request, writer)
-                except ENGINE_ERRORS as e:
-                    failure = job.rename(engine_error(e))
-                except ApiError as e:
-                    failure = job.rename(e)
-                except Exception:
-                    log.exception("background response %s failed", base.id)
-                    failure = ApiError(500, "internal server error", type="server_error")
+                wait = _RETRY_S[0]
+                while True:
+                    failure = await self._attempt(job, answer)
+                    if failure is None or writer.started or not _asks_retry(failure):
+                        break
+                    # a full queue (or a model loading): it waits its turn, as a batch's request does
+                    if await job.request.cancelled_within(wait):
+                        break
+                    wait = min(wait * 2, _RETRY_S[1])
                 failure = failure or writer.error  # (a streamed answer says its failure in its events)
                 output = list(writer.items)
                 final = writer.result
@@ -110,6 +115,20 @@ class BackgroundResponses:
             if job.log is not None:
                 job.log.close()
             del self._jobs[base.id]
+
+    @staticmethod
+    async def _attempt(job: _Job, answer: Answer) -> ApiError | None:
+        """Make the answer; the error that stopped it, if one did."""
+        try:
+            await answer(job.request, job.writer)
+        except ENGINE_ERRORS as e:
+            return job.rename(engine_error(e))
+        except ApiError as e:
+            return job.rename(e)
+        except Exception:
+            log.exception("background response %s failed", job.writer.base.id)
+            return ApiError(500, "internal server error", type="server_error")
+        return None
 
     async def cancel(self, response_id: str) -> None:
         """Stop the response's generation, if it is still running, and wait until its state is stored."""

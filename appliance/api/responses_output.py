@@ -64,6 +64,7 @@ class ResponseEvents:
         self.keep = keep
         self.on_event = on_event  # sees every event made (a streamed background response's log)
         self.announced = False  # `queued` sent the created event already
+        self.started = False  # the answer's events have begun (`start`)
         self.result: Response | None = None
         self.error: ApiError | None = None  # the failure `failed` said
         self.items: list[OutputItem] = []
@@ -86,6 +87,7 @@ class ResponseEvents:
                 self._event("response.queued", response=response)]
 
     def start(self) -> list[Event]:
+        self.started = True
         created = [] if self.announced else [self._event("response.created", response=self.base)]
         return created + [self._event("response.in_progress", response=self.base)]
 

@@ -317,3 +317,23 @@ def test_background_work_counts_against_its_key_and_its_events_outlive_a_restart
     first.stop()
     second = server_factory(config, "background-replayed")
     assert replay(second, events[0]["response"]["id"]) == events
+
+
+def test_a_background_response_refused_for_a_full_queue_waits_its_turn(server_factory, tmp_path):
+    """One slot, no queue: a background response that comes while a chat answer holds the slot
+    is refused by the model (queue_full) and asks again until it runs (it used to be stored failed)."""
+    srv = server_factory({"server": {"state_dir": str(tmp_path)},
+                          "models": [model_entry("smol", SMOLLM2, n_ctx=1024, n_parallel=1, max_queue=0)]},
+                         "background-queue-full")
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", timeout=120, json={
+            "model": "smol", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 300,
+            "temperature": 0, "stream": True, "logit_bias": {"2": -100}}) as r:
+        lines = r.iter_lines()
+        next(lines)
+        made = post(srv, background=True, input="Name a fruit.", max_output_tokens=8).json()
+        time.sleep(1)
+        assert get(srv, made["id"])["status"] == "in_progress"
+        for _ in lines:
+            pass
+    done = finished(srv, made["id"])
+    assert done["status"] in ("completed", "incomplete") and text(done), done
