@@ -82,10 +82,14 @@ _kept = msgspec.json.Decoder(_Kept)
 class BatchStore:
     def __init__(self, directory: Path):
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
         self._batches: dict[str, _Kept] = {}
         self._lock = threading.Lock()
-        for f in directory.glob("batch_*.json"):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # (the file store says so, and refuses uploads: no batch can start)
+            log.warning("no batches can be kept: %s: %s", directory, e)
+            return
+        for f in directory.glob("*batch_*.json"):
             try:
                 kept = _kept.decode(f.read_bytes())
             except (OSError, msgspec.MsgspecError) as e:

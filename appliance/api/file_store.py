@@ -50,7 +50,13 @@ class FileStore:
         self.max_bytes = max_bytes
         self._files: dict[str, _Described] = {}
         self._lock = threading.Lock()
-        directory.mkdir(parents=True, exist_ok=True)
+        self.unavailable: str | None = None  # why files cannot be kept (the directory cannot be made)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self.unavailable = f"{directory}: {e}"
+            log.warning("the Files and Batch APIs are off: %s", self.unavailable)
+            return
         for meta in directory.glob("file-*.json"):
             try:
                 described = _described.decode(meta.read_bytes())

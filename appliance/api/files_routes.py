@@ -30,6 +30,9 @@ class FilesRoutes:
         self.store = store
 
     async def upload(self, request: Request) -> None:
+        if self.store.unavailable is not None:
+            raise ApiError(503, f"this server cannot keep files: {self.store.unavailable}", type="service_unavailable",
+                           code="files_unavailable")
         scratch = self.store.scratch()
         try:
             form = await read_upload(request, self.config.server.files.max_file_mb << 20, "file", scratch)

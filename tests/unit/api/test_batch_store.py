@@ -25,6 +25,15 @@ def test_results_after_a_restart_drop_a_line_cut_short(tmp_path):
     assert again.finished_ids("batch_1") == ({"a", "b", "c"}, 2, 1)
 
 
+def test_openai_and_message_batches_are_read_back_after_a_restart(tmp_path):
+    store = BatchStore(tmp_path)
+    for batch_id in ("batch_a", "msgbatch_b"):
+        store.put(Batch(id=batch_id, endpoint="/v1/messages", input_file_id="f", completion_window="24h",
+                        status="completed", created_at=0), "key1", 1)
+    again = BatchStore(tmp_path)
+    assert [b.id for b in again.listed("key1")] == ["batch_a", "msgbatch_b"] and again.listed("key2") == []
+
+
 def test_an_input_files_lines_are_checked_each_naming_its_line():
     line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": "x"}}
     good = json.dumps(line).encode()
