@@ -27,11 +27,11 @@ def test_results_after_a_restart_drop_a_line_cut_short(tmp_path):
 
 def test_openai_and_message_batches_are_read_back_after_a_restart(tmp_path):
     store = BatchStore(tmp_path)
-    for batch_id in ("batch_a", "msgbatch_b"):
+    for stamp, batch_id in enumerate(("msgbatch_b", "batch_a")):
         store.put(Batch(id=batch_id, endpoint="/v1/messages", input_file_id="f", completion_window="24h",
-                        status="completed", created_at=0), "key1", 1)
+                        status="completed", created_at=0), "key1", stamp)
     again = BatchStore(tmp_path)
-    assert [b.id for b in again.listed("key1")] == ["batch_a", "msgbatch_b"] and again.listed("key2") == []
+    assert [b.id for b in again.listed("key1")] == ["msgbatch_b", "batch_a"] and again.listed("key2") == []
 
 
 def test_an_input_files_lines_are_checked_each_naming_its_line():
