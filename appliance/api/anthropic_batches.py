@@ -17,7 +17,7 @@ import msgspec
 from ..config import Config
 from ..observability import context
 from .batch_runner import BatchRunner, read_lines
-from .batch_store import Batch, BatchStore, RequestCounts
+from .batch_store import Batch, BatchStore, new_batch
 from .errors import ApiError, bad_request, decoded
 from .file_store import FileStore, FileTooLarge
 from .http import Request
@@ -133,11 +133,7 @@ class MessageBatchRoutes:
             raise ApiError(413, str(e), code="files_full") from None
         finally:
             scratch.unlink(missing_ok=True)
-        lines, _ = read_lines(self.files.path(file.id).read_bytes(), ENDPOINT)
-        created = int(time.time())
-        batch = Batch(id=batch_id, endpoint=ENDPOINT, input_file_id=file.id, completion_window="24h",
-                      status="in_progress", created_at=created, in_progress_at=created,
-                      expires_at=created + 24 * 3600, request_counts=RequestCounts(len(lines)))
+        batch = new_batch(batch_id, ENDPOINT, file.id, len(body.requests), 24 * 3600)
         self.store.put(batch, who, time.time_ns())
         self.runner.start(batch)
         await request.json(200, shown(batch))
@@ -177,13 +173,7 @@ class MessageBatchRoutes:
                                                  page[0].id if page else None, page[-1].id if page else None))
 
     async def cancel(self, request: Request) -> None:
-        batch = self._batch(request)
-        if batch.status == "in_progress":
-            batch = self.store.put(msgspec.structs.replace(batch, status="cancelling",
-                                                           cancelling_at=int(time.time())),
-                                   self.store.owner_of(batch.id))
-            self.runner.cancel(batch)
-        await request.json(200, shown(batch))
+        await request.json(200, shown(self.runner.cancel(self._batch(request))))
 
     async def delete(self, request: Request) -> None:
         """An ended batch goes, with its requests and results."""

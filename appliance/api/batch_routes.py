@@ -12,12 +12,12 @@ import msgspec
 from ..config import Config
 from ..observability import context
 from .batch_runner import BatchRunner, Call, read_lines
-from .batch_store import ENDPOINTS, Batch, BatchCreate, BatchErrors, BatchStore, RequestCounts
+from .batch_store import ENDPOINTS, Batch, BatchCreate, BatchErrors, BatchStore, RequestCounts, new_batch
 from .errors import bad_request, decoded
 from .file_store import FileStore
 from .http import Request
 from .json_store import MissingRecord, not_found
-from .responses_routes import item_page
+from .item_pages import item_page
 
 _create = msgspec.json.Decoder(BatchCreate)
 WINDOW_S = {"24h": 24 * 3600}
@@ -36,8 +36,6 @@ class BatchRoutes:
             raise bad_request(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
         if body.completion_window not in WINDOW_S:
             raise bad_request("completion_window must be 24h", param="completion_window")
-        if body.metadata is not None and len(body.metadata) > 16:
-            raise bad_request("metadata has at most 16 keys", param="metadata")
         who = context.key_id()
         try:
             file = self.files.get(body.input_file_id, who)
@@ -46,14 +44,11 @@ class BatchRoutes:
         if file.purpose != "batch":
             raise bad_request(f"file {file.id!r} is not a batch input file (purpose {file.purpose})",
                               param="input_file_id")
-        created = int(time.time())
         lines, errors = read_lines(self.files.path(file.id).read_bytes(), body.endpoint)
-        batch = Batch(id=f"batch_{uuid.uuid4().hex}", endpoint=body.endpoint, input_file_id=file.id,
-                      completion_window=body.completion_window, status="in_progress", created_at=created,
-                      in_progress_at=created, expires_at=created + WINDOW_S[body.completion_window],
-                      request_counts=RequestCounts(len(lines)), metadata=body.metadata)
+        batch = new_batch(f"batch_{uuid.uuid4().hex}", body.endpoint, file.id, len(lines),
+                          WINDOW_S[body.completion_window], body.completion_window, body.metadata)
         if errors:  # refused as a whole, as OpenAI's validation refuses it
-            batch = msgspec.structs.replace(batch, status="failed", in_progress_at=None, failed_at=created,
+            batch = msgspec.structs.replace(batch, status="failed", in_progress_at=None, failed_at=batch.created_at,
                                             errors=BatchErrors(errors), request_counts=RequestCounts())
         self.store.put(batch, who, time.time_ns())
         if not errors:
@@ -80,9 +75,4 @@ class BatchRoutes:
     async def cancel(self, request: Request) -> None:
         """A running batch becomes cancelling, then cancelled with the results it has; a finished
         one comes back as it is."""
-        batch = self._batch(request)
-        if batch.status == "in_progress":
-            batch = self.store.put(msgspec.structs.replace(batch, status="cancelling",
-                                                           cancelling_at=int(time.time())), self.store.owner_of(batch.id))
-            self.runner.cancel(batch)
-        await request.json(200, batch)
+        await request.json(200, self.runner.cancel(self._batch(request)))

@@ -125,13 +125,18 @@ class BatchRunner:
         running = self._running[batch.id] = _Running()
         running.task = asyncio.ensure_future(self._run(batch.id, running))
 
-    def cancel(self, batch: Batch) -> None:
-        """Its running requests end without results, and it ends `cancelled` with those it has."""
+    def cancel(self, batch: Batch) -> Batch:
+        """A batch in progress becomes `cancelling`: its running requests end without results, and
+        it ends `cancelled` with those it has. One that has ended comes back as it is."""
+        if batch.status != "in_progress":
+            return batch
+        batch = self._update(batch.id, status="cancelling", cancelling_at=now())
         running = self._running.get(batch.id)
         if running is not None:
             running.cancel.set()
         else:  # (between its requests' end and its own: it finishes as cancelled)
             self.start(batch)
+        return batch
 
     async def stop(self) -> None:
         """End the running requests without results (they run again after a restart)."""

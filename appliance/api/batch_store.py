@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from .json_store import MissingRecord, may_read, write_atomically
+from .responses_schemas import Metadata
 from .schemas import encoder
 
 log = logging.getLogger("eie.batches")
@@ -26,7 +28,7 @@ class BatchCreate(msgspec.Struct, frozen=True, kw_only=True):
     input_file_id: str
     endpoint: str
     completion_window: str
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 class LineError(msgspec.Struct, frozen=True, omit_defaults=False):
@@ -68,6 +70,15 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     cancelled_at: int | None = None
     request_counts: RequestCounts = RequestCounts()
     metadata: dict[str, str] | None = None
+
+
+def new_batch(batch_id: str, endpoint: str, input_file_id: str, requests: int, window_s: int,
+              completion_window: str = "24h", metadata: dict[str, str] | None = None) -> Batch:
+    """A batch made now, in progress, with `requests` requests to run within `window_s` seconds."""
+    created = int(time.time())
+    return Batch(id=batch_id, endpoint=endpoint, input_file_id=input_file_id, completion_window=completion_window,
+                 status="in_progress", created_at=created, in_progress_at=created, expires_at=created + window_s,
+                 request_counts=RequestCounts(requests), metadata=metadata)
 
 
 class _Kept(msgspec.Struct, frozen=True):

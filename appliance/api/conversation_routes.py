@@ -17,7 +17,7 @@ from .conversation_store import ConversationRecord, ConversationStore
 from .errors import ApiError, decoded
 from .http import Request
 from .json_store import MissingRecord, not_found
-from .responses_routes import item_page
+from .item_pages import item_page
 from .responses_schemas import (
     Conversation,
     ConversationCreate,

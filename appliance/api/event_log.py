@@ -20,14 +20,16 @@ class _Typed(msgspec.Struct):
 _typed = msgspec.json.Decoder(_Typed)
 
 
-def framed(event: bytes) -> bytes:
+def _framed(kind: str, event: bytes) -> bytes:
     """One event's JSON as a server-sent event named by its type."""
-    return b"event: " + _typed.decode(event).type.encode() + b"\ndata: " + event + b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + event + b"\n\n"
 
 
 class EventLog:
     def __init__(self, events: Iterable[bytes] = (), done: bool = False):
-        self.events: list[bytes] = list(events)  # each event's JSON, in sequence order
+        self.events: list[bytes] = list(events)  # each event's JSON, in sequence order (what is stored)
+        # each one's type, which names it in the stream (a stored event's is read once, here)
+        self._types = [_typed.decode(e).type for e in self.events]
         self.done = done
         self._wake = asyncio.Event()
 
@@ -37,6 +39,7 @@ class EventLog:
         if event["sequence_number"] != len(self.events):  # a writer's every event comes here, in order
             raise ValueError(f"event {event['sequence_number']} logged as event {len(self.events)}")
         self.events.append(encoder.encode(event))
+        self._types.append(event["type"])
         self._ring()
 
     def close(self) -> None:
@@ -55,7 +58,7 @@ class EventLog:
         while True:
             wake = self._wake  # taken before looking, so an event logged meanwhile still wakes us
             while at < len(self.events):
-                yield framed(self.events[at])
+                yield _framed(self._types[at], self.events[at])
                 at += 1
             if self.done:
                 return

@@ -12,7 +12,7 @@ from .file_store import FileObject, FileStore, FileTooLarge
 from .http import Request
 from .json_store import MissingRecord, not_found
 from .multipart_upload import read_upload
-from .responses_routes import item_page
+from .item_pages import item_page
 
 PURPOSES = ("batch",)  # what an upload may be for (batch_output: the files batches write)
 _CHUNK = 1 << 20

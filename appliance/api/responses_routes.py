@@ -12,7 +12,6 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
 
 import msgspec
 
@@ -33,16 +32,16 @@ from .generation import (
 )
 from .event_log import EventLog
 from .http import EventStream, Request
+from .item_pages import item_page
 from .conversation_store import ConversationStore
 from .json_store import MissingRecord, not_found
-from .response_store import UNFINISHED, MissingResponse, ResponseStore
+from .response_store import UNFINISHED, ResponseStore
 from .responses_background import BackgroundResponses
 from .responses_output import ResponseEvents
 from .responses_schemas import (
     ConversationRef,
     DeletedResponse,
     FunctionCallItem,
-    InputItemList,
     MessageItem,
     ReasoningConfig,
     Response,
@@ -76,9 +75,9 @@ class ResponsesRoutes:
         owner = context.key_id()
         items = responses_input.items(req.input)
         conversation_id = _conversation_id(req)
-        history = (self._in_conversation(conversation_id, owner, items) if conversation_id is not None
-                   else self._after_previous(req, owner, items))
         turns = responses_input.messages(items)
+        history = (self._in_conversation(conversation_id, owner, items) if conversation_id is not None
+                   else self._after_previous(req, owner, turns))
         chat = responses_input.chat_request(req, history.messages)
         cut = 0
         base = Response(
@@ -137,10 +136,10 @@ class ResponsesRoutes:
             return
         await answer(request, ResponseEvents(base, bool(chat.logprobs), keep))
 
-    def _after_previous(self, req: ResponsesRequest, owner: str | None, items: list[dict[str, Any]]) -> _History:
-        """The conversation up to `previous_response_id`'s answer, then this input."""
+    def _after_previous(self, req: ResponsesRequest, owner: str | None, turns: list[ChatMessage]) -> _History:
+        """The conversation up to `previous_response_id`'s answer, then this input (`turns`)."""
         if req.previous_response_id is None:
-            return _History(responses_input.messages(items), 0)
+            return _History(turns, 0)
         try:
             previous = self.store.get(req.previous_response_id, owner)
             if previous.response.status in UNFINISHED:
@@ -148,10 +147,10 @@ class ResponsesRoutes:
                                "background response: continue it once it has finished)",
                                param="previous_response_id", code="previous_response_in_progress")
             earlier = self.store.conversation(req.previous_response_id, owner)
-        except MissingResponse as e:
+        except MissingRecord as e:
             raise ApiError(400, f"previous response {e.record_id!r} is {e.why}", param="previous_response_id",
                            code="previous_response_not_found") from None
-        return _History(earlier + responses_input.messages(items), previous.truncated)
+        return _History(earlier + turns, previous.truncated)
 
     def _in_conversation(self, conversation_id: str, owner: str | None, items: list[dict[str, Any]]) -> _History:
         """A conversation object's items, then this input."""
@@ -197,7 +196,7 @@ class ResponsesRoutes:
     def _stored(self, request: Request):
         try:
             return self.store.get(request.path_params["response_id"], context.key_id())
-        except MissingResponse as e:
+        except MissingRecord as e:
             raise not_found("response", e) from None
 
     async def retrieve(self, request: Request) -> None:
@@ -232,7 +231,7 @@ class ResponsesRoutes:
             await self.background.cancel(response_id)  # else its end would store it again
         try:
             self.store.delete(response_id, context.key_id())
-        except MissingResponse as e:
+        except MissingRecord as e:
             raise not_found("response", e) from None
         await request.json(200, DeletedResponse(response_id))
 
@@ -274,32 +273,6 @@ def _conversation_id(req: ResponsesRequest) -> str | None:
         raise bad_request("a response continues a conversation or a previous response, not both: leave "
                           "previous_response_id out", param="conversation")
     return value
-
-
-def item_page(items: list[dict[str, Any]], request: Request, where: str, max_limit: int = 100,
-              default_limit: int = 20) -> InputItemList:
-    """A page of `items` (each with an id): newest first unless `order=asc`, `limit` (1-100,
-    default 20) at a time after the item `after` (`where`: what holds them, for its error)."""
-    query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad_request("order must be asc or desc", param="order")
-    try:
-        limit = int(query.get("limit", str(default_limit)))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= max_limit:
-        raise bad_request(f"limit must be an integer from 1 to {max_limit}", param="limit")
-    listed = items if order == "asc" else items[::-1]
-    after = query.get("after")
-    if after is not None:
-        ids = [item["id"] for item in listed]
-        if after not in ids:
-            raise bad_request(f"no item {after!r} in {where}", param="after")
-        listed = listed[ids.index(after) + 1:]
-    page = listed[:limit]
-    return InputItemList(page, page[0]["id"] if page else None, page[-1]["id"] if page else None,
-                         len(listed) > limit)
 
 
 async def _relay(request: Request, events: EventLog, after: int) -> None:

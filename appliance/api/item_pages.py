@@ -1,0 +1,38 @@
+"""A page of a stored list (a response's input items, a conversation's items, files, batches) as
+OpenAI's list endpoints give them: `order`, `limit` and `after` from the query string."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from .errors import bad_request
+from .http import Request
+from .responses_schemas import InputItemList
+
+
+def item_page(items: list[dict[str, Any]], request: Request, where: str, max_limit: int = 100,
+              default_limit: int = 20) -> InputItemList:
+    """A page of `items` (each with an id): newest first unless `order=asc`, `limit` (1 to
+    `max_limit`, default `default_limit`) at a time after the item `after` (`where`: what holds
+    them, for its error)."""
+    query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request("order must be asc or desc", param="order")
+    try:
+        limit = int(query.get("limit", str(default_limit)))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= max_limit:
+        raise bad_request(f"limit must be an integer from 1 to {max_limit}", param="limit")
+    listed = items if order == "asc" else items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item["id"] for item in listed]
+        if after not in ids:
+            raise bad_request(f"no item {after!r} in {where}", param="after")
+        listed = listed[ids.index(after) + 1:]
+    page = listed[:limit]
+    return InputItemList(page, page[0]["id"] if page else None, page[-1]["id"] if page else None,
+                         len(listed) > limit)
