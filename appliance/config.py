@@ -291,6 +291,9 @@ class BatchesConfig(Struct, frozen=True, forbid_unknown_fields=True):
 
     # A batch's requests in flight at once (each also waits behind every interactive request).
     concurrent_requests: Annotated[int, Meta(ge=1, le=256)] = 2
+    # An interactive request that finds every slot taken parks a batch's sequence (its KV state
+    # to host memory) and takes its slot; the parked one resumes where it stopped. false: it waits.
+    preempt: bool = True
 
 
 MetricsAuth = Literal["open", "key", "admin"]

@@ -144,7 +144,7 @@ class AdminRoutes:
         models = {
             name: {"state": r.state, "pinned": self.manager.policy.pinned(name), "n_parallel": r.cfg.n_parallel,
                    "running": r.running(), "queued": r.queue_depth(), "max_queue": r.cfg.max_queue,
-                   "background": dict(zip(("running", "queued"), r.background_counts())),
+                   "background": r.background_counts(),
                    "threads": r.threads, **r.stats, "speculative": r.speculative_stats()}
             for name, r in self.manager.runners.items()
         }

@@ -10,13 +10,14 @@ import re
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 
 from ..config import Config
 from ..observability import context
-from .batch_runner import BatchRunner, read_lines
+from . import batch_input
+from .batch_runner import BatchRunner
 from .batch_store import Batch, BatchStore, new_batch
 from .errors import ApiError, bad_request, decoded
 from .file_store import FileStore, FileTooLarge
@@ -28,6 +29,7 @@ ENDPOINT = "/v1/messages"
 MAX_REQUESTS = 100_000
 _CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ENDED = ("completed", "cancelled", "expired", "failed")
+_PIECE = 1 << 16  # results are sent in pieces of about this many bytes
 
 
 class BatchRequest(msgspec.Struct, frozen=True):
@@ -197,28 +199,41 @@ class MessageBatchRoutes:
         if batch.status not in _ENDED:
             raise bad_request("the message batch is still processing: its results come when it has ended")
         owner = self.store.owner_of(batch.id)
-        out: list[bytes] = []
+        await request.send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"application/binary")]})
+        piece: list[bytes] = []
+        size = 0
+        for line in self._result_lines(batch, owner):  # sent in pieces: a file's lines are read as they go
+            piece.append(line)
+            size += len(line)
+            if size >= _PIECE:
+                await request.send({"type": "http.response.body", "body": b"".join(piece), "more_body": True})
+                piece, size = [], 0
+        await request.send({"type": "http.response.body", "body": b"".join(piece)})
+
+    def _result_lines(self, batch: Batch, owner: str | None) -> Iterator[bytes]:
+        """The result lines of the requests that ran (the output file, then the error file),
+        then those of the ones that did not (canceled or expired)."""
         answered: set[str] = set()
         for file_id in (batch.output_file_id, batch.error_file_id):
             if file_id is None:
                 continue
             try:
-                data = self.files.path(self.files.get(file_id, owner).id).read_bytes()
+                f = open(self.files.path(self.files.get(file_id, owner).id), "rb")
             except (MissingRecord, OSError):
                 continue
-            for line in data.splitlines():
-                record = msgspec.json.decode(line)
-                answered.add(record["custom_id"])
-                out.append(encoder.encode({"custom_id": record["custom_id"], "result": _result(record)}) + b"\n")
+            with f:
+                for line in f:
+                    record = msgspec.json.decode(line)
+                    answered.add(record["custom_id"])
+                    yield encoder.encode({"custom_id": record["custom_id"], "result": _result(record)}) + b"\n"
         unrun = "expired" if batch.status in ("expired", "failed") else "canceled"
         try:
-            lines, _ = read_lines(self.files.path(batch.input_file_id).read_bytes(), ENDPOINT)
+            for line in batch_input.requests(self.files.path(batch.input_file_id), ENDPOINT):
+                if line.custom_id not in answered:
+                    yield encoder.encode({"custom_id": line.custom_id, "result": {"type": unrun}}) + b"\n"
         except OSError:
-            lines = []
-        for line in lines:
-            if line.custom_id not in answered:
-                out.append(encoder.encode({"custom_id": line.custom_id, "result": {"type": unrun}}) + b"\n")
-        await request.respond(200, b"".join(out), b"application/binary")
+            pass
 
 
 def _result(record: dict[str, Any]) -> dict[str, Any]:

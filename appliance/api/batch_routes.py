@@ -4,6 +4,7 @@ background: batch_runner.py), GET /v1/batches, GET /v1/batches/{batch_id}, POST
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -11,7 +12,8 @@ import msgspec
 
 from ..config import Config
 from ..observability import context
-from .batch_runner import BatchRunner, Call, read_lines
+from . import batch_input
+from .batch_runner import BatchRunner, Call
 from .batch_store import ENDPOINTS, Batch, BatchCreate, BatchErrors, BatchStore, RequestCounts, new_batch
 from .errors import bad_request, decoded
 from .file_store import FileStore
@@ -44,8 +46,8 @@ class BatchRoutes:
         if file.purpose != "batch":
             raise bad_request(f"file {file.id!r} is not a batch input file (purpose {file.purpose})",
                               param="input_file_id")
-        lines, errors = read_lines(self.files.path(file.id).read_bytes(), body.endpoint)
-        batch = new_batch(f"batch_{uuid.uuid4().hex}", body.endpoint, file.id, len(lines),
+        count, errors = await asyncio.to_thread(batch_input.check, self.files.path(file.id), body.endpoint)
+        batch = new_batch(f"batch_{uuid.uuid4().hex}", body.endpoint, file.id, count,
                           WINDOW_S[body.completion_window], body.completion_window, body.metadata)
         if errors:  # refused as a whole, as OpenAI's validation refuses it
             batch = msgspec.structs.replace(batch, status="failed", in_progress_at=None, failed_at=batch.created_at,

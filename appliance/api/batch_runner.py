@@ -1,7 +1,8 @@
 """A batch's requests run in the background: each line of its input file goes through the
 server's own route for the batch's endpoint (as its key, without its per-key limits), a few at a
 time (server.batches.concurrent_requests), at background priority (engine/priority.py: behind
-every other request, never in a model's last free slot). A request refused because a queue is
+every other request, never in a model's last free slot, parked for an interactive request that
+finds every slot taken). Its input file is read a line at a time (batch_input.py). A request refused because a queue is
 full or a model is loading is tried again later; its answer, whatever its status, is the line's
 result. A stop (SIGTERM) leaves the batch in progress: the requests it cut short run again after
 the restart, the finished ones do not."""
@@ -9,15 +10,18 @@ the restart, the finished ones do not."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
 import msgspec
 
 from ..engine import priority
+from . import batch_input
+from .batch_input import Line
 from .batch_store import Batch, BatchErrors, BatchStore, LineError, RequestCounts
 from .file_store import FileStore, FileTooLarge
 
@@ -34,63 +38,7 @@ class InternalAnswer:
 # call(method, path, body, key id, cancel): a request made inside the server
 Call = Callable[[str, str, bytes, "str | None", asyncio.Event], Awaitable[InternalAnswer]]
 
-MAX_LINES = 50_000
 _RETRY_S = (0.5, 5.0)  # the first wait before a request goes again, and the longest
-
-
-@dataclass(frozen=True)
-class Line:
-    number: int  # 1-based, in the input file
-    custom_id: str
-    method: str
-    url: str
-    body: bytes
-
-
-def read_lines(data: bytes, endpoint: str) -> tuple[list[Line], list[LineError]]:
-    """The input file's requests, or the errors that refuse the batch (each naming its line)."""
-    lines: list[Line] = []
-    errors: list[LineError] = []
-    seen: set[str] = set()
-    for number, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            errors.append(LineError("invalid_json_line", "the line is not JSON", line=number))
-            continue
-        if not isinstance(obj, dict):
-            errors.append(LineError("invalid_request", "the line is not a JSON object", line=number))
-            continue
-        custom_id, method, url, body = obj.get("custom_id"), obj.get("method"), obj.get("url"), obj.get("body")
-        if not isinstance(custom_id, str) or not custom_id:
-            errors.append(LineError("missing_required_parameter", "custom_id must be a non-empty string",
-                                    "custom_id", number))
-        elif custom_id in seen:
-            errors.append(LineError("duplicate_custom_id", f"custom_id {custom_id!r} is on an earlier line",
-                                    "custom_id", number))
-        elif method != "POST":
-            errors.append(LineError("invalid_method", "method must be POST", "method", number))
-        elif url != endpoint:
-            errors.append(LineError("mismatched_endpoint", f"url must be the batch's endpoint {endpoint}", "url",
-                                    number))
-        elif not isinstance(body, dict):
-            errors.append(LineError("invalid_request", "body must be a JSON object", "body", number))
-        elif body.get("stream") or body.get("background"):
-            errors.append(LineError("invalid_request", "a batch's requests are answered whole: leave "
-                                    f"{'stream' if body.get('stream') else 'background'} out",
-                                    "body.stream" if body.get("stream") else "body.background", number))
-        else:
-            seen.add(custom_id)
-            lines.append(Line(number, custom_id, method, url, msgspec.json.encode(body)))
-        if len(errors) >= 100:
-            break
-    if not errors and not lines:
-        errors.append(LineError("empty_file", "the input file has no requests"))
-    if len(lines) > MAX_LINES:
-        errors.append(LineError("too_many_requests", f"a batch has at most {MAX_LINES} requests"))
-    return lines, errors
 
 
 def now() -> int:
@@ -164,14 +112,12 @@ class BatchRunner:
         owner = self.store.owner_of(batch_id)
         batch = self.store.get(batch_id, owner)
         if batch.status in ("in_progress", "validating"):
-            lines, errors = read_lines(self.files.path(batch.input_file_id).read_bytes(), batch.endpoint)
-            if errors:  # (checked when it was made; the file cannot change)
-                self._update(batch_id, status="failed", failed_at=now(), errors=BatchErrors(errors))
-                return
             done, completed, failed = self.store.finished_ids(batch_id)
             batch = self._update(batch_id, status="in_progress", in_progress_at=batch.in_progress_at or now(),
-                                 request_counts=RequestCounts(len(lines), completed, failed))
-            await self._lines(batch, [line for line in lines if line.custom_id not in done], owner, running)
+                                 request_counts=RequestCounts(batch.request_counts.total, completed, failed))
+            # (its file was checked when the batch was made, and cannot change)
+            with contextlib.closing(batch_input.requests(self.files.path(batch.input_file_id), batch.endpoint)) as all_:
+                await self._lines(batch, (line for line in all_ if line.custom_id not in done), owner, running)
             if running.stop.is_set():
                 return  # in progress still: the restart goes on with it
             batch = self.store.get(batch_id, owner)
@@ -181,7 +127,7 @@ class BatchRunner:
             return
         self._finish(batch_id, owner)
 
-    async def _lines(self, batch: Batch, lines: list[Line], owner: str | None, running: _Running) -> None:
+    async def _lines(self, batch: Batch, lines: Iterable[Line], owner: str | None, running: _Running) -> None:
         slots = asyncio.Semaphore(max(1, self.concurrency()))
         tasks: set[asyncio.Task] = set()
         ended = asyncio.Event()  # cancelled, stopping or expired: no new request starts
@@ -243,8 +189,7 @@ class BatchRunner:
     def _expire(self, batch: Batch, owner: str | None) -> None:
         """The completion window has passed: the requests not run are failed as expired."""
         done, _, _ = self.store.finished_ids(batch.id)
-        lines, _ = read_lines(self.files.path(batch.input_file_id).read_bytes(), batch.endpoint)
-        for line in lines:
+        for line in batch_input.requests(self.files.path(batch.input_file_id), batch.endpoint):
             if line.custom_id not in done:
                 self.store.append(batch.id, True, {
                     "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,

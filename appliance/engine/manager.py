@@ -157,7 +157,8 @@ class ModelManager:
                            prefix_factory=self._prefix_cache, speculator_factory=self._speculator,
                            cache_dir=self.config.cache_dir(), cancel=self._stop,
                            adapter_files=[(a.name, self.config.adapter_path(a)) for a in cfg.lora],
-                           control_files=self.config.control_files(cfg))
+                           control_files=self.config.control_files(cfg),
+                           preempt_background=self.config.server.batches.preempt)
 
     def _adapter_estimate(self, cfg: ModelConfig) -> int:
         """What the model's LoRA adapters and control vectors will take: their files' size (an

@@ -24,6 +24,7 @@ import llama_cpp as lc
 import numpy as np
 
 from ..config import ModelConfig
+from ..kv import migrate
 from .prefix import PrefixCache, build_id
 from ..resources import file_facts, heap, outputs
 from ..resources.cores import CoreBudget
@@ -178,12 +179,22 @@ class _Sequence:
         "forced",
         "migrated",
         "background",
+        "parked",
+        "deadline",
+        "since",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
         self.req = req
         self.sink = sink
         self.background = priority.background.get()  # (read where the request is made: engine/priority.py)
+        # Its KV state while it is parked (out of its slot, for an interactive request: priority.py),
+        # empty where it had none yet; None while it is not parked.
+        self.parked: bytes | bytearray | None = None
+        # The request's deadline; a background sequence's moves on by the time it spends out of a
+        # slot (waiting or parked), so yielding to interactive work never times it out.
+        self.deadline = req.deadline
+        self.since = time.monotonic()  # when it last went out of a slot (queued or parked)
         self.seq_id = -1
         self.chain = None
         self.n_prefilled = 0
@@ -257,8 +268,11 @@ class ModelRunner:
                  speculator_factory: Callable[["ModelRunner"], Speculator | None] | None = None,
                  cache_dir: Path | None = None, cancel: threading.Event | None = None,
                  adapter_files: list[tuple[str, Path]] | None = None,
-                 control_files: list[tuple[Path, float]] | None = None):
+                 control_files: list[tuple[Path, float]] | None = None,
+                 preempt_background: bool = True):
         self.cfg = cfg
+        # Background sequences give their slot to interactive ones that find none (engine/priority.py).
+        self.preempt_background = preempt_background
         self.adapter_files = adapter_files or []  # (name, path) of the model's LoRA adapters, in cfg.lora order
         self.control_files = control_files or []  # (path, scale) of the model's control vectors
         self.adapters: list[LoadedAdapter] = []
@@ -296,6 +310,8 @@ class ModelRunner:
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._active: list[_Sequence] = []
         self._by_id: list[_Sequence] = []
+        self._parked: list[_Sequence] = []  # background sequences out of their slot, parked first first
+        self._resuming: list[_Sequence] = []  # parked ones given a slot, their state not written back yet
         self._free_ids = list(range(cfg.n_parallel))  # a heap
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -308,7 +324,7 @@ class ModelRunner:
                       "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
                       "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_masks": 0,
                       "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0,
-                      "reasoning_budget_cuts": 0, "adapter_switches": 0}
+                      "reasoning_budget_cuts": 0, "adapter_switches": 0, "background_preemptions": 0}
         # work for the runner thread between two steps, with the future its caller waits on
         self._commands: collections.deque[tuple[Callable[[], None], concurrent.futures.Future]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
@@ -503,7 +519,10 @@ class ModelRunner:
             if first is not seq:
                 seq.leader = first
         with self._cond:
-            if len(self._active) + len(self._waiting) + len(seqs) > self.cfg.n_parallel + self.cfg.max_queue:
+            held = len(self._active) + len(self._waiting) + len(self._parked)
+            foreground = sum(1 for s in (*self._active, *self._waiting) if not s.background)
+            if len(seqs) > priority.queue_room(seqs[0].background, foreground, held - foreground, self.cfg.n_parallel,
+                                               self.cfg.max_queue, self.preempt_background):
                 raise QueueFull(self.name)
             self._waiting.extend(seqs)
             self._cond.notify_all()
@@ -536,10 +555,14 @@ class ModelRunner:
     def running(self) -> int:
         return len(self._active)
 
-    def background_counts(self) -> tuple[int, int]:
-        """Background sequences (a batch's: engine/priority.py) running and waiting."""
+    def background_counts(self) -> dict[str, int]:
+        """Background sequences (a batch's: engine/priority.py) running, waiting (never run yet)
+        and parked, and the bytes of KV state the parked ones hold in host memory."""
         with self._cond:
-            return (sum(1 for s in self._active if s.background), sum(1 for s in self._waiting if s.background))
+            return {"running": sum(1 for s in self._active if s.background),
+                    "queued": sum(1 for s in self._waiting if s.background),
+                    "parked": len(self._parked),
+                    "parked_bytes": sum(len(s.parked or b"") for s in (*self._parked, *self._resuming))}
 
     def speculative_stats(self) -> dict | None:
         """Speculative decoding counters (drafted, accepted, acceptance_rate, controller_on, per
@@ -691,6 +714,7 @@ class ModelRunner:
         except ContextLost as e:
             self._lose_context(str(e))
         self._took_new_context(moving)
+        self._retype_parked(type_k, type_v)
         for seq in self._by_id:
             if seq.n_prefilled == 0 and seq.prefix_keys is not None:
                 seq.prefix_keys = None  # keys of the old types: looked up again under the new ones
@@ -734,9 +758,11 @@ class ModelRunner:
         the model is failed, and the loop stops (NoReturn)."""
         log.error("model %s: %s", self.name, why)
         with self._cond:
-            lost = list(self._active) + list(self._waiting)
+            lost = list(self._active) + list(self._waiting) + list(self._parked)
             self._active.clear()
             self._waiting.clear()
+            self._parked.clear()
+            self._resuming.clear()
             self._by_id = []
             self._stopping = True
             self.error, self.state = why, "failed"
@@ -751,13 +777,14 @@ class ModelRunner:
         while True:
             with self._cond:
                 while (not self._stopping and not self._waiting and not self._active and not self._commands
-                       and not self._exact_stale):
+                       and not self._exact_stale and not self._parked):
                     self._cond.wait()
                 if self._stopping:
                     break
                 commands = list(self._commands)
                 self._commands.clear()
                 self._admit_locked()
+            self._write_back_resumed()  # before any command: a KV change must find their states in
             for command, fut in commands:
                 if self.state == "failed":  # an earlier command lost the context (_lose_context)
                     if fut.set_running_or_notify_cancel():
@@ -766,6 +793,8 @@ class ModelRunner:
                 command()
             if self._stopping:  # stopping, or the context is lost: no step
                 continue
+            if self.preempt_background:
+                self._preempt()
             try:
                 self._step()
             except Exception as e:  # keep serving: fail what was in flight, clear its KV
@@ -773,8 +802,9 @@ class ModelRunner:
                 for seq in list(self._active):
                     self._finish(seq, Failed("internal", f"generation failed: {e}"))
         with self._cond:
-            pending = list(self._waiting) + list(self._active)
+            pending = list(self._waiting) + list(self._active) + list(self._parked)
             self._waiting.clear()
+            self._parked.clear()
             orphaned = list(self._commands)  # asked for just before the stop: never run
             self._commands.clear()
         for _, fut in orphaned:
@@ -784,22 +814,30 @@ class ModelRunner:
             if seq.seq_id >= 0:
                 self._finish(seq, Failed("shutdown", "server is shutting down"))
             else:
-                seq.sink(Failed("shutdown", "server is shutting down"))
+                self._drop_unplaced(seq, Failed("shutdown", "server is shutting down"))
         if self.state == "failed":  # no context left: the weights and the rest go now, not at an unload
             self._release()
 
     def _admit_locked(self) -> None:
         now = time.monotonic()
         kept: collections.deque[_Sequence] = collections.deque()
-        for seq in priority.admission_order(list(self._waiting), _is_background):
+        still_parked: list[_Sequence] = []
+        for seq in priority.admission_order(self._waiting, self._parked, _is_background):
             if seq.cancelled:  # its request still waits for an end (a client gone, a background response cancelled)
-                seq.sink(Failed("cancelled", "request cancelled"))
+                self._drop_unplaced(seq, Failed("cancelled", "request cancelled"))
                 continue
-            if now > seq.req.deadline:
-                seq.sink(Failed("timeout", "request deadline passed while waiting for a sequence slot"))
+            if now > seq.deadline and not seq.background:
+                self._drop_unplaced(seq, Failed("timeout", "request deadline passed while waiting for a sequence slot"))
                 continue
             if not priority.may_take_slot(seq.background, len(self._free_ids), self.cfg.n_parallel):
-                kept.append(seq)
+                (kept if seq.parked is None else still_parked).append(seq)
+                continue
+            if seq.background:
+                seq.deadline += now - seq.since
+            if seq.parked is not None:  # its samplers and the rest are as it left them: its KV goes back in
+                seq.seq_id = heapq.heappop(self._free_ids)
+                self._resuming.append(seq)
+                self._active.append(seq)
                 continue
             params = seq.req.sampling
             if params.grammar is not None:
@@ -823,7 +861,83 @@ class ModelRunner:
             self._active.append(seq)
             self.stats["sequences"] += 1
         self._waiting = kept
+        self._parked = still_parked
         self._by_id = sorted(self._active, key=lambda s: s.seq_id)
+
+    def _drop_unplaced(self, seq: _Sequence, event: Event) -> None:
+        """End a sequence that holds no slot: waiting, or parked (its samplers and state go)."""
+        _free_samplers(seq)
+        seq.parked = None
+        seq.sink(event)
+
+    def _preempt(self) -> None:
+        """Park background sequences for the interactive ones that found no slot, and admit
+        those. A sequence others copy their prompt from (fan-out) stays: they read its KV."""
+        with self._cond:
+            starved = sum(1 for s in self._waiting if not s.background and not s.cancelled)
+            if not starved:
+                return
+            leaders = {id(s.leader) for s in (*self._active, *self._waiting) if s.leader is not None}
+            candidates = [s for s in self._active if s.background and not s.cancelled and id(s) not in leaders]
+            chosen = priority.victims(starved, len(self._free_ids), candidates, lambda s: s.pos)
+        parked = [seq for seq in chosen if self._park(seq)]
+        if parked:
+            with self._cond:
+                self._admit_locked()
+            self._write_back_resumed()
+
+    def _park(self, seq: _Sequence) -> bool:
+        """Move a background sequence out of its slot: its KV state to host memory, its draft KV
+        dropped (the draft model catches up from its tokens when it resumes). False where its
+        state could not be read (it keeps the slot)."""
+        try:
+            state = migrate.read_sequence(self.loaded.ctx, seq.seq_id) if seq.pos > 0 else bytearray()
+        except Exception:
+            log.exception("model %s: parking a background sequence failed; it keeps its slot", self.name)
+            return False
+        self._flush(seq)
+        lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        if self.spec is not None:
+            self.spec.finished(seq.seq_id, None)
+        with self._cond:
+            self._active.remove(seq)
+            self._by_id.remove(seq)
+            heapq.heappush(self._free_ids, seq.seq_id)
+            seq.seq_id = -1
+            seq.parked = state
+            seq.since = time.monotonic()
+            self._parked.append(seq)
+        self.stats["background_preemptions"] += 1
+        return True
+
+    def _write_back_resumed(self) -> None:
+        """Write the states of the parked sequences just given a slot back into the KV."""
+        while self._resuming:
+            seq = self._resuming.pop(0)
+            try:
+                if seq.parked:
+                    migrate.write_sequence(self.loaded.ctx, seq.seq_id, seq.parked)
+            except Exception as e:
+                log.exception("model %s: resuming a parked sequence failed", self.name)
+                seq.parked = None
+                self._finish(seq, Failed("internal", f"resuming the parked request failed: {e}"))
+                continue
+            seq.parked = None
+
+    def _retype_parked(self, type_k: str, type_v: str) -> None:
+        """After a change of KV types: the parked states converted to them, as the live ones were."""
+        rot = migrate.rotation_sizes(self.loaded.metadata)
+        for seq in list(self._parked):
+            if not seq.parked:
+                continue
+            try:
+                seq.parked = migrate.convert_bytes(seq.parked, type_k, type_v, rot)
+                seq.migrated = True
+            except Exception as e:
+                log.exception("model %s: converting a parked sequence to %s/%s failed", self.name, type_k, type_v)
+                with self._cond:
+                    self._parked.remove(seq)
+                self._drop_unplaced(seq, Failed("internal", f"the KV change could not convert the parked request: {e}"))
 
     def _finish(self, seq: _Sequence, event: Event) -> None:
         self._flush(seq)
@@ -867,7 +981,7 @@ class ModelRunner:
         for seq in list(self._active):
             if seq.cancelled:
                 self._finish(seq, Failed("cancelled", "request cancelled"))
-            elif now > seq.req.deadline:
+            elif now > seq.deadline:
                 self._finish(seq, Failed("timeout", "request deadline passed during generation"))
         chosen = self._step_adapters()
         decoding = [s for s in self._by_id if s.n_prefilled >= len(s.req.prompt) and s.req.adapters == chosen]

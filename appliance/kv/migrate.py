@@ -70,8 +70,11 @@ def read_sequence(ctx: lc.llama_context_p, seq_id: int) -> bytearray:
     return buf
 
 
-def write_sequence(ctx: lc.llama_context_p, seq_id: int, data: bytes) -> None:
-    buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))  # no copy
+def write_sequence(ctx: lc.llama_context_p, seq_id: int, data: bytes | bytearray) -> None:
+    if isinstance(data, bytearray):
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)  # no copy
+    else:
+        buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))  # no copy
     if lc.llama_state_seq_set_data(ctx, buf, len(data), seq_id) != len(data):
         raise MigrationError(f"llama.cpp refused the state of sequence {seq_id}")
 

@@ -34,6 +34,7 @@ RUNNER_COUNTERS = {
     "reasoning_budget_cuts": ("eie_reasoning_budget_cuts", "Think blocks closed by the server when their reasoning budget was spent"),
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
     "kv_migration_reverts": ("eie_kv_type_change_reverts", "KV type changes whose new context could not be made, the old types put back"),
+    "background_preemptions": ("eie_background_preemptions", "Background (batch) sequences parked to give their slot to an interactive request"),
     "adapter_switches": ("eie_lora_adapter_switches", "Decodes that changed the context's LoRA adapters (models[].lora; each makes llama.cpp reserve its graph again)"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),
@@ -87,6 +88,9 @@ class EngineCollector:
                                labels=["model", "type_k", "type_v"])
         mem = GaugeMetricFamily("eie_model_memory_bytes", "Measured model buffers", labels=["model", "kind"])
         prefix_bytes = GaugeMetricFamily("eie_prefix_cache_bytes", "Saved prefixes held", labels=["model", "tier"])
+        parked = GaugeMetricFamily("eie_background_parked_bytes",
+                                   "KV state of parked background (batch) sequences, held in host memory",
+                                   labels=["model"])
         spec_on = GaugeMetricFamily("eie_speculative_on", "1 when the controller has speculative decoding on",
                                     labels=["model"])
         disk = {k: CounterMetricFamily(f"eie_prefix_cache_disk_{k}", h, labels=["model"]) for k, h in
@@ -100,6 +104,7 @@ class EngineCollector:
         for name, r in list(m.runners.items()):
             stats = self._stats(name, r)
             queue.add_metric([name], r.queue_depth() if r.state == "ready" else 0)
+            parked.add_metric([name], r.background_counts()["parked_bytes"] if r.state == "ready" else 0)
             running.add_metric([name], r.running() if r.state == "ready" else 0)
             slots.add_metric([name], r.cfg.n_parallel)
             state.add_metric([name, r.state], 1)
@@ -125,7 +130,7 @@ class EngineCollector:
             if spec is not None:
                 spec_on.add_metric([name], 1 if spec.get("controller_on") else 0)
         yield from (queue, running, slots, state, kv, mem, prefix_bytes, hits, *disk.values(), *counters.values(),
-                    *events.values(), spec_on)
+                    *events.values(), spec_on, parked)
         if self.devices is not None:
             dev = GaugeMetricFamily("eie_device_memory_bytes", "Device memory", labels=["device", "kind", "state"])
             for d in self.devices():

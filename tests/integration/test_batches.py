@@ -130,7 +130,7 @@ def test_a_batch_yields_a_slot_to_an_interactive_request_and_is_cancelled_with_w
     batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(6)])
     wait_for(lambda: sched(srv)["running"] == 1 and sched(srv)["queued"] == 1)
     assert "eie_batches_running 1.0" in httpx.get(srv.base + "/metrics").text
-    assert sched(srv)["background"] == {"running": 1, "queued": 1}
+    assert sched(srv)["background"] == {"running": 1, "queued": 1, "parked": 0, "parked_bytes": 0}
     quick = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=4, temperature=0)
     assert quick.choices[0].message.content is not None
@@ -144,6 +144,79 @@ def test_a_batch_yields_a_slot_to_an_interactive_request_and_is_cancelled_with_w
     out = results(client, done.output_file_id)
     assert len(out) == done.request_counts.completed and done.error_file_id is None
     wait_for(lambda: sched(srv)["running"] == 0 and sched(srv)["queued"] == 0, timeout=10)
+
+
+def one_slot(tmp_path, **batches) -> dict:
+    return {"server": {"state_dir": str(tmp_path), "batches": {"concurrent_requests": 1, **batches}},
+            "models": [model_entry("smol", SMOLLM2, n_ctx=1024, n_parallel=1, max_queue=0)]}
+
+
+def story(srv, **extra) -> str:
+    r = httpx.post(srv.base + "/v1/chat/completions", timeout=120, json=chat_line("x", "Tell me a story.", **LONG)[
+        "body"] | extra)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_an_interactive_request_parks_a_batch_request_that_then_resumes_where_it_stopped(server_factory, tmp_path):
+    """One slot and no queue, the slot held by a batch's request: a chat request is not refused
+    but takes the slot at once (the batch's sequence is parked: its KV state goes to host
+    memory), and the batch's request then resumes from that state, its answer the very one the
+    request gets alone."""
+    srv = server_factory(one_slot(tmp_path), "batch-preempt")
+    client = sdk(srv)
+    batch = submit(client, [chat_line("long", "Tell me a story.", **LONG)])
+    wait_for(lambda: sched(srv)["background"]["running"] == 1 and sched(srv)["decode_tokens"] >= 30)
+    quick = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=4, temperature=0)
+    assert quick.choices[0].message.content
+    assert sched(srv)["background_preemptions"] == 1
+    assert client.batches.retrieve(batch.id).request_counts.completed == 0  # it ran in the middle of the batch's
+    assert "eie_background_preemptions_total{model=\"smol\"} 1.0" in httpx.get(srv.base + "/metrics").text
+    done = finished(client, batch.id)
+    answer = results(client, done.output_file_id)["long"]["response"]["body"]
+    assert answer["usage"]["completion_tokens"] == 300
+    assert answer["choices"][0]["message"]["content"] == story(srv)
+    assert sched(srv)["background"] == {"running": 0, "queued": 0, "parked": 0, "parked_bytes": 0}
+    srv.stop()  # (its threads would spin beside the next test's server)
+
+
+def test_a_parked_request_follows_a_change_of_kv_types(server_factory, tmp_path):
+    """A batch's request parked while a chat answer streams; the KV moves to q8_0 meanwhile: the
+    parked state is converted with the live ones and the request resumes in the new types."""
+    srv = server_factory(one_slot(tmp_path), "batch-preempt-kv")
+    client = sdk(srv)
+    batch = submit(client, [chat_line("long", "Tell me a story.", **LONG)])
+    wait_for(lambda: sched(srv)["background"]["running"] == 1 and sched(srv)["decode_tokens"] >= 30)
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", timeout=120, json={
+            "model": "smol", "messages": [{"role": "user", "content": "Tell me a joke."}], "stream": True,
+            "temperature": 0, **LONG}) as r:
+        lines = r.iter_lines()
+        next(lines)
+        parked = sched(srv)["background"]
+        assert parked["parked"] == 1 and parked["parked_bytes"] > 0
+        converted = httpx.post(srv.base + "/v1/admin/kv/convert", json={"model": "smol", "mode": "q8_0"},
+                               timeout=120)
+        assert converted.status_code == 200, converted.text
+        assert converted.json()["sequences"] == 1  # the live one; the parked one follows it
+        for _ in lines:
+            pass
+    done = finished(client, batch.id)
+    assert done.request_counts.completed == 1, results(client, done.error_file_id)
+    answer = results(client, done.output_file_id)["long"]["response"]["body"]
+    assert answer["usage"]["completion_tokens"] == 300 and answer["choices"][0]["message"]["content"]
+    srv.stop()
+
+
+def test_without_preempt_an_interactive_request_waits_for_the_batch(server_factory, tmp_path):
+    srv = server_factory(one_slot(tmp_path, preempt=False), "batch-no-preempt")
+    client = sdk(srv)
+    submit(client, [chat_line("long", "Tell me a story.", **LONG)])
+    wait_for(lambda: sched(srv)["background"]["running"] == 1)
+    refused = httpx.post(srv.base + "/v1/chat/completions", json=chat_line("x", "Hi")["body"])
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+    assert sched(srv)["background_preemptions"] == 0
+    srv.stop()
 
 
 def test_a_batch_goes_on_after_a_restart_without_running_a_request_twice(server_factory, tmp_path):

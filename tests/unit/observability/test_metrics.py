@@ -16,7 +16,8 @@ def runner(name: str, spec: dict | None = None, **stats) -> SimpleNamespace:
             "prefix_disk_hits": 0, "prefix_misses": 0, "prefix_tokens_restored": 0, "kv_migrations": 0}
     return SimpleNamespace(name=name, state="ready", stats={**base, **stats}, loaded=None, prefix=None,
                            cfg=SimpleNamespace(n_parallel=4), kv_types=("f16", "f16"),
-                           queue_depth=lambda: 3, running=lambda: 2, speculative_stats=lambda: spec)
+                           queue_depth=lambda: 3, running=lambda: 2, speculative_stats=lambda: spec,
+                           background_counts=lambda: {"running": 1, "queued": 0, "parked": 1, "parked_bytes": 4096})
 
 
 def values(m: Metrics) -> dict[tuple[str, tuple], float]:
@@ -35,6 +36,7 @@ def test_counters_only_grow_when_a_runner_is_replaced():
     assert v[("eie_decode_tokens_total", (("model", "a"),))] == 100
     assert v[("eie_queue_depth", (("model", "a"),))] == 3
     assert v[("eie_running_sequences", (("model", "a"),))] == 2
+    assert v[("eie_background_parked_bytes", (("model", "a"),))] == 4096
     manager.runners["a"].stats["decode_tokens"] = 150
     manager.runners["a"] = runner("a", decode_tokens=10)  # reloaded: a new runner starts from 0
     manager.model_counters[("a", "load")] = 2
