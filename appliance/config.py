@@ -415,6 +415,10 @@ class Config(Struct, frozen=True, forbid_unknown_fields=True):
         """Where stored conversations (the Conversations API) are written, or None when they stay in memory."""
         return self.state_dir() / "conversations" if self.server.responses.persist else None
 
+    def chat_completions_dir(self) -> Path | None:
+        """Where stored chat completions (`store: true`) are written, or None when they stay in memory."""
+        return self.state_dir() / "chat_completions" if self.server.responses.persist else None
+
     def files_dir(self) -> Path:
         """Where the Files API's files (and the batches' state) are kept."""
         return self.state_dir() / "files"

@@ -29,6 +29,8 @@ from .anthropic_batches import MessageBatchRoutes
 from .batch_routes import BatchRoutes
 from .batch_runner import InternalAnswer
 from .batch_store import BatchStore
+from .chat_completion_routes import StoredChatRoutes
+from .chat_completion_store import ChatCompletionStore
 from .conversation_routes import ConversationRoutes
 from .file_store import FileStore
 from .files_routes import FilesRoutes
@@ -79,6 +81,9 @@ class App:
         self.conversations = ConversationRoutes(config, ConversationStore(stored.max_entries, stored.max_mb << 20,
                                                                           config.conversations_dir()))
         self.responses.conversations = self.conversations.store
+        self.stored_chats = StoredChatRoutes(config, ChatCompletionStore(stored.max_entries, stored.max_mb << 20,
+                                                                         config.chat_completions_dir()))
+        self.openai.stored = self.stored_chats
         self.files = FilesRoutes(config, FileStore(config.files_dir(), config.server.files.max_mb << 20))
         self.batches = BatchRoutes(config, BatchStore(config.files_dir() / "batches"), self.files.store,
                                    self.call_internal)
@@ -103,7 +108,12 @@ class App:
         self.admin.draining = lambda: self.draining
         self.responses.background = BackgroundResponses(self._background)
         self.routes: dict[str, dict[str, Route]] = {
-            "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True)},
+            "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True),
+                                     "GET": Route(self.stored_chats.listed, "key")},
+            "/v1/chat/completions/{completion_id}": {"GET": Route(self.stored_chats.retrieve, "key"),
+                                                     "POST": Route(self.stored_chats.update, "key"),
+                                                     "DELETE": Route(self.stored_chats.delete, "key")},
+            "/v1/chat/completions/{completion_id}/messages": {"GET": Route(self.stored_chats.messages, "key")},
             "/v1/completions": {"POST": Route(self.openai.completions, "key", True)},
             "/completion": {"POST": Route(self.llama_server.completion, "key", True)},  # llama-server's own
             "/infill": {"POST": Route(self.llama_server.infill, "key", True)},
@@ -222,6 +232,8 @@ class App:
         self.ollama.config = config
         self.responses.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
         self.conversations.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
+        self.stored_chats.store.resize(lim_store.max_entries, lim_store.max_mb << 20)
+        self.stored_chats.config = config
         self.conversations.config = config
         self.files.config = config
         self.files.store.max_bytes = config.server.files.max_mb << 20
@@ -580,6 +592,7 @@ class App:
                 # Runners stop (their prefix stores finish queued disk writes), then the trail closes.
                 await asyncio.to_thread(self.responses.store.close)
                 await asyncio.to_thread(self.conversations.store.close)
+                await asyncio.to_thread(self.stored_chats.store.close)
                 await self.batches.runner.stop()
                 await asyncio.to_thread(self.manager.stop)
                 if self.audit is not None:

@@ -15,8 +15,7 @@ from typing import Any
 import msgspec
 
 from .json_store import MissingRecord, may_read, write_atomically
-from .responses_schemas import Metadata
-from .schemas import encoder
+from .schemas import Metadata, encoder
 
 log = logging.getLogger("eie.batches")
 

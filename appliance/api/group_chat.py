@@ -124,7 +124,9 @@ class GroupChat:
         await relay_whole(request, writer_for(ending.prompt_tokens), thought, text, ending, stream, framing,
                           content_type, sse)
 
-    async def chat(self, request: Request, req: ChatRequest, group: GroupConfig) -> None:
+    async def chat(self, request: Request, req: ChatRequest, group: GroupConfig,
+                   keep: Callable[[ChatCompletion], None] | None = None) -> None:
+        """`keep`: stores the answer (`store: true`; not with stream)."""
         call = await self._call(req, group)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
@@ -139,8 +141,10 @@ class GroupChat:
             raise _group_failed(result)
         choices = [ChatChoice(i, AssistantMessage("assistant", text, None, thought), reason)
                    for i, text, thought, reason in _answers(group, result)]
-        await request.json(200, ChatCompletion(cid, created, group.name, choices, _usage(result),
-                                               system_fingerprint=FINGERPRINT))
+        answer = ChatCompletion(cid, created, group.name, choices, _usage(result), system_fingerprint=FINGERPRINT)
+        if keep is not None:
+            keep(answer)
+        await request.json(200, answer)
 
 
 class _GroupStream:

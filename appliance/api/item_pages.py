@@ -12,12 +12,12 @@ from .responses_schemas import InputItemList
 
 
 def item_page(items: list[dict[str, Any]], request: Request, where: str, max_limit: int = 100,
-              default_limit: int = 20) -> InputItemList:
-    """A page of `items` (each with an id): newest first unless `order=asc`, `limit` (1 to
-    `max_limit`, default `default_limit`) at a time after the item `after` (`where`: what holds
-    them, for its error)."""
+              default_limit: int = 20, default_order: str = "desc") -> InputItemList:
+    """A page of `items` (each with an id, oldest first): in the query's `order` (asc or desc,
+    default `default_order`), `limit` (1 to `max_limit`, default `default_limit`) at a time after
+    the item `after` (`where`: what holds them, for its error)."""
     query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
-    order = query.get("order", "desc")
+    order = query.get("order", default_order)
     if order not in ("asc", "desc"):
         raise bad_request("order must be asc or desc", param="order")
     try:

@@ -200,6 +200,17 @@ class JsonStore(Generic[V]):
                 self._on_disk(self._touch, self._file(record_id))
             return entry.value
 
+    def readable(self, owner: str | None) -> list[tuple[str, V]]:
+        """Every record `owner` may read, least recently used first, read from its file where a
+        previous run wrote it (blocking: call it off the event loop); none is marked as used."""
+        with self._lock:
+            out = []
+            for record_id, entry in list(self._records.items()):
+                entry = self._loaded(record_id, entry)
+                if entry is not None and may_read(entry.owner, owner):
+                    out.append((record_id, entry.value))
+            return out
+
     def delete(self, record_id: str, owner: str | None) -> None:
         with self._lock:
             entry = self._readable(record_id, owner)

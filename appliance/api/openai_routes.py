@@ -16,7 +16,7 @@ from ..config import Config, GroupConfig
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, PromptScored, TextDelta, TokenLogprob
 from .errors import ApiError, bad_request, decoded
-from ..engine.client import Generations, Outcome, collect, fit_max_tokens
+from ..engine.client import Generations, Outcome, Outcomes, collect, fit_max_tokens
 from ..engine.sampling import with_seed_offset
 from .generation import (
     ENGINE_ERRORS,
@@ -63,7 +63,10 @@ from .schemas import (
 )
 
 if TYPE_CHECKING:  # group_chat imports this module
+    from .chat_completion_routes import StoredChatRoutes
     from .group_chat import GroupChat
+
+Keep = Callable[[ChatCompletion], None]  # stores a chat answer made with `store: true`
 
 FINGERPRINT = "eie"
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
@@ -130,6 +133,7 @@ class OpenAIRoutes:
         self.manager = manager
         self.created = int(time.time())
         self.groups: GroupChat | None = None  # a group asked as a model (api/group_chat.py; set by the app)
+        self.stored: StoredChatRoutes | None = None  # stored chat completions (set by the app)
 
     async def models(self, request: Request) -> None:
         cards = [card for name, r in self.manager.runners.items() for card in self._cards(name, r)]
@@ -206,11 +210,15 @@ class OpenAIRoutes:
 
     async def _chat(self, request: Request) -> None:
         req: ChatRequest = decoded(_chat_decoder, await request.body(self.config.server.limits.max_body_bytes))
+        asked = req
+        keep: Keep | None = (lambda c: self.stored.keep(asked, c)) if req.store and self.stored is not None else None
         group = self.config.group(req.model)  # a group may not share a model's name (config.py)
         if group is not None and self.groups is not None:
             if req.functions is not None:
                 raise bad_request("a group takes tools, not the deprecated functions", param="functions")
-            await self.groups.chat(request, req, group)
+            if keep is not None and req.stream:
+                raise bad_request("a group's streamed answer is not stored: leave out stream or store", param="store")
+            await self.groups.chat(request, req, group, keep)
             return
         req, legacy = legacy_functions.as_tools(req)
         runner = await generation_runner(self.manager, req.model, req.lora, request if req.stream else None)
@@ -232,8 +240,9 @@ class OpenAIRoutes:
             for i in range(req.n)
         ])
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
-                        lambda *a: self._chat_stream(*a, shape=shape, legacy=legacy),
-                        lambda *a: self._chat_response(*a, shape=shape, legacy=legacy), req.model, top is not None)
+                        lambda *a: self._chat_stream(*a, shape=shape, legacy=legacy, keep=keep),
+                        lambda *a: _kept(self._chat_response(*a, shape=shape, legacy=legacy), keep), req.model,
+                        top is not None)
 
     async def _completions(self, request: Request) -> None:
         req: CompletionRequest = decoded(_completion_decoder, await request.body(self.config.server.limits.max_body_bytes))
@@ -302,10 +311,17 @@ class OpenAIRoutes:
                               system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
-                           logprobs: bool, shape: AnswerShape = AnswerShape(), legacy: bool = False) -> None:
+                           logprobs: bool, shape: AnswerShape = AnswerShape(), legacy: bool = False,
+                           keep: Keep | None = None) -> None:
+        """`keep`: the answer, whole, is stored once every choice has ended (before [DONE])."""
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         sse = EventStream(request)
+        outcomes = Outcomes(len(gens.requests)) if keep is not None else None
+
+        def whole() -> None:
+            answer = self._chat_response(outcomes.result(), model, logprobs, shape, legacy)
+            keep(msgspec.structs.replace(answer, id=cid, created=created))
         readers: dict[int, AnswerReader] = {}  # each choice's, unless the text goes out as it is
 
         def chunk(choices, usage=None) -> ChatCompletionChunk:
@@ -359,6 +375,7 @@ class OpenAIRoutes:
             sse, gens, include_usage,
             first=lambda i: chunk([ChatChunkChoice(i, Delta(role="assistant", content=""))]),
             delta=delta, final=final, usage=lambda u: chunk([], u),
+            seen=outcomes.add if outcomes is not None else None, done=whole if keep is not None else None,
         )
 
     # ---- completions -----------------------------------------------------------------------
@@ -409,8 +426,10 @@ class OpenAIRoutes:
 
     @staticmethod
     async def _stream(sse: EventStream, gens: Generations, include_usage: bool, *, first, delta, final, usage,
-                      scored=None) -> None:
-        """Relay events as SSE; a failure before the first byte keeps its HTTP status."""
+                      scored=None, seen: Callable[[int, object], None] | None = None,
+                      done: Callable[[], None] | None = None) -> None:
+        """Relay events as SSE; a failure before the first byte keeps its HTTP status. `seen`
+        sees every event; `done` runs once every sequence has ended well, before [DONE]."""
         opened: set[int] = set()
         prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per sequence
         completion = 0
@@ -424,6 +443,8 @@ class OpenAIRoutes:
                     await sse.raw(b"data: " + err.body() + b"\n\n")
                     gens.cancel()
                     break
+                if seen is not None:
+                    seen(i, ev)
                 if first is not None and i not in opened:
                     opened.add(i)
                     await sse.event(first(i))
@@ -443,10 +464,19 @@ class OpenAIRoutes:
                 if include_usage:
                     prompt, cached = next(iter(prompt_tokens.values()), (0, 0))
                     await sse.event(usage(_usage(prompt, completion, cached, details)))
+                if done is not None:
+                    done()
             await sse.raw(b"data: [DONE]\n\n")
             await sse.close()
         except OSError:  # client went away mid-stream
             gens.cancel()
+
+
+def _kept(answer: ChatCompletion, keep: Keep | None) -> ChatCompletion:
+    """The answer, stored first where its request asked (`store: true`)."""
+    if keep is not None:
+        keep(answer)
+    return answer
 
 
 def _candidates(req: CompletionRequest) -> int:

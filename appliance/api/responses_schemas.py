@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from .schemas import BudgetTokens, ChatTokenLogprob, MaxTokens, ReasoningEffort, SamplingKnobs
+from .schemas import BudgetTokens, ChatTokenLogprob, MaxTokens, Metadata, ReasoningEffort, SamplingKnobs
 
 
 class ResponsesTool(Struct, frozen=True, omit_defaults=True):
@@ -48,8 +48,6 @@ class ReasoningConfig(Struct, frozen=True):
     summary: str | None = None
 
 
-Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
-                     Meta(max_length=16)]
 IncludeValue = Literal["message.output_text.logprobs", "reasoning.encrypted_content",
                        "file_search_call.results", "web_search_call.action.sources",
                        "code_interpreter_call.outputs", "computer_call_output.output.image_url",

@@ -16,6 +16,9 @@ Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 MaxTokens = Annotated[int, Meta(ge=1, le=1_048_576)]
 StopList = Annotated[list[Annotated[str, Meta(min_length=1, max_length=512)]], Meta(max_length=16)]
+# OpenAI's metadata: up to 16 pairs, keys up to 64 characters, values up to 512
+Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+                     Meta(max_length=16)]
 
 
 class TextPart(Struct, frozen=True, forbid_unknown_fields=False):
@@ -186,6 +189,10 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     # The deprecated form of tools and tool_choice (api/legacy_functions.py).
     functions: Annotated[list[FunctionDef], Meta(max_length=128)] | None = None
     function_call: Literal["none", "auto"] | ToolChoiceFunction | None = None
+    # OpenAI's stored chat completions: keep the answer and its messages for GET
+    # /v1/chat/completions/{id} and the list (api/chat_completion_routes.py), with its metadata.
+    store: bool = False
+    metadata: Metadata | None = None
     # OpenAI's fields this server cannot honour, decoded only to be refused by name (ignoring
     # them would answer another question): audio output, web search.
     audio: Any = None
@@ -380,6 +387,18 @@ class ChatCompletion(Struct, frozen=True):
     usage: Usage
     object: str = "chat.completion"
     system_fingerprint: str | None = None
+
+
+class ChatCompletionUpdate(Struct, frozen=True, kw_only=True):
+    """POST /v1/chat/completions/{id}: a stored completion's new metadata (null: none)."""
+
+    metadata: Metadata | None
+
+
+class ChatCompletionDeleted(Struct, frozen=True):
+    id: str
+    object: str = "chat.completion.deleted"
+    deleted: bool = True
 
 
 class FunctionCallDelta(Struct, frozen=True, omit_defaults=True):

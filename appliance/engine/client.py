@@ -189,29 +189,43 @@ class Generations:
                 Generations.live.discard(self)
 
 
+class Outcomes:
+    """Each sequence's outcome, gathered from its events (collect; a stream that keeps its answer)."""
+
+    def __init__(self, n: int):
+        self._outs = [Outcome() for _ in range(n)]
+        self._parts: list[list[str]] = [[] for _ in range(n)]
+
+    def add(self, i: int, ev: Event) -> None:
+        """One event of sequence i (a failure adds nothing)."""
+        if isinstance(ev, TextDelta):
+            self._parts[i].append(ev.text)
+            self._outs[i].logprobs.extend(ev.logprobs)
+        elif isinstance(ev, PromptScored):
+            self._outs[i].prompt_logprobs = ev.logprobs
+        elif isinstance(ev, Finished):
+            o = self._outs[i]
+            o.finish_reason, o.prompt_tokens, o.completion_tokens = ev.reason, ev.prompt_tokens, ev.completion_tokens
+            o.cached_tokens, o.reasoning_tokens = ev.cached_tokens, ev.reasoning_tokens
+            o.accepted_prediction_tokens = ev.accepted_prediction_tokens
+            o.rejected_prediction_tokens = ev.rejected_prediction_tokens
+            o.mean_logprob = ev.mean_logprob
+
+    def result(self) -> list[Outcome]:
+        for o, parts in zip(self._outs, self._parts):
+            o.text = "".join(parts)
+        return self._outs
+
+
 async def collect(gens: Generations) -> list[Outcome]:
     """Run to completion; the first failure cancels the rest and raises GenerationFailed."""
-    outs = [Outcome() for _ in gens.requests]
-    parts: list[list[str]] = [[] for _ in gens.requests]
+    outcomes = Outcomes(len(gens.requests))
     try:
         async for i, ev in gens.events():
-            if isinstance(ev, TextDelta):
-                parts[i].append(ev.text)
-                outs[i].logprobs.extend(ev.logprobs)
-            elif isinstance(ev, PromptScored):
-                outs[i].prompt_logprobs = ev.logprobs
-            elif isinstance(ev, Finished):
-                o = outs[i]
-                o.finish_reason, o.prompt_tokens, o.completion_tokens = ev.reason, ev.prompt_tokens, ev.completion_tokens
-                o.cached_tokens, o.reasoning_tokens = ev.cached_tokens, ev.reasoning_tokens
-                o.accepted_prediction_tokens = ev.accepted_prediction_tokens
-                o.rejected_prediction_tokens = ev.rejected_prediction_tokens
-                o.mean_logprob = ev.mean_logprob
-            else:
+            if isinstance(ev, Failed):
                 raise GenerationFailed(ev)
+            outcomes.add(i, ev)
     finally:
         if gens.pending:
             gens.cancel()
-    for i, o in enumerate(outs):
-        o.text = "".join(parts[i])
-    return outs
+    return outcomes.result()
