@@ -124,6 +124,7 @@ class App:
             "/v1/models": {"GET": Route(self.openai.models, "key")},
             "/v1/models/{model_id}": {"GET": Route(self.openai.model, "key")},
             "/v1/responses": {"POST": Route(self.responses.create, "key", True)},
+            "/v1/responses/input_tokens": {"POST": Route(self.responses.input_tokens, "key")},
             "/v1/messages": {"POST": Route(self.anthropic.messages, "key", True, error_body=anthropic_error)},
             "/v1/messages/count_tokens": {"POST": Route(self.anthropic.count_tokens, "key",
                                                         error_body=anthropic_error)},

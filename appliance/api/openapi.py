@@ -69,6 +69,8 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/responses", "OpenAI Responses API: a response (stream: server-sent events; background: "
        "queued at once, then read with GET; both: its events, which GET with stream=true reads again)",
        rs.ResponsesRequest, rs.Response),
+    Op("post", "/v1/responses/input_tokens", "The prompt tokens a response to this request would have",
+       rs.InputTokensRequest, rs.InputTokenCount),
     Op("get", "/v1/responses/{response_id}", "A stored response, or a streamed background response's events",
        None, rs.Response, query=(("stream", "true: the response's events as server-sent events (a background "
                                             "response made with stream), live until it ends"),

@@ -42,6 +42,8 @@ from .responses_schemas import (
     ConversationRef,
     DeletedResponse,
     FunctionCallItem,
+    InputTokenCount,
+    InputTokensRequest,
     MessageItem,
     ReasoningConfig,
     Response,
@@ -51,6 +53,7 @@ from .responses_schemas import (
 from .schemas import ChatMessage, FunctionCall, ToolCall
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
+_count_decoder = msgspec.json.Decoder(InputTokensRequest)
 log = logging.getLogger("eie.responses")
 
 
@@ -73,11 +76,7 @@ class ResponsesRoutes:
     async def _create(self, request: Request) -> None:
         req: ResponsesRequest = decoded(_decoder, await request.body(self.config.server.limits.max_body_bytes))
         owner = context.key_id()
-        items = responses_input.items(req.input)
-        conversation_id = _conversation_id(req)
-        turns = responses_input.messages(items)
-        history = (self._in_conversation(conversation_id, owner, items) if conversation_id is not None
-                   else self._after_previous(req, owner, turns))
+        items, conversation_id, turns, history = self._history(req, owner)
         chat = responses_input.chat_request(req, history.messages)
         cut = 0
         base = Response(
@@ -135,6 +134,32 @@ class ResponsesRoutes:
                 await _relay(request, events, -1)
             return
         await answer(request, ResponseEvents(base, bool(chat.logprobs), keep))
+
+    async def input_tokens(self, request: Request) -> None:
+        """POST /v1/responses/input_tokens: the prompt tokens a response to this request would
+        have (its conversation or previous responses, instructions, tools, `truncation: auto`)."""
+        with errors_renamed(responses_input.renamed):
+            req: InputTokensRequest = decoded(_count_decoder,
+                                              await request.body(self.config.server.limits.max_body_bytes))
+            if self.config.group(req.model) is not None:
+                raise bad_request("a group's members each count their own prompt: name a model", param="model")
+            _, _, _, history = self._history(req, context.key_id())
+            runner = await generation_runner(self.manager, req.model)
+            cut = await self._cut(runner, req, history.messages, history.floor) if req.truncation == "auto" else 0
+            prompt, _ = await chat_prompt(runner, responses_input.chat_request(req, truncation.kept(history.messages,
+                                                                                                   cut)))
+        await request.json(200, InputTokenCount(len(prompt)))
+
+    def _history(self, req: ResponsesRequest, owner: str | None
+                 ) -> tuple[list[dict[str, Any]], str | None, list[ChatMessage], _History]:
+        """The request's input items, its conversation's id, its turns, and the whole history its
+        prompt is made of (a conversation's items or the previous responses' turns, then them)."""
+        items = responses_input.items(req.input)
+        conversation_id = _conversation_id(req)
+        turns = responses_input.messages(items)
+        history = (self._in_conversation(conversation_id, owner, items) if conversation_id is not None
+                   else self._after_previous(req, owner, turns))
+        return items, conversation_id, turns, history
 
     def _after_previous(self, req: ResponsesRequest, owner: str | None, turns: list[ChatMessage]) -> _History:
         """The conversation up to `previous_response_id`'s answer, then this input (`turns`)."""

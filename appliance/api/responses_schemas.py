@@ -176,6 +176,18 @@ class Response(Struct, frozen=True, kw_only=True):
     conversation: ConversationRef | None = None
 
 
+class InputTokensRequest(ResponsesRequest, frozen=True, kw_only=True):
+    """POST /v1/responses/input_tokens: a response's request, whose input may be left out (the
+    conversation or previous response alone)."""
+
+    input: str | list[Any] = []
+
+
+class InputTokenCount(Struct, frozen=True):
+    input_tokens: int
+    object: str = "response.input_tokens"
+
+
 class DeletedResponse(Struct, frozen=True):
     id: str
     object: str = "response.deleted"

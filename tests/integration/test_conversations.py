@@ -64,6 +64,16 @@ def test_items_are_added_read_listed_and_deleted(client):
         client.conversations.retrieve(conversation.id)
 
 
+def test_input_tokens_counts_a_conversations_items(client):
+    conversation = client.conversations.create(items=NAME)
+    counted = client.responses.input_tokens.count(model="smol", conversation=conversation.id)
+    with_input = client.responses.input_tokens.count(model="smol", conversation=conversation.id,
+                                                     input="What is my name?")
+    made = client.responses.create(model="smol", conversation=conversation.id, input="What is my name?",
+                                   max_output_tokens=4, temperature=0)
+    assert counted.input_tokens < with_input.input_tokens == made.usage.input_tokens
+
+
 @pytest.mark.parametrize("method,path,body,status,param", [
     ("POST", "/v1/responses", {"model": "smol", "input": "Hi", "conversation": "conv_nothing"}, 404, "conversation"),
     ("POST", "/v1/responses", {"model": "smol", "input": "Hi", "conversation": {"id": 3}}, 400, "conversation"),

@@ -140,6 +140,29 @@ def test_stored_responses_are_read_listed_and_deleted(server, client):
     assert 'endpoint="/v1/responses/{response_id}"' in metrics and made.id not in metrics
 
 
+def test_input_tokens_counts_the_prompt_a_response_would_have(server, client):
+    """POST /v1/responses/input_tokens: the input_tokens a response to the same request reports,
+    with instructions and tools, and after previous responses."""
+    ask = {"model": "smol", "instructions": "Answer briefly.", "input": "What is the weather in Paris?",
+           "tools": WEATHER}
+    counted = client.responses.input_tokens.count(**ask)
+    assert counted.object == "response.input_tokens"
+    made = client.responses.create(max_output_tokens=8, temperature=0, **ask)
+    assert counted.input_tokens == made.usage.input_tokens
+    assert client.responses.input_tokens.count(model="smol", input="Hi").input_tokens < counted.input_tokens
+    after = {"model": "smol", "previous_response_id": made.id, "input": "And in Rome?"}
+    counted_after = client.responses.input_tokens.count(**after)
+    assert counted_after.input_tokens == client.responses.create(max_output_tokens=4, temperature=0,
+                                                                 **after).usage.input_tokens
+    alone = client.responses.input_tokens.count(model="smol", input="And in Rome?")
+    assert counted_after.input_tokens > alone.input_tokens  # the earlier turns are in it
+    for body, param in (({"input": "Hi"}, "model"), ({"model": "nope", "input": "Hi"}, "model"),
+                        ({"model": "smol", "input": "Hi", "previous_response_id": "resp_none"},
+                         "previous_response_id")):
+        r = httpx.post(server.base + "/v1/responses/input_tokens", headers=AUTH, json=body)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
 def test_function_calls_and_their_outputs(server, client):
     called = client.responses.create(model="smol", input="What is the weather in Paris?", tools=WEATHER,
                                      tool_choice="required", parallel_tool_calls=False, temperature=0)

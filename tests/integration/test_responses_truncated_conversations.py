@@ -1,6 +1,7 @@
 """truncation: auto through the real server: a conversation longer than the context goes on
 without its oldest turns (refused without it), the cut stays put while the turns after it fit
-(their prompts start alike, and the prefix cache restores them), and what cannot be cut (the
+(their prompts start alike, and the prefix cache restores them; /v1/responses/input_tokens
+counts each prompt as it is cut), and what cannot be cut (the
 latest turn alone too long, a group) is refused naming the field."""
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ def srv(server_factory):
                           "responses-truncation")
 
 
-def ask(srv, after: dict, turn: int, **body) -> httpx.Response:
-    return httpx.post(srv.base + "/v1/responses", timeout=120, json={
+def ask(srv, after: dict, turn: int, path: str = "/v1/responses", **body) -> httpx.Response:
+    return httpx.post(srv.base + path, timeout=120, json={
         "model": "smol", "temperature": 0, "max_output_tokens": 8, "instructions": "Answer in one word.",
         "input": f"Note {turn}: {GPL[turn * 400:(turn + 1) * 400]}", **after, **body})
 
@@ -37,9 +38,11 @@ def test_a_long_conversation_goes_on_without_its_oldest_turns(srv, kept_in):
         after = {}
     prompts, cached = [], []
     for turn in range(9):
+        counted = ask(srv, after, turn, "/v1/responses/input_tokens", truncation="auto")
         r = ask(srv, after, turn, truncation="auto")
         assert r.status_code == 200, r.text
         response = r.json()
+        assert counted.json()["input_tokens"] == response["usage"]["input_tokens"]  # the cut counted as made
         assert response["truncation"] == "auto" and response["status"] in ("completed", "incomplete")
         if len(prompts) >= 4 and prompts[-1] > 300:
             refused = ask(srv, after, turn)  # the same turn without truncation: over the context
