@@ -101,18 +101,29 @@ class JsonStore(Generic[V]):
         where that file no longer reads (it goes)."""
         if entry.value is not None:
             return entry
-        path = self._file(record_id)
+        return self._install(record_id, entry, self._read(record_id))
+
+    def _read(self, record_id: str) -> tuple[V, str | None, int] | Exception:
+        """A file a previous run wrote, decoded (record, owner, size), or why it does not read."""
         try:
-            data = path.read_bytes()
-            entry.value, entry.owner = self._decode(record_id, data)
+            data = self._file(record_id).read_bytes()
+            value, owner = self._decode(record_id, data)
         except (OSError, ValueError, msgspec.MsgspecError) as e:
-            log.warning("dropping an unreadable stored record %s: %s", path.name, e)
+            return e
+        return value, owner, len(data)
+
+    def _install(self, record_id: str, entry: _Entry[V], read: tuple[V, str | None, int] | Exception
+                 ) -> _Entry[V] | None:
+        """`entry` with what its file held (under the lock); an unreadable file's record goes."""
+        if isinstance(read, Exception):
+            log.warning("dropping an unreadable stored record %s: %s", self._file(record_id).name, read)
             del self._records[record_id]
             self._bytes -= entry.size
             self._forget(record_id)
             return None
-        self._bytes += len(data) - entry.size
-        entry.size = len(data)
+        entry.value, entry.owner, size = read
+        self._bytes += size - entry.size
+        entry.size = size
         return entry
 
     def close(self) -> None:
@@ -204,12 +215,16 @@ class JsonStore(Generic[V]):
         """Every record `owner` may read, least recently used first, read from its file where a
         previous run wrote it (blocking: call it off the event loop); none is marked as used."""
         with self._lock:
-            out = []
-            for record_id, entry in list(self._records.items()):
-                entry = self._loaded(record_id, entry)
-                if entry is not None and may_read(entry.owner, owner):
-                    out.append((record_id, entry.value))
-            return out
+            unread = [record_id for record_id, entry in self._records.items() if entry.value is None]
+        for record_id in unread:  # each file read outside the lock: the event loop's puts and gets go on
+            read = self._read(record_id)
+            with self._lock:
+                entry = self._records.get(record_id)
+                if entry is not None and entry.value is None:
+                    self._install(record_id, entry, read)
+        with self._lock:
+            return [(record_id, entry.value) for record_id, entry in self._records.items()
+                    if entry.value is not None and may_read(entry.owner, owner)]
 
     def delete(self, record_id: str, owner: str | None) -> None:
         with self._lock:
