@@ -103,8 +103,8 @@ def test_404_unknown_model_and_endpoint(strict_server):
     assert err["code"] == "model_not_found" and err["param"] == "model"
     r = post(strict_server, "/v1/nothing", chat())
     assert r.status_code == 404
-    r = httpx.get(strict_server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 405
+    r = httpx.delete(strict_server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "POST"}
 
 
 def test_413_body_too_large(strict_server):

@@ -112,7 +112,10 @@ def test_a_streamed_fanout_gets_keepalives_while_its_samples_run(server):
     assert r.status_code == 200
     assert keepalives_before_data(lines)
     events = [json.loads(line[6:]) for _, line in lines if line.startswith("data: ")]
-    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    # (whether the chosen sample ends before max_output_tokens depends on the CPU's kernels: a
+    # seeded draw at temperature 0.8 differs from one host to another)
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
     assert events[-1]["response"]["output"][0]["content"][0]["text"]
 
 
