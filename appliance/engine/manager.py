@@ -158,7 +158,12 @@ class ModelManager:
                            cache_dir=self.config.cache_dir(), cancel=self._stop,
                            adapter_files=[(a.name, self.config.adapter_path(a)) for a in cfg.lora],
                            control_files=self.config.control_files(cfg),
-                           preempt_background=self.config.server.batches.preempt)
+                           preempt_background=self.config.server.batches.preempt, park_room=self._park_room)
+
+    def _park_room(self) -> int:
+        """Host memory a parked background sequence's state may take: what is available beyond
+        vram.reserve_mb (parked states are host memory whatever device holds the KV)."""
+        return memory.ram().free_bytes - self.config.vram.reserve_mb * MIB
 
     def _adapter_estimate(self, cfg: ModelConfig) -> int:
         """What the model's LoRA adapters and control vectors will take: their files' size (an

@@ -124,6 +124,9 @@ Event = TextDelta | PromptScored | Finished | Failed
 Sink = Callable[[Event], None]
 
 
+PARK_RETRY_S = 0.5  # how soon a park declined for want of host memory is weighed again
+
+
 class QueueFull(Exception):
     pass
 
@@ -180,6 +183,7 @@ class _Sequence:
         "migrated",
         "background",
         "parked",
+        "park_declined",
         "deadline",
         "since",
     )
@@ -191,6 +195,7 @@ class _Sequence:
         # Its KV state while it is parked (out of its slot, for an interactive request: priority.py),
         # empty where it had none yet; None while it is not parked.
         self.parked: bytes | bytearray | None = None
+        self.park_declined = False  # parking it was declined once for want of host memory (counted once)
         # The request's deadline; a background sequence's moves on by the time it spends out of a
         # slot (waiting or parked), so yielding to interactive work never times it out.
         self.deadline = req.deadline
@@ -269,10 +274,13 @@ class ModelRunner:
                  cache_dir: Path | None = None, cancel: threading.Event | None = None,
                  adapter_files: list[tuple[str, Path]] | None = None,
                  control_files: list[tuple[Path, float]] | None = None,
-                 preempt_background: bool = True):
+                 preempt_background: bool = True, park_room: Callable[[], int] | None = None):
         self.cfg = cfg
-        # Background sequences give their slot to interactive ones that find none (engine/priority.py).
+        # Background sequences give their slot to interactive ones that find none (engine/priority.py),
+        # where their state fits in the host memory `park_room()` says is free for it (bytes).
         self.preempt_background = preempt_background
+        self.park_room = park_room or (lambda: 1 << 62)
+        self._park_retry_at = 0.0  # a park declined for room is not weighed again before then
         self.adapter_files = adapter_files or []  # (name, path) of the model's LoRA adapters, in cfg.lora order
         self.control_files = control_files or []  # (path, scale) of the model's control vectors
         self.adapters: list[LoadedAdapter] = []
@@ -324,7 +332,8 @@ class ModelRunner:
                       "prefix_live_hits": 0, "prefix_ram_hits": 0, "prefix_disk_hits": 0, "prefix_misses": 0,
                       "prefix_tokens_restored": 0, "grammar_sequences": 0, "grammar_masks": 0,
                       "grammar_dead_ends": 0, "prompt_tokens_scored": 0, "embedded_inputs": 0,
-                      "reasoning_budget_cuts": 0, "adapter_switches": 0, "background_preemptions": 0}
+                      "reasoning_budget_cuts": 0, "adapter_switches": 0, "background_preemptions": 0,
+                      "background_parks_declined": 0}
         # work for the runner thread between two steps, with the future its caller waits on
         self._commands: collections.deque[tuple[Callable[[], None], concurrent.futures.Future]] = collections.deque()
         self.kv_changes: collections.deque[dict] = collections.deque(maxlen=32)  # newest last
@@ -873,6 +882,8 @@ class ModelRunner:
     def _preempt(self) -> None:
         """Park background sequences for the interactive ones that found no slot, and admit
         those. A sequence others copy their prompt from (fan-out) stays: they read its KV."""
+        if time.monotonic() < self._park_retry_at:
+            return
         with self._cond:
             starved = sum(1 for s in self._waiting if not s.background and not s.cancelled)
             if not starved:
@@ -880,7 +891,19 @@ class ModelRunner:
             leaders = {id(s.leader) for s in (*self._active, *self._waiting) if s.leader is not None}
             candidates = [s for s in self._active if s.background and not s.cancelled and id(s) not in leaders]
             chosen = priority.victims(starved, len(self._free_ids), candidates, lambda s: s.pos)
-        parked = [seq for seq in chosen if self._park(seq)]
+        room = self.park_room() if chosen else 0
+        parked = []
+        for seq in chosen:
+            size = lc.llama_state_seq_get_size(self.loaded.ctx, seq.seq_id) if seq.pos > 0 else 0
+            if size > room:  # the host has no room for its state: the interactive request waits
+                if not seq.park_declined:
+                    seq.park_declined = True
+                    self.stats["background_parks_declined"] += 1
+                self._park_retry_at = time.monotonic() + PARK_RETRY_S
+                continue
+            if self._park(seq):
+                parked.append(seq)
+                room -= size
         if parked:
             with self._cond:
                 self._admit_locked()

@@ -35,6 +35,7 @@ RUNNER_COUNTERS = {
     "kv_migrations": ("eie_kv_type_changes", "KV cache type changes (adaptive or requested)"),
     "kv_migration_reverts": ("eie_kv_type_change_reverts", "KV type changes whose new context could not be made, the old types put back"),
     "background_preemptions": ("eie_background_preemptions", "Background (batch) sequences parked to give their slot to an interactive request"),
+    "background_parks_declined": ("eie_background_parks_declined", "Background (batch) sequences left in their slot because the host had no memory for their state (the interactive request waited)"),
     "adapter_switches": ("eie_lora_adapter_switches", "Decodes that changed the context's LoRA adapters (models[].lora; each makes llama.cpp reserve its graph again)"),
     "speculative_drafted": ("eie_speculative_drafted_tokens", "Draft tokens proposed by speculative decoding"),
     "speculative_accepted": ("eie_speculative_accepted_tokens", "Draft tokens accepted by the verifier"),

@@ -2,8 +2,8 @@
 real SmolLM2 with one slot: the background sequence is parked (its KV state to host memory) and
 resumes from it when the slot is free again, its answer, sampled with a seed and a repetition
 penalty, the very one it gets alone; a parked sequence can be cancelled and ends at a shutdown;
-with preempt off the interactive one waits; the time a background sequence waits out of a slot
-does not count against its deadline."""
+with preempt off, or no host memory for the state, the interactive one waits; the time a
+background sequence waits out of a slot does not count against its deadline."""
 
 from __future__ import annotations
 
@@ -147,3 +147,20 @@ def test_waiting_for_a_slot_does_not_count_against_a_background_deadline(no_pree
     in_background(runner.submit, late, batch)
     batch.wait()
     assert ends == [chat, batch] and time.monotonic() - t0 > 2.0  # it ran after its deadline had passed
+
+
+def test_a_state_the_host_has_no_room_for_is_not_parked(one_model_manager):
+    """The room comes from the host's free memory (less vram.reserve_mb); with none, the
+    interactive sequence waits for the slot, and the decline is counted once."""
+    runner = one_model_manager.load("m")
+    assert runner.park_room() > 0  # the manager's: this host's free memory beyond the reserve
+    runner.park_room = lambda: 0
+    ends: list[Answer] = []
+    batch, chat = Answer(after=10, ends=ends), Answer(ends=ends)
+    in_background(runner.submit, story(runner, max_tokens=80), batch)
+    assert batch.started.wait(30)
+    runner.submit(quick(runner), chat)
+    batch.wait()
+    chat.wait()
+    assert ends == [batch, chat]
+    assert runner.stats["background_preemptions"] == 0 and runner.stats["background_parks_declined"] == 1
