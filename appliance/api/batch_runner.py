@@ -2,9 +2,9 @@
 server's own route for the batch's endpoint (as its key, without its per-key limits), a few at a
 time (server.batches.concurrent_requests), at background priority (engine/priority.py: behind
 every other request, never in a model's last free slot, parked for an interactive request that
-finds every slot taken). Its input file is read a line at a time (batch_input.py). A request refused because a queue is
-full or a model is loading is tried again later; its answer, whatever its status, is the line's
-result. A stop (SIGTERM) leaves the batch in progress: the requests it cut short run again after
+finds every slot taken). Its input file is read a line at a time (batch_input.py). A request
+refused because a queue is full or a model is loading is tried again later; its answer,
+whatever its status, is the line's result. A stop (SIGTERM) leaves the batch in progress: the requests it cut short run again after
 the restart, the finished ones do not."""
 
 from __future__ import annotations

@@ -122,8 +122,8 @@ def no_preempt(one_model_manager):
     return runner
 
 
-def test_without_preempt_the_interactive_sequence_waits(no_preempt):
-    runner = no_preempt
+def chat_waits_for_the_batch(runner) -> None:
+    """A chat sequence sent while a batch's holds the only slot ends after it."""
     ends: list[Answer] = []
     batch, chat = Answer(after=10, ends=ends), Answer(ends=ends)
     in_background(runner.submit, story(runner, max_tokens=60), batch)
@@ -133,6 +133,10 @@ def test_without_preempt_the_interactive_sequence_waits(no_preempt):
     chat.wait()
     assert ends == [batch, chat]
     assert runner.stats["background_preemptions"] == 0
+
+
+def test_without_preempt_the_interactive_sequence_waits(no_preempt):
+    chat_waits_for_the_batch(no_preempt)
 
 
 def test_waiting_for_a_slot_does_not_count_against_a_background_deadline(no_preempt):
@@ -155,12 +159,5 @@ def test_a_state_the_host_has_no_room_for_is_not_parked(one_model_manager):
     runner = one_model_manager.load("m")
     assert runner.park_room() > 0  # the manager's: this host's free memory beyond the reserve
     runner.park_room = lambda: 0
-    ends: list[Answer] = []
-    batch, chat = Answer(after=10, ends=ends), Answer(ends=ends)
-    in_background(runner.submit, story(runner, max_tokens=80), batch)
-    assert batch.started.wait(30)
-    runner.submit(quick(runner), chat)
-    batch.wait()
-    chat.wait()
-    assert ends == [batch, chat]
-    assert runner.stats["background_preemptions"] == 0 and runner.stats["background_parks_declined"] == 1
+    chat_waits_for_the_batch(runner)
+    assert runner.stats["background_parks_declined"] == 1
