@@ -37,6 +37,7 @@ from .adapters import AdapterSet, lora_set
 
 log = logging.getLogger("eie.manager")
 MIB = 1024 * 1024
+PREPARING_GRACE_S = 10.0  # how long a request that took a runner may take to submit before the keep-alive ignores it
 # Prefix-cache disk writes wait for this long without any decoding (between two steps of a
 # running request the cores are free for a moment only), but at most WRITE_MAX_DEFER_S after
 # they were queued.
@@ -113,6 +114,9 @@ class ModelManager:
         self.estimates: dict[str, Estimate | None] = {}
         self._estimated: dict[str, ModelConfig] = {}  # the config each estimate was made for
         self.last_used: dict[str, float] = {}
+        # When a request last took the model's runner (ready_runner): until its sequences are
+        # submitted the runner looks idle, and the keep-alive must not unload it under the request.
+        self.asked_at: dict[str, float] = {}
         # The adapter sets names were given by POST /lora-adapters (llama-server's global scales),
         # in place of the set the config gives them (none for a model's own name); kept until a
         # reload changes the model's adapters.
@@ -748,6 +752,13 @@ class ModelManager:
         idle_since = now if runner.running() or runner.queue_depth() else self._idle_since(name, now)
         return time.time() + max(0.0, idle_since + limit - now)
 
+    def _preparing(self, name: str, now: float) -> bool:
+        """Whether a request took the model's runner after its last sequence ended and may still
+        be making its prompt (for at most PREPARING_GRACE_S: one that failed before submitting
+        holds the model no longer)."""
+        asked = self.asked_at.get(name, 0.0)
+        return asked > self.runners[name].last_finished and now - asked < PREPARING_GRACE_S
+
     def _idle_since(self, name: str, now: float) -> float:
         """When `name` was last asked for or last finished a sequence (monotonic)."""
         return max(self.last_used.get(name, now), self.runners[name].last_finished)
@@ -803,7 +814,7 @@ class ModelManager:
 
     async def _ready_model(self, name: str) -> ModelRunner:
         runner = self.runners[name]
-        self.last_used[name] = time.monotonic()
+        self.last_used[name] = self.asked_at[name] = time.monotonic()
         if runner.state == "ready":
             return runner
         if runner.state == "failed" and not self.policy.loads_on_demand:
@@ -815,7 +826,7 @@ class ModelManager:
         runner = await self.load_async(name, self.config.policy.load_timeout_s)
         if runner.state != "ready":
             raise NotReady(runner.error or runner.state)
-        self.last_used[name] = time.monotonic()
+        self.last_used[name] = self.asked_at[name] = time.monotonic()
         return runner
 
     def _janitor(self) -> None:
@@ -833,7 +844,7 @@ class ModelManager:
                         ka = self.idle_limit_s(name)
                         idle_since = self._idle_since(name, now)
                         if (ka is not None and r.state == "ready" and not r.running() and not r.queue_depth()
-                                and now - idle_since > ka):
+                                and now - idle_since > ka and not self._preparing(name, now)):
                             self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")
                     for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():
                         if self.used(budget) <= budget.low or budget.scope in adapting:

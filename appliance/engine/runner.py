@@ -528,6 +528,8 @@ class ModelRunner:
             if first is not seq:
                 seq.leader = first
         with self._cond:
+            if self._stopping:  # the runner thread may have read its queue for the last time
+                raise NotReady("the model was unloaded")
             held = len(self._active) + len(self._waiting) + len(self._parked)
             foreground = sum(1 for s in (*self._active, *self._waiting) if not s.background)
             if len(seqs) > priority.queue_room(seqs[0].background, foreground, held - foreground, self.cfg.n_parallel,
@@ -675,6 +677,7 @@ class ModelRunner:
             self.stats["prefill_tokens"] += n
             self.stats["embedded_inputs"] += seqs
             i += seqs
+        self.last_finished = time.monotonic()  # (the keep-alive counts idleness from here)
         return out
 
     def _between_steps(self, fn: Callable[[], T]) -> "concurrent.futures.Future[T]":

@@ -12,7 +12,7 @@ import concurrent.futures
 
 import pytest
 
-from appliance.engine.runner import NotReady
+from appliance.engine.runner import GenerationRequest, NotReady
 
 
 @pytest.fixture
@@ -49,3 +49,18 @@ def test_work_queued_before_the_stop_still_runs(runner):
     assert fut.result(timeout=30) is None
     runner.stop()
     assert isinstance(fut, concurrent.futures.Future) and fut.done()
+
+
+def test_a_request_submitted_as_the_runner_stops_is_refused(runner):
+    """A request that got the runner (its state still ready) and submits once the runner thread
+    has taken its last look at the queue: refused, never queued where no one reads it (an Ollama
+    request with keep_alive 0 hung for its client's whole timeout when the keep-alive unloaded
+    its model between the request taking the runner and submitting)."""
+    prompt = runner.vocab.tokenize("Hi", add_special=True, parse_special=False)
+    with runner._cond:
+        runner._stopping = True
+        runner._cond.notify_all()
+    runner._thread.join(30)
+    assert runner.state == "ready"  # (stop() marks it stopped only after the join and the release)
+    with pytest.raises(NotReady):
+        runner.submit(GenerationRequest(prompt=prompt, max_tokens=4), lambda event: None)
