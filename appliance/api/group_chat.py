@@ -27,7 +27,7 @@ from .errors import ApiError, bad_request
 from .generation import refuse_unsupported
 from .group_routes import GroupRoutes, failure_body
 from .http import EventStream, Request
-from .openai_routes import FINGERPRINT
+from .openai_routes import FINGERPRINT, Keep
 from .schemas import (
     AssistantMessage,
     ChatChoice,
@@ -125,7 +125,7 @@ class GroupChat:
                           content_type, sse)
 
     async def chat(self, request: Request, req: ChatRequest, group: GroupConfig,
-                   keep: Callable[[ChatCompletion], None] | None = None) -> None:
+                   keep: Keep | None = None) -> None:
         """`keep`: stores the answer (`store: true`; not with stream)."""
         call = await self._call(req, group)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -888,11 +888,15 @@ class ModelRunner:
         if time.monotonic() < self._park_retry_at:
             return
         with self._cond:
+            # every step comes here: the slots (a few) first, the queue only where one could be parked
+            candidates = [s for s in self._active if s.background and not s.cancelled]
+            if not candidates:
+                return
             starved = sum(1 for s in self._waiting if not s.background and not s.cancelled)
             if not starved:
                 return
             leaders = {id(s.leader) for s in (*self._active, *self._waiting) if s.leader is not None}
-            candidates = [s for s in self._active if s.background and not s.cancelled and id(s) not in leaders]
+            candidates = [s for s in candidates if id(s) not in leaders]
             chosen = priority.victims(starved, len(self._free_ids), candidates, lambda s: s.pos)
         room = self.park_room() if chosen else 0
         parked = []
