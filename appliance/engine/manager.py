@@ -38,6 +38,8 @@ from .adapters import AdapterSet, lora_set
 log = logging.getLogger("eie.manager")
 MIB = 1024 * 1024
 PREPARING_GRACE_S = 10.0  # how long a request that took a runner may take to submit before the keep-alive ignores it
+JANITOR_BUSY_S = 0.25  # the janitor's pace while a model works, loads or changes KV types (memory moves)
+JANITOR_IDLE_S = 2.0  # its longest sleep while every model is idle: an idle appliance is not woken 4 times a second
 # Prefix-cache disk writes wait for this long without any decoding (between two steps of a
 # running request the cores are free for a moment only), but at most WRITE_MAX_DEFER_S after
 # they were queued.
@@ -130,6 +132,7 @@ class ModelManager:
         self.model_counters: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        self._janitor_wake = threading.Event()  # a request took a model, or the stop: a pass now
         self._threads: list[threading.Thread] = []
         self._loading: dict[str, threading.Event] = {}  # loads in flight, set when done
         # Loads on demand run here, one shared future per model, so requests waiting for a load
@@ -431,6 +434,7 @@ class ModelManager:
         """Stop everything. Loads still under way give up at their next check (runners share
         `_stop` as their cancel flag: engine/load_cancel.py), so a stop during the boot is quick."""
         self._stop.set()
+        self._janitor_wake.set()
         self._demand_pool.shutdown(wait=True, cancel_futures=True)
         self.wait_booted(timeout=120)
         for r in self.runners.values():
@@ -815,6 +819,7 @@ class ModelManager:
     async def _ready_model(self, name: str) -> ModelRunner:
         runner = self.runners[name]
         self.last_used[name] = self.asked_at[name] = time.monotonic()
+        self._janitor_wake.set()  # from its idle pace to the busy one
         if runner.state == "ready":
             return runner
         if runner.state == "failed" and not self.policy.loads_on_demand:
@@ -832,7 +837,15 @@ class ModelManager:
     def _janitor(self) -> None:
         """Adaptive KV changes; and, where models load on demand, unloads idle models past their
         keep-alive and idle unpinned ones above the low watermark."""
-        while not self._stop.wait(0.25):
+        while True:
+            try:
+                wait = self._janitor_wait()
+            except Exception:  # a strategy plugin's keep-alive raised: its pass below reports it
+                wait = JANITOR_BUSY_S
+            self._janitor_wake.wait(wait)
+            self._janitor_wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 with self._lock:
                     self._spill_prefixes()
@@ -859,6 +872,22 @@ class ModelManager:
                             evicted += 1
             except Exception:
                 log.exception("janitor pass failed")
+
+    def _janitor_wait(self) -> float:
+        """Seconds to the janitor's next pass: JANITOR_BUSY_S while a model works, loads, is
+        being prepared for or changes KV types; while all are idle, nothing it watches moves
+        but the clock, so it sleeps until the first keep-alive runs out (at most JANITOR_IDLE_S)."""
+        now = time.monotonic()
+        wait = JANITOR_IDLE_S
+        for name, r in list(self.runners.items()):
+            if (r.state == "loading" or r.running() or r.queue_depth() or name in self._kv_changing
+                    or (r.state == "ready" and self._preparing(name, now))):
+                return JANITOR_BUSY_S
+            if r.state == "ready" and (limit := self.idle_limit_s(name)) is not None:
+                left = self._idle_since(name, now) + limit - now
+                # past due and still loaded (its strategy kept it): the busy pace, as before
+                wait = min(wait, left if left > 0 else JANITOR_BUSY_S)
+        return max(0.05, wait)
 
     def apply_config(self, config: Config, added: list[str]) -> list[str]:
         """Take a reloaded config: new models get runners (loaded now if the strategy boots them)."""
