@@ -43,6 +43,11 @@ def _new_items(raw: list, present: list[dict]) -> list[dict]:
     return items
 
 
+def _too_large() -> ApiError:
+    return ApiError(413, "the conversation would be larger than this server keeps (server.responses.max_mb)",
+                    code="conversation_too_large")
+
+
 class ConversationRoutes:
     def __init__(self, config: Config, store: ConversationStore):
         self.config = config
@@ -69,8 +74,7 @@ class ConversationRoutes:
         if self.store.max_entries == 0:
             raise ApiError(400, "this server keeps no conversations (server.responses.max_entries is 0)")
         if not self.store.put(record):
-            raise ApiError(413, "the conversation would be larger than this server keeps (server.responses.max_mb)",
-                           code="conversation_too_large")
+            raise _too_large()
 
     async def retrieve(self, request: Request) -> None:
         await request.json(200, self._stored(request).conversation)
@@ -99,7 +103,8 @@ class ConversationRoutes:
         body: ConversationItemsCreate = await self._body(request, _add)
         record = self._stored(request)
         items = _new_items(body.items, record.items)
-        self._keep(msgspec.structs.replace(record, items=record.items + items))
+        if not self.store.add(record, items)[1]:
+            raise _too_large()
         await request.json(200, InputItemList(items, items[0]["id"], items[-1]["id"], False))
 
     def _item_at(self, request: Request, record: ConversationRecord) -> int:

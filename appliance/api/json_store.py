@@ -57,7 +57,8 @@ def not_found(kind: str, e: MissingRecord, param: str | None = None) -> ApiError
 class _Entry(Generic[V]):
     value: V | None  # None: a record a previous run wrote, not read yet
     owner: str | None
-    size: int  # bytes counted against the store's cap: the record's JSON
+    size: int  # bytes counted against the store's cap: the record's JSON (its file's size)
+    appended: int = 0  # of which lines appended to the file since it was last written whole
 
 
 class JsonStore(Generic[V]):
@@ -175,6 +176,38 @@ class JsonStore(Generic[V]):
                 self._on_disk(write_atomically, self._file(record_id), data)
             self._trim()
             return True
+
+    def append_record(self, record_id: str, value: V, owner: str | None, tail: bytes,
+                      whole: Callable[[], bytes]) -> bool:
+        """Keep `value`, the stored record with more at its end: its file gets `tail` (b"\\n" and a
+        JSON line its decode function applies) appended instead of being written again, until
+        its appended lines outweigh the rest and it is written whole (`whole()`: its JSON), so a
+        record that grows by appends costs a few times its size in writes, not its size per
+        append. False where it would be larger than the whole cap (not kept: the stored record
+        stays)."""
+        with self._lock:
+            entry = self._records.get(record_id)
+            if entry is not None and entry.value is not None:
+                if (self.max_entries and entry.appended + len(tail) <= entry.size - entry.appended
+                        and entry.size + len(tail) <= self.max_bytes):
+                    entry.value, entry.owner = value, owner
+                    entry.size += len(tail)
+                    entry.appended += len(tail)
+                    self._bytes += len(tail)
+                    self._records.move_to_end(record_id)
+                    if self.directory is not None:
+                        self._on_disk(self._append, self._file(record_id), tail)
+                    self._trim()
+                    return True
+        return self.put_record(record_id, value, owner, whole())
+
+    @staticmethod
+    def _append(path: Path, tail: bytes) -> None:
+        if not path.exists():  # its whole write failed (logged): a lone tail would not read
+            log.warning("a stored record's file %s is missing; its new part is in memory only", path.name)
+            return
+        with path.open("ab") as f:
+            f.write(tail)
 
     def resize(self, max_entries: int, max_bytes: int) -> None:
         """New caps (a config reload); records over them go now, least recently used first."""
