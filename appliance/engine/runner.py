@@ -908,7 +908,7 @@ class ModelRunner:
                     self.stats["background_parks_declined"] += 1
                 self._park_retry_at = time.monotonic() + PARK_RETRY_S
                 continue
-            if self._park(seq):
+            if self._park(seq, size):
                 parked.append(seq)
                 room -= size
         if parked:
@@ -916,12 +916,12 @@ class ModelRunner:
                 self._admit_locked()
             self._write_back_resumed()
 
-    def _park(self, seq: _Sequence) -> bool:
+    def _park(self, seq: _Sequence, size: int) -> bool:
         """Move a background sequence out of its slot: its KV state to host memory, its draft KV
         dropped (the draft model catches up from its tokens when it resumes). False where its
         state could not be read (it keeps the slot)."""
         try:
-            state = migrate.read_sequence(self.loaded.ctx, seq.seq_id) if seq.pos > 0 else bytearray()
+            state = migrate.read_sequence(self.loaded.ctx, seq.seq_id, size) if seq.pos > 0 else bytearray()
         except Exception:
             log.exception("model %s: parking a background sequence failed; it keeps its slot", self.name)
             return False

@@ -61,8 +61,10 @@ def rotation_sizes(metadata: dict[str, str]) -> tuple[int, int]:
     return rot_k, rot_v
 
 
-def read_sequence(ctx: lc.llama_context_p, seq_id: int) -> bytearray:
-    size = lc.llama_state_seq_get_size(ctx, seq_id)
+def read_sequence(ctx: lc.llama_context_p, seq_id: int, size: int | None = None) -> bytearray:
+    """A sequence's KV state (`size`: its llama_state_seq_get_size, where the caller has it)."""
+    if size is None:
+        size = lc.llama_state_seq_get_size(ctx, seq_id)
     buf = bytearray(size)  # llama.cpp writes straight into it: one copy of the state, not two
     got = lc.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id)
     if got != size:
