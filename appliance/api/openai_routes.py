@@ -275,7 +275,8 @@ class OpenAIRoutes:
                     o.prompt_logprobs = outs[k - k % candidates].prompt_logprobs
             kept = best_of(outs, candidates, req.n)
             return self._completion_response([outs[k] for k in kept], model, logprobs,
-                                             [echoes[k] for k in kept] if echoes else None, counted=outs)
+                                             [echoes[k] for k in kept] if echoes else None, counted=outs,
+                                             per_prompt=candidates)
 
         await self._run(request, Generations(runner, seqs), req.stream,
                         req.stream_options and req.stream_options.include_usage,
@@ -382,17 +383,18 @@ class OpenAIRoutes:
 
     @staticmethod
     def _completion_response(outs, model: str, logprobs: bool, echoes: list[tuple[str, bytes]] | None = None,
-                             counted=None) -> Completion:
-        """The completion of `outs` (`counted`: what usage counts, all the candidates of best_of)."""
+                             counted=None, per_prompt: int = 1) -> Completion:
+        """The completion of `outs` (`counted`: what usage counts, all the candidates of best_of,
+        `per_prompt` of them for each prompt: a prompt counts once however many it has)."""
         choices = []
         for i, o in enumerate(outs):
             echoed = Echo(echoes[i][1], o.prompt_logprobs) if echoes and o.prompt_logprobs is not None else None
             choices.append(CompletionChoice(i, (echoes[i][0] if echoes else "") + o.text, o.finish_reason,
                                             completion_logprobs(o.logprobs, echoed) if logprobs else None))
         counted = outs if counted is None else counted
-        prompt = sum(o.prompt_tokens for o in counted)
+        prompt = sum(o.prompt_tokens for o in counted[::per_prompt])
         completion = sum(o.completion_tokens for o in counted)
-        cached = sum(o.cached_tokens for o in counted)
+        cached = sum(o.cached_tokens for o in counted[::per_prompt])
         return Completion(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
                           system_fingerprint=FINGERPRINT, usage=_usage(prompt, completion, cached))
 
@@ -419,7 +421,7 @@ class OpenAIRoutes:
             delta=lambda i, ev: [chunk([CompletionChoice(i, ev.text, None,
                                                         completion_logprobs(ev.logprobs) if logprobs else None)])],
             final=lambda i, reason: [chunk([CompletionChoice(i, "", reason)])],
-            usage=lambda u: chunk([], u),
+            usage=lambda u: chunk([], u), per_prompt=choices,
         )
 
     # ---- shared streaming loop -------------------------------------------------------------
@@ -427,11 +429,13 @@ class OpenAIRoutes:
     @staticmethod
     async def _stream(sse: EventStream, gens: Generations, include_usage: bool, *, first, delta, final, usage,
                       scored=None, seen: Callable[[int, object], None] | None = None,
-                      done: Callable[[], None] | None = None) -> None:
+                      done: Callable[[], None] | None = None, per_prompt: int = 0) -> None:
         """Relay events as SSE; a failure before the first byte keeps its HTTP status. `seen`
-        sees every event; `done` runs once every sequence has ended well, before [DONE]."""
+        sees every event; `done` runs once every sequence has ended well, before [DONE].
+        `per_prompt`: the sequences of each prompt, in order (0: they all have the one prompt),
+        so that usage counts each prompt once."""
         opened: set[int] = set()
-        prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per sequence
+        prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per prompt, as its first sequence ended
         completion = 0
         details = (0, 0, 0)
         try:
@@ -455,14 +459,14 @@ class OpenAIRoutes:
                     for out in scored(i, ev) if scored is not None else ():
                         await sse.event(out)
                 elif isinstance(ev, Finished):
-                    prompt_tokens[i] = (ev.prompt_tokens, ev.cached_tokens)
+                    prompt_tokens.setdefault(i // per_prompt if per_prompt else 0, (ev.prompt_tokens, ev.cached_tokens))
                     completion += ev.completion_tokens
                     details = tuple(a + b for a, b in zip(details, _details(ev)))
                     for out in final(i, ev.reason):
                         await sse.event(out)
             else:
                 if include_usage:
-                    prompt, cached = next(iter(prompt_tokens.values()), (0, 0))
+                    prompt, cached = map(sum, zip(*prompt_tokens.values())) if prompt_tokens else (0, 0)
                     await sse.event(usage(_usage(prompt, completion, cached, details)))
                 if done is not None:
                     done()

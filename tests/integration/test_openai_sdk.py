@@ -70,6 +70,24 @@ def test_completion_streamed_equals_non_streamed(client, model):
     assert "".join(c.choices[0].text for c in stream if c.choices) == text
 
 
+def test_completion_usage_counts_each_prompt_once_streamed_or_not(client):
+    """usage.prompt_tokens: each prompt once however many choices it has (n), every prompt of a
+    list, the same streamed as whole (it was counted once per choice whole, and as whichever
+    sequence ended first streamed)."""
+    alone = {p: client.completions.create(model="smollm2-135m", prompt=p, max_tokens=1).usage.prompt_tokens
+             for p in ("The capital of France is", "Hello")}
+    assert alone["The capital of France is"] > alone["Hello"]
+    prompts = list(alone)
+    for prompt, n in ((prompts[0], 3), (prompts, 1), (prompts, 2)):
+        kw = dict(model="smollm2-135m", prompt=prompt, max_tokens=3, n=n, temperature=0.8, seed=5)
+        whole = client.completions.create(**kw).usage
+        streamed = [c.usage for c in client.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+                    if c.usage]
+        expected = alone[prompt] if isinstance(prompt, str) else sum(alone.values())
+        assert whole.prompt_tokens == streamed[0].prompt_tokens == expected, (prompt, n, whole, streamed)
+        assert whole.completion_tokens == streamed[0].completion_tokens == 3 * n * (1 if isinstance(prompt, str) else 2)
+
+
 def test_completion_default_max_tokens_is_16(client):
     r = client.completions.create(model="smollm2-135m", prompt="Once upon a time", temperature=0)
     assert r.usage.completion_tokens <= 16

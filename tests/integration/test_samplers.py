@@ -118,6 +118,7 @@ def test_best_of_returns_the_candidates_with_the_highest_mean_logprob(server):
     assert [c["text"] for c in best["choices"]] == [text for _, text in means[:2]]
     assert [c["index"] for c in best["choices"]] == [0, 1]
     assert best["usage"]["completion_tokens"] == every["usage"]["completion_tokens"]
+    assert best["usage"]["prompt_tokens"] == every["usage"]["prompt_tokens"] == 3  # the prompt once, not 5 times
     for change, param in (({"n": 3, "best_of": 2}, "best_of"), ({"best_of": 3, "stream": True}, "best_of"),
                           ({"best_of": 17}, "best_of")):
         r = httpx.post(server.base + "/v1/completions", timeout=60, json={**body, **change})
