@@ -108,8 +108,10 @@ def chat_request(req: MessagesRequest) -> ChatRequest:
                               param="thinking.budget_tokens")
     stops = [*(req.stop_sequences or []), *([req.stop] if isinstance(req.stop, str) else req.stop or [])]
     choice = req.tool_choice
+    chat = messages(req)
+    final = chat[-1] if chat else None
     return ChatRequest(
-        model=req.model, messages=messages(req), max_completion_tokens=req.max_tokens,
+        model=req.model, messages=chat, max_completion_tokens=req.max_tokens,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repeat_penalty=req.repeat_penalty, seed=req.seed, stop=stops or None, logit_bias=req.logit_bias,
@@ -117,6 +119,8 @@ def chat_request(req: MessagesRequest) -> ChatRequest:
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
         reasoning_format=req.reasoning_format, chat_template_kwargs=kwargs, thinking_budget_tokens=budget,
         speculative=req.speculative,
+        # a last assistant message is the answer begun (a prefill): the model goes on from it
+        continue_final_message=final is not None and final.role == "assistant" and not final.tool_calls,
         **extra_samplers(req),
     )
 

@@ -279,7 +279,13 @@ async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> 
     messages = tools.conversation(plain_messages(req.messages), req.messages, plan, native)
     extra = {**reasoning.budget_kwargs(runner.template.source, budget),
              **template_kwargs(runner.cfg.chat_template_kwargs, thinking_kwargs(req))}
-    return await asyncio.to_thread(render, runner, messages, plan.template_tools if plan else None, extra), plan
+    if req.continue_final_message:
+        final = req.messages[-1]
+        if final.role != "assistant" or final.tool_calls or final.function_call:
+            raise bad_request("continue_final_message needs the last message to be the assistant's text "
+                              "(the answer begun)", param="continue_final_message")
+    return await asyncio.to_thread(render, runner, messages, plan.template_tools if plan else None, extra,
+                                   req.continue_final_message), plan
 
 
 async def chat_answer_plan(runner: ModelRunner, req: ChatRequest) -> tuple[list[int], SamplingParams, AnswerShape]:

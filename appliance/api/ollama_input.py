@@ -7,6 +7,8 @@ import json
 import re
 from typing import Any
 
+import msgspec
+
 from .errors import ApiError, bad_request, with_param_renamed
 from .ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
 from .schemas import (
@@ -42,7 +44,12 @@ def chat_request(req: OllamaChatRequest) -> ChatRequest:
     for i, t in enumerate(req.tools or []):
         if t.type != "function":
             raise bad_request(f"tool type {t.type!r} is not supported (function only)", param=f"tools[{i}].type")
-    return _chat(req, messages, tools or None)
+    chat = _chat(req, messages, tools or None)
+    final = messages[-1] if messages else None
+    if final is not None and final.role == "assistant" and not final.tool_calls:
+        # as Ollama's templates leave a last assistant message open: the model goes on from it
+        chat = msgspec.structs.replace(chat, continue_final_message=True)
+    return chat
 
 
 def generate_request(req: OllamaGenerateRequest) -> ChatRequest:

@@ -198,6 +198,9 @@ class ChatRequest(SamplingFields, frozen=True, kw_only=True):
     audio: Any = None
     modalities: list[str] | None = None
     web_search_options: Any = None
+    # vLLM's: the last message is the assistant's answer begun (a prefill), which the model goes
+    # on with, its text left out of the answer (Anthropic's and Ollama's chat do this by themselves).
+    continue_final_message: bool = False
 
 
 class CompletionRequest(SamplingFields, frozen=True, kw_only=True):

@@ -89,10 +89,19 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
-        """The prompt; `extra` adds variables (chat_template_kwargs), never in place of these."""
+               tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+               continue_final: bool = False) -> str:
+        """The prompt; `extra` adds variables (chat_template_kwargs), never in place of these.
+        `continue_final`: the last message is the assistant's answer begun (a prefill), and the
+        prompt ends where its text does, for the model to go on with it (an empty one is
+        left out: the answer starts afresh)."""
+        if continue_final:
+            if not (messages[-1].get("content") or "").strip():
+                messages, continue_final = messages[:-1], False
+            else:
+                add_generation_prompt = False
         try:
-            return self._template.render(
+            text = self._template.render(
                 **(extra or {}),
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
@@ -100,12 +109,24 @@ class ChatTemplate:
                 eos_token=self.eos_token,
                 tools=tools,
             )
+            return _cut_after_final(text, messages[-1]["content"]) if continue_final else text
         except TemplateError:
             raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed: {e}") from e
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise TemplateError(f"chat template failed on these messages: {e}") from e
+
+
+def _cut_after_final(text: str, final: str) -> str:
+    """The rendered conversation up to the end of the final message's text, so that its end of
+    turn (and whatever follows) goes. A template that trims the text (Gemma's) shows it trimmed."""
+    for shown in (final, final.strip()):
+        at = text.rfind(shown)
+        if at >= 0:
+            return text[: at + len(shown)]
+    raise TemplateError("the chat template changes the final assistant message's text, so the answer "
+                        "cannot go on from it")
 
 
 # Formats for GGUF files that carry no `tokenizer.chat_template`, by `general.architecture` prefix.

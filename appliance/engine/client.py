@@ -34,19 +34,20 @@ class GenerationFailed(Exception):
 
 
 def chat_text(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-              extra: dict[str, Any] | None = None) -> str:
+              extra: dict[str, Any] | None = None, continue_final: bool = False) -> str:
     """The text the model's template renders (with `tools`, for a template that lists them itself,
-    and the template variables `extra`); PromptError where it cannot."""
+    and the template variables `extra`; `continue_final`: ChatTemplate.render's); PromptError
+    where it cannot."""
     try:
-        return runner.template.render(messages, tools=tools, extra=extra)
+        return runner.template.render(messages, tools=tools, extra=extra, continue_final=continue_final)
     except TemplateError as e:
         raise PromptError(f"messages cannot be rendered for model '{runner.name}': {e}", "messages") from e
 
 
 def render_chat(runner: ModelRunner, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                extra: dict[str, Any] | None = None) -> list[int]:
+                extra: dict[str, Any] | None = None, continue_final: bool = False) -> list[int]:
     """chat_text, tokenized (blocking: run it off the event loop)."""
-    text = chat_text(runner, messages, tools, extra)
+    text = chat_text(runner, messages, tools, extra, continue_final)
     vocab = runner.vocab
     if vocab.add_bos and vocab.bos_text and text.startswith(vocab.bos_text):
         text = text[len(vocab.bos_text) :]  # the tokenizer adds BOS itself
