@@ -6,6 +6,7 @@ Used by the API and by the group executor; raises engine exceptions, never HTTP 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import weakref
@@ -124,7 +125,8 @@ class Generations:
         self.requests = requests
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.handles: list[Handle] = []
-        self._open: set[int] = set(range(len(requests)))
+        self._open: set[int] = set(range(len(requests)))  # not yet ended for the reader of events()
+        self._ended: set[int] = set()  # ended as the taps saw it (as events arrived)
         self._t0 = time.monotonic()
         self._last: dict[int, float] = {}
 
@@ -135,12 +137,12 @@ class Generations:
     def start(self) -> None:
         """Submit every sequence; raises QueueFull or NotReady (and then submits none)."""
         loop = asyncio.get_running_loop()
-        queue = self.queue
+        request = contextvars.copy_context()  # the taps see each event in the request's context
 
         def make_sink(i: int):
             def sink(ev: Event) -> None:
                 try:
-                    loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+                    loop.call_soon_threadsafe(self._arrive, i, ev, context=request)
                 except RuntimeError:  # loop already closed at shutdown
                     pass
 
@@ -161,33 +163,39 @@ class Generations:
 
     def abort(self, kind: str, message: str) -> None:
         """End every open sequence now with Failed(kind) (e.g. shutdown at the end of a drain)."""
-        for i in sorted(self._open):
-            self.queue.put_nowait((i, Failed(kind, message)))
+        for i in sorted(set(range(len(self.requests))) - self._ended):
+            self._arrive(i, Failed(kind, message))
         self.cancel()
 
-    async def events(self) -> AsyncIterator[tuple[int, Event]]:
-        try:
-            while self._open:
-                i, ev = await self.queue.get()
-                if i not in self._open:
-                    continue  # already ended (aborted); the runner's own end comes later
-                first, seconds = False, 0.0
-                if isinstance(ev, TextDelta):
-                    now = time.monotonic()
-                    first = i not in self._last
-                    seconds = now - self._last.get(i, self._t0)
-                    self._last[i] = now
-                elif isinstance(ev, (Finished, Failed)):
-                    self._open.discard(i)
-                for tap in _taps:
-                    try:
-                        tap(self, i, ev, first, seconds)
-                    except Exception:  # an observer never breaks a request
-                        log.exception("event tap failed")
-                yield i, ev
-        finally:
-            if not self._open:
+    def _arrive(self, i: int, ev: Event) -> None:
+        """An event of sequence i, on the event loop: the taps see it now, whether or not the
+        request still reads its events (one that stopped, its client gone, still has its
+        cancelled sequences' ends counted), then it is queued for events()."""
+        if i in self._ended:
+            return  # already ended (aborted): the runner's own end comes later
+        first, seconds = False, 0.0
+        if isinstance(ev, TextDelta):
+            now = time.monotonic()
+            first = i not in self._last
+            seconds = now - self._last.get(i, self._t0)
+            self._last[i] = now
+        elif isinstance(ev, (Finished, Failed)):
+            self._ended.add(i)
+            if len(self._ended) == len(self.requests):
                 Generations.live.discard(self)
+        for tap in _taps:
+            try:
+                tap(self, i, ev, first, seconds)
+            except Exception:  # an observer never breaks a request
+                log.exception("event tap failed")
+        self.queue.put_nowait((i, ev))
+
+    async def events(self) -> AsyncIterator[tuple[int, Event]]:
+        while self._open:
+            i, ev = await self.queue.get()
+            if isinstance(ev, (Finished, Failed)):
+                self._open.discard(i)
+            yield i, ev
 
 
 class Outcomes:

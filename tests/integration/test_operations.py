@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 
 import httpx
 import pytest
@@ -96,6 +97,32 @@ def test_metrics_cover_requests_tokens_latency_engine_groups_and_devices(ops):
                    "eie_speculative_accepted_tokens", "eie_model_evictions", "eie_group_fallbacks",
                    "eie_prefix_cache_bytes", "eie_request_duration_seconds"):
         assert has_family(t, family), family
+
+
+def test_a_client_that_hangs_up_has_every_cancelled_sequence_counted(ops):
+    """n=2 streamed, the client gone after a few chunks: both sequences end as cancelled in the
+    metrics (only the one whose end the request still read was counted: the metrics saw events
+    as the request read them, and it stops reading when its client goes)."""
+    def scrape() -> str:
+        return httpx.get(ops.base + "/metrics", headers=auth(USER)).text
+
+    before = scrape()
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write a long story"}]}),
+                       ("/v1/completions", {"prompt": "Once upon a time"})):
+        with httpx.stream("POST", ops.base + path, headers=auth(USER), timeout=120, json={
+                "model": "a", "stream": True, "n": 2, "max_tokens": 300, "temperature": 0.8, "seed": 1, **body}) as r:
+            for k, _ in enumerate(r.iter_lines()):
+                if k > 8:
+                    break
+        wait_for(lambda: metric(scrape(), "eie_running_sequences", model="a") == 0)
+    def cancelled(text: str) -> float:
+        return metric(text, "eie_sequences_ended_total", model="a", reason="cancelled")
+
+    after = wait_for(lambda: (lambda t: t if cancelled(t) - cancelled(before) >= 4 else None)(scrape()), 10)
+    time.sleep(0.5)
+    assert cancelled(scrape()) - cancelled(before) == 4
+    ttft = "eie_time_to_first_token_seconds_count"
+    assert metric(after, ttft, model="a") - metric(before, ttft, model="a") == 4
 
 
 def test_request_ids_are_echoed_or_made_and_logged_as_json(ops):
