@@ -101,14 +101,14 @@ class ChatTemplate:
             else:
                 add_generation_prompt = False
         try:
-            text = self._template.render(
-                **(extra or {}),
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                tools=tools,
-            )
+            try:
+                text = self._render(messages, add_generation_prompt, tools, extra)
+            except TemplateError:
+                # A template that takes only alternating turns (Gemma's, Mistral's) refuses two user
+                # (or assistant) messages in a row, which every chat API allows: they go as one turn.
+                if (merged := _merged_turns(messages)) is None:
+                    raise
+                text = self._render(merged, add_generation_prompt, tools, extra)
             return _cut_after_final(text, messages[-1]["content"]) if continue_final else text
         except TemplateError:
             raise
@@ -116,6 +116,26 @@ class ChatTemplate:
             raise TemplateError(f"chat template failed: {e}") from e
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise TemplateError(f"chat template failed on these messages: {e}") from e
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None, extra: dict[str, Any] | None) -> str:
+        return self._template.render(**(extra or {}), messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token, eos_token=self.eos_token, tools=tools)
+
+
+def _merged_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The messages with each run of text messages of one role (user, assistant, system) as one,
+    their texts joined by a blank line; None where no two follow each other."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        prev = out[-1] if out else None
+        if (prev is not None and prev["role"] == m.get("role") and m.get("role") in ("user", "assistant", "system")
+                and set(prev) == set(m) == {"role", "content"}
+                and isinstance(prev["content"], str) and isinstance(m["content"], str)):
+            out[-1] = {"role": prev["role"], "content": prev["content"] + "\n\n" + m["content"]}
+        else:
+            out.append(m)
+    return out if len(out) < len(messages) else None
 
 
 def _cut_after_final(text: str, final: str) -> str:

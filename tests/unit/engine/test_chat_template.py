@@ -17,6 +17,25 @@ def test_gemma_refuses_roles_out_of_order():
         t.render([{"role": "assistant", "content": "x"}])
 
 
+def test_turns_of_one_role_in_a_row_go_as_one_where_the_template_takes_only_alternating_turns():
+    """Two user (or assistant) messages in a row, which every chat API allows, are one turn for
+    Gemma's template (it raises on them), their texts joined by a blank line; a template that
+    takes them (ChatML) gets them as they are; an order no merging mends still raises."""
+    t = ChatTemplate(GEMMA, "<bos>", "<eos>")
+    out = t.render([{"role": "user", "content": "Hi"}, {"role": "user", "content": "again"},
+                    {"role": "assistant", "content": "Hello"}, {"role": "assistant", "content": "there"},
+                    {"role": "user", "content": "Bye"}])
+    assert out == ("<bos><start_of_turn>user\nHi\n\nagain<end_of_turn>\n<start_of_turn>model\nHello\n\nthere"
+                   "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    prefilled = t.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                          {"role": "assistant", "content": "and"}], continue_final=True)
+    assert prefilled.endswith("<start_of_turn>model\nHello\n\nand")
+    assert ChatTemplate(CHATML, "", "").render([{"role": "user", "content": "Hi"}, {"role": "user", "content": "again"}]) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(TemplateError, match="alternate"):
+        t.render([{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}])
+
+
 def test_default_template_choice():
     assert default_template({"tokenizer.chat_template": "X"}) == "X"
     assert default_template({"general.architecture": "gemma3"}) == GEMMA
