@@ -19,13 +19,14 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from .schema_grammar import (MAX_RULES, REFUSED_KEYWORDS, SchemaError, integer_bounds, integer_range, literal,
-                             merged_all_of, never_spelling, resolve_ref)
+from .schema_grammar import (EXPONENT, MAX_RULES, REFUSED_KEYWORDS, SchemaError, integer_bounds, integer_range,
+                             literal, merged_all_of, never_spelling, resolve_ref)
 
 QUOTE = '<|"|>'
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _KEY = re.compile(r"[^:{}\[\],<]+")
 _WORDS = {"true": True, "false": False, "null": None, "None": None}
+_EXPONENT = EXPONENT.replace("{", "{{").replace("}", "}}")  # these rules are format strings
 
 # Any value, for schemas that do not say more ({quote} is the string mark's grammar element).
 _ANY = {
@@ -37,7 +38,7 @@ _ANY = {
     "g-object": '"{{" (g-pair ("," g-pair)*)? "}}"',
     "g-pair": r'[^:{{}}\[\],<]+ ":" g-value',
     "g-list": r'"[" (g-value ("," g-value)*)? "]"',
-    "g-number": r'"-"? ("0" | [1-9] [0-9]{{0,15}}) ("." [0-9]{{1,16}})? ([eE] [-+]? [0-9]{{1,3}})?',
+    "g-number": r'"-"? ("0" | [1-9] [0-9]{{0,15}}) ("." [0-9]{{1,16}})? (' + _EXPONENT + ')?',
     "g-bool": '"true" | "false"',
     "g-null": '"null" | "None"',
 }

@@ -32,13 +32,18 @@ MAX_REPEAT = 2000
 MAX_DIGITS = 16
 MAX_RULES = 5000
 
+# A number's exponent: at most 289, so that every number the grammar spells (16 digits before
+# the point) is a finite double; `[0-9]{1,3}` let `9e999` through, which strict JSON parsers
+# refuse and others read as infinity.
+EXPONENT = r'[eE] [-+]? ([0-9]{1,2} | "1" [0-9]{2} | "2" [0-8] [0-9])'
+
 PRIMITIVES: dict[str, str] = {
     # Bounded whitespace: a small model cannot loop on blanks between two tokens.
     "ws": r'| " " | "\n" [ \t]{0,20}',
     "char": r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
     "string": r'"\"" char* "\"" ws',
     "integer": r'"-"? ("0" | [1-9] [0-9]{0,15}) ws',
-    "number": r'"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? ws',
+    "number": r'"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? (' + EXPONENT + ')? ws',
     "boolean": r'("true" | "false") ws',
     "null": r'"null" ws',
     "value": "object | array | string | number | boolean | null",

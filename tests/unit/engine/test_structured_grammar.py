@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -28,6 +29,18 @@ def test_json_object_takes_objects_and_nothing_else(vocab):
         json.loads(text)
     for text in ['[]', '"x"', '{"a": 1', '{"a": 01}', '{"a": "line\nbreak"}', "{'a': 1}", '{"a": 1}}', '{"a": 1} x']:
         assert not accepts(vocab, g, text), text
+
+
+def test_every_number_the_grammar_spells_is_a_finite_double(vocab):
+    """An exponent up to 289 (with 16 digits before the point the largest is about 1e305): before,
+    up to 999, so an answer could hold 9e999, which msgspec refuses and json reads as infinity."""
+    g = schema_to_gbnf({"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]})
+    for x in ("1e99", "-2.5E+289", "9999999999999999.9999999999999999e289", "1e-289", "0", "7e07"):
+        assert accepts(vocab, g, f'{{"x": {x}}}'), x
+        assert msgspec.json.decode(f'{{"x": {x}}}'.encode())["x"] == float(x)
+    for x in ("9e999", "1e290", "1e300", "1e1000", "1e0001"):
+        assert not accepts(vocab, g, f'{{"x": {x}}}'), x
+    assert accepts(vocab, json_object_gbnf(), '{"a": [1e289]}') and not accepts(vocab, json_object_gbnf(), '{"a": [1e999]}')
 
 
 def test_properties_in_order_with_required_ones_always_there(vocab):
