@@ -38,7 +38,7 @@ class AnswerWriter(Protocol):
     result: Any  # the whole answer, once finish has run
     streams_calls: bool  # tool calls go out as they are written (`calls`), else whole with `finish`
 
-    def start(self) -> list[Event]: ...
+    def start(self, cached_tokens: int = 0) -> list[Event]: ...  # the prompt's tokens restored from the cache
 
     def push(self, thought: str, text: str, logprobs: list[ChatTokenLogprob]) -> list[Event]: ...
 
@@ -82,7 +82,7 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
                 if isinstance(ev, Failed) and (sse is None or not sse.started):
                     raise failure_error(ev)  # (a keep-alive starts the response: then in-band)
                 started = True
-                await send(writer.start())
+                await send(writer.start(ev.cached_tokens if isinstance(ev, (TextDelta, Finished)) else 0))
             if isinstance(ev, TextDelta):
                 thought, text = reader.push(ev.text) if reader else ("", ev.text)
                 logprobs = chat_logprobs(ev.logprobs).content if ev.logprobs else []
@@ -137,7 +137,7 @@ async def relay_whole(request: Request, writer: AnswerWriter, thought: str | Non
                       content_type: bytes = b"text/event-stream", sse: EventStream | None = None) -> None:
     """An answer that is whole already (a group's: api/group_chat.py) through `writer`, streamed
     as relay streams one (in one go; `sse`: the stream opened while it was made) or answered whole."""
-    events = writer.start() + writer.push(thought or "", text, []) + writer.finish(ending)
+    events = writer.start(ending.cached_tokens) + writer.push(thought or "", text, []) + writer.finish(ending)
     if not stream:
         await request.json(200, writer.result)
         return

@@ -68,9 +68,12 @@ class MessageEvents:
         self.tool_blocks: dict[str, ToolUseBlock] = {}  # by the call's id
         self.result: AnthropicMessage | None = None
 
-    def start(self) -> list[Event]:
+    def start(self, cached_tokens: int = 0) -> list[Event]:
+        """message_start, its usage split as the end's is: the prompt tokens prefilled, and those
+        restored from the prefix cache (known once the first text is out)."""
         message = AnthropicMessage(id=self.id, model=self.model, content=[], stop_reason=None,
-                                   usage=AnthropicUsage(self.prompt_tokens, 0))
+                                   usage=AnthropicUsage(self.prompt_tokens - cached_tokens, 0,
+                                                        cache_read_input_tokens=cached_tokens))
         return [{"type": "message_start", "message": message}]
 
     def push(self, thought: str, text: str, logprobs: list[ChatTokenLogprob]) -> list[Event]:

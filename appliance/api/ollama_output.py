@@ -63,7 +63,7 @@ class OllamaEvents:
         self.call_arguments: list[str] = []
         self.calls_sent = 0  # those that went out, whole (in order)
 
-    def start(self) -> list[Event]:
+    def start(self, cached_tokens: int = 0) -> list[Event]:
         return []
 
     def _answer(self, thought: str | None, text: str, calls: list[OllamaToolCall] | None = None,

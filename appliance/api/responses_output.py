@@ -86,7 +86,7 @@ class ResponseEvents:
         return [self._event("response.created", response=response),
                 self._event("response.queued", response=response)]
 
-    def start(self) -> list[Event]:
+    def start(self, cached_tokens: int = 0) -> list[Event]:
         self.started = True
         created = [] if self.announced else [self._event("response.created", response=self.base)]
         return created + [self._event("response.in_progress", response=self.base)]

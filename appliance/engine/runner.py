@@ -90,6 +90,7 @@ class TextDelta:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     generated: int = 0  # tokens the sequence has generated so far (a delta may hold several)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (as Finished says)
 
 
 @dataclass(frozen=True)
@@ -1327,7 +1328,7 @@ class ModelRunner:
 
     def _flush(self, seq: _Sequence) -> None:
         if seq.unsent or seq.unsent_logprobs:
-            event = TextDelta("".join(seq.unsent), tuple(seq.unsent_logprobs), seq.n_generated)
+            event = TextDelta("".join(seq.unsent), tuple(seq.unsent_logprobs), seq.n_generated, seq.restored)
             seq.unsent.clear()
             seq.unsent_logprobs.clear()
             seq.sink(event)

@@ -64,8 +64,14 @@ def test_a_message_is_the_chat_answer_whole_and_streamed(server, client):
 
     with client.messages.stream(model="smol", max_tokens=24, system="Answer briefly.",
                                 messages=[{"role": "user", "content": "Name a fruit."}], extra_body=GREEDY) as stream:
-        events = [e.type for e in stream]
+        seen = list(stream)
+        events = [e.type for e in seen]
         final = stream.get_final_message()
+    # message_start's usage has the end's split (clients read input and cache use there; before, it
+    # counted the restored prompt tokens as input): this prompt's prefix is cached by now
+    started = seen[0].message.usage
+    assert started.cache_read_input_tokens == final.usage.cache_read_input_tokens > 0
+    assert started.input_tokens == final.usage.input_tokens
     assert final.content[0].text == whole.content[0].text and final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == usage.output_tokens
     raw = [e for e in events if e != "text"]  # the SDK adds its own text events
