@@ -92,8 +92,9 @@ def _chat(req: OllamaChatRequest | OllamaGenerateRequest, messages: list[ChatMes
         effort = req.think  # thinking on, bounded by the level's budget (models[].reasoning_effort_budgets)
     elif req.think is not None:
         kwargs = {"enable_thinking": req.think not in (False, "false", "none")}
+    seeded = sampling.get("seed") is not None and sampling.get("temperature") != 0
     return ChatRequest(
-        model=req.model, messages=messages,
+        model=req.model, messages=messages, speculative=not seeded if req.speculative is None else req.speculative,
         max_completion_tokens=opts.num_predict if opts.num_predict and opts.num_predict > 0 else None,
         response_format=_format(req.format), grammar=req.grammar, logit_bias=req.logit_bias, tools=tools, chat_template_kwargs=kwargs,
         reasoning_effort=effort,

@@ -72,6 +72,9 @@ class _Common(Struct, frozen=True, kw_only=True):
     # EIE's (and llama-server's) extensions, as on chat requests
     grammar: Annotated[str, Meta(min_length=1, max_length=65536)] | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    # Speculative decoding for this request (unset: off for a seeded sampled request, whose answer
+    # Ollama promises repeats; a speculating draw depends on the drafts: ollama_input._chat)
+    speculative: bool | None = None
 
 
 class OllamaChatRequest(_Common, frozen=True, kw_only=True):

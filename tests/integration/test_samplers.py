@@ -68,6 +68,21 @@ def test_sampled_speculation_runs_with_the_samplers(server):
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
 
 
+def test_a_seeded_ollama_request_repeats_on_a_speculating_model(server):
+    """Ollama promises that a seed repeats an answer; a speculating draw depends on the drafts, so
+    a seeded sampled Ollama request does not speculate unless it says `speculative: true`: its
+    answer is the chat route's with `speculative: false` (the same sampling, Ollama's defaults),
+    every time. Before, it speculated and changed from call to call."""
+    options = {"num_predict": 40, "seed": 7}
+    expected = chat(server, "spec", ASK, 40, seed=7, temperature=0.8, top_k=40, top_p=0.9, speculative=False)
+    client = ollama.Client(host=server.base, timeout=300)
+    for _ in range(3):
+        assert client.chat(model="spec", messages=ASK, options=options).message.content == expected
+    r = httpx.post(server.base + "/api/chat", timeout=300, json={
+        "model": "spec", "messages": ASK, "options": options, "stream": False, "speculative": True})
+    assert r.status_code == 200 and r.json()["message"]["content"], r.text
+
+
 def test_repeat_last_n_bounds_the_penalties(server):
     free = chat(server, messages=LOOP, max_tokens=80, temperature=0)
     assert chat(server, messages=LOOP, max_tokens=80, temperature=0, repeat_penalty=1.5, repeat_last_n=0) == free
