@@ -214,7 +214,9 @@ class _Sequence:
         # instead of prefilled again (fan-out of N samples costs one prefill).
         self.leader: _Sequence | None = None
         self.logprob_sum = 0.0
-        self.pending_logprobs: list[TokenLogprob] = []
+        # per-token logprobs of tokens whose text is not all out yet (held back as the start of a
+        # stop string), each with where its text ends in the answer's characters
+        self.pending_logprobs: list[tuple[int, TokenLogprob]] = []
         # Text (and its tokens' logprobs) of this step not sent yet: a step's tokens leave as one
         # event (a verification emits up to 17; each event costs the event loop ~0.14 ms of CPU,
         # on the cores the ggml threads decode on).
@@ -1303,14 +1305,13 @@ class ModelRunner:
         if seq.think is not None and seq.think.push(piece.decode("utf-8", "replace")):
             seq.forced = list(seq.req.sampling.think_budget.close)
             self.stats["reasoning_budget_cuts"] += 1
-        if per_token:
-            seq.pending_logprobs.append(self._entry(piece, lp, top))
         text, hit_stop = seq.stream.push(piece)
-        if hit_stop:
-            seq.pending_logprobs.clear()  # the stop string's tokens are not part of the answer
+        if per_token:
+            seq.pending_logprobs.append((seq.stream.decoded, self._entry(piece, lp, top)))
         if text:
             self._emit(seq, text)
         if hit_stop:
+            seq.pending_logprobs.clear()  # the stop string's tokens are not part of the answer
             self._finish(seq, self._finished(seq, "stop"))
             return False
         if seq.n_generated >= seq.req.max_tokens or seq.pos >= self.cfg.n_ctx:
@@ -1323,8 +1324,11 @@ class ModelRunner:
         """Text that is final (past any stop string's hold-back), with its tokens' logprobs; it
         leaves with the step's other text (`_flush`)."""
         seq.unsent.append(text)
-        seq.unsent_logprobs += seq.pending_logprobs
-        seq.pending_logprobs.clear()
+        out = 0  # the tokens whose text is all out now go with it
+        while out < len(seq.pending_logprobs) and seq.pending_logprobs[out][0] <= seq.stream.emitted:
+            out += 1
+        seq.unsent_logprobs += [entry for _, entry in seq.pending_logprobs[:out]]
+        del seq.pending_logprobs[:out]
 
     def _flush(self, seq: _Sequence) -> None:
         if seq.unsent or seq.unsent_logprobs:

@@ -54,9 +54,15 @@ class TextStream:
     def __init__(self, stops: list[str]):
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = StopMatcher(stops)
+        self.decoded = 0  # characters the pieces so far decoded to
+        self.emitted = 0  # of which given out as safe text (the rest held back, or after a stop)
 
     def push(self, piece: bytes) -> tuple[str, bool]:
-        return self._stops.feed(self._utf8.decode(piece))
+        text = self._utf8.decode(piece)
+        self.decoded += len(text)
+        out, hit = self._stops.feed(text)
+        self.emitted += len(out)
+        return out, hit
 
     @property
     def matched_stop(self) -> str | None:
@@ -65,4 +71,6 @@ class TextStream:
     def finish(self) -> str:
         """The rest once generation ends without a stop string."""
         text, hit = self._stops.feed(self._utf8.decode(b"", final=True))
-        return text if hit else text + self._stops.flush()
+        out = text if hit else text + self._stops.flush()
+        self.emitted += len(out)
+        return out

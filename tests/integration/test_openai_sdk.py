@@ -163,6 +163,23 @@ def test_chat_logprobs_streamed_and_not(client, model):
     assert plain.choices[0].logprobs is None
 
 
+def test_completion_logprobs_cover_the_text_up_to_a_stop_string(client):
+    """The logprobs' tokens join to the text however a stop string falls: a token whose text was
+    held back as a stop's possible start and then let out in part kept its logprob (its token one
+    past the text) when the stop came; now a token goes with its text once all of it is out."""
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8,"
+    base = client.completions.create(model="smollm2-135m", prompt=prompt, temperature=0, max_tokens=20)
+    assert "11" in base.choices[0].text, base.choices[0].text
+    for stop in ("1,", "1, 1", "10", ", 11", "11,", " 1"):
+        for stream in (False, True):
+            r = client.completions.create(model="smollm2-135m", prompt=prompt, temperature=0, max_tokens=20,
+                                          logprobs=1, stop=[stop], stream=stream)
+            chunks = list(r) if stream else [r]
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+            assert "".join(tokens) == text == base.choices[0].text[:base.choices[0].text.index(stop)], (stop, stream)
+
+
 def test_completion_logprobs(client):
     r = client.completions.create(model="smollm2-135m", prompt="The capital of France is", temperature=0,
                                   max_tokens=6, logprobs=2)

@@ -110,7 +110,7 @@ def test_streamed_and_fanned_out_echo_carries_the_same_scores(server):
     before = scored()
     whole = complete(server, **body, n=2)
     assert whole["choices"][0]["logprobs"] == whole["choices"][1]["logprobs"]
-    n_prompt = whole["usage"]["prompt_tokens"] // 2
+    n_prompt = whole["usage"]["prompt_tokens"]  # the prompt once for its two choices
     assert scored() - before == n_prompt  # one scored prefill, which the second choice copies
     alone = complete(server, **body)["choices"][0]["logprobs"]
     assert alone["token_logprobs"][:n_prompt] == whole["choices"][1]["logprobs"]["token_logprobs"][:n_prompt]
