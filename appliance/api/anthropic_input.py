@@ -52,7 +52,9 @@ def messages(req: MessagesRequest) -> list[ChatMessage]:
         for j, block in enumerate(message.content):
             kind = block.get("type") if isinstance(block, dict) else None
             at = f"{where}[{j}]"
-            if kind == "text" and isinstance(block.get("text"), str):
+            if kind == "text":
+                if not isinstance(block.get("text"), str):
+                    raise bad_request("a text block needs its text as a string", param=f"{at}.text")
                 texts.append(block["text"])
             elif kind == "tool_use" and message.role == "assistant":
                 calls.append(ToolCall(id=_string(block, "id", at), function=FunctionCall(

@@ -226,10 +226,14 @@ def content_text(content: str | list[TextPart] | None, param: str) -> str:
         return content
     parts = []
     for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        field = {"text": "text", "refusal": "refusal"}.get(part.type)
+        if field is None:
             raise bad_request(f"content part type {part.type!r} is not supported (text only)",
                               param=f"{param}[{j}].type")
-        parts.append(part.text)
+        value = getattr(part, field)
+        if value is None:
+            raise bad_request(f"a {part.type} part needs its {field} as a string", param=f"{param}[{j}].{field}")
+        parts.append(value)
     return "".join(parts)
 
 

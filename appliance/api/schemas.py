@@ -24,6 +24,7 @@ Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Me
 class TextPart(Struct, frozen=True, forbid_unknown_fields=False):
     type: str
     text: str | None = None
+    refusal: str | None = None  # an assistant's refusal part (OpenAI's), read as its text
 
 
 class FunctionCall(Struct, frozen=True):

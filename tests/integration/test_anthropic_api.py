@@ -185,6 +185,7 @@ def test_stop_sequences_and_max_tokens(client):
         "type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}}}},
      "output_config.format.schema.properties.n.multipleOf"),
     ({"max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
 ])
 def test_bad_requests_get_anthropics_envelope_naming_the_field(server, body, param):
     r = httpx.post(server.base + "/v1/messages", headers={"x-api-key": KEY}, json={"model": "smol", **body})

@@ -128,6 +128,10 @@ def test_413_body_too_large(strict_server):
         (chat(logit_bias={"abc": 1}), "logit_bias"),
         (chat(tools=[{"type": "function"}]), "tools[0].function"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content[0].type"),
+        (chat(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text"),
+        (chat(messages=[{"role": "user", "content": [{"type": "text", "text": None}]}]), "messages[0].content[0].text"),
+        (chat(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "refusal"}]}]),
+         "messages[1].content[0].refusal"),
         # the deprecated functions: checked as tools are, named as sent
         (chat(functions=[{"name": "f", "parameters": {"type": "object"}}], tools=[{"type": "function", "function": {"name": "f"}}]), "functions"),
         (chat(function_call="auto"), "function_call"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -293,3 +294,16 @@ def test_parse_with_tools_and_an_output_model(client, model):
         assert isinstance(message.tool_calls[0].function.parsed_arguments, GetWeather), done
     else:
         assert isinstance(message.parsed, Person), done
+
+
+def test_an_assistant_refusal_part_is_replayed_as_its_text(client, main_server):
+    """OpenAI's assistant message may hold a refusal part (a conversation replayed with one was a
+    400): it is read as its text."""
+    messages = [{"role": "user", "content": "Tell me a secret."},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot share secrets."}]},
+                {"role": "user", "content": "A joke then."}]
+    shown = httpx.post(main_server.base + "/apply-template", timeout=60,
+                       json={"model": "smollm2-135m", "messages": messages}).json()["prompt"]
+    assert "assistant\nI cannot share secrets.<|im_end|>" in shown
+    r = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=4)
+    assert r.choices[0].message.content
