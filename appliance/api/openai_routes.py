@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable
+from urllib.parse import parse_qs
 
 import msgspec
 
@@ -127,6 +128,34 @@ def completion_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...],
     return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)
 
 
+def _anthropic_errors(request: Request) -> None:
+    """This request's errors in Anthropic's envelope (its client sent anthropic-version)."""
+    from .anthropic_output import error_body  # (it imports this module's logprob helpers, through answer_relay)
+
+    request.error_body = error_body
+
+
+def _anthropic_page(models: list[AnthropicModel], request: Request) -> tuple[list[AnthropicModel], bool]:
+    """Anthropic's page of the model list: `limit` (1 to 1000, default 20) models after `after_id`
+    or before `before_id`; and whether there are more that way."""
+    query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 1000:
+        raise bad_request("limit must be an integer from 1 to 1000", param="limit")
+    ids = [m.id for m in models]
+    for key in ("after_id", "before_id"):
+        if key in query and query[key] not in ids:
+            raise bad_request(f"no model {query[key]!r} in the list", param=key)
+    if "before_id" in query:
+        end = ids.index(query["before_id"])
+        return models[max(0, end - limit):end], end > limit
+    start = ids.index(query["after_id"]) + 1 if "after_id" in query else 0
+    return models[start:start + limit], len(models) > start + limit
+
+
 class OpenAIRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
@@ -140,16 +169,19 @@ class OpenAIRoutes:
         if request.header("anthropic-version") is None:
             await request.json(200, ModelList(cards + [self._group_card(g) for g in self.config.groups]))
             return
-        # Anthropic's SDKs (they send anthropic-version) read the list in their form
-        listed = [self._anthropic_card(c) for c in cards]
-        await request.json(200, AnthropicModelList(listed, cards[0].id if cards else None,
-                                                   cards[-1].id if cards else None))
+        # Anthropic's SDKs (they send anthropic-version) read the list in their form, paged
+        _anthropic_errors(request)
+        page, more = _anthropic_page([self._anthropic_card(c) for c in cards], request)
+        await request.json(200, AnthropicModelList(page, page[0].id if page else None, page[-1].id if page else None,
+                                                   more))
 
     async def model(self, request: Request) -> None:
         """GET /v1/models/{model_id}: one card of the list (a model or a group), in Anthropic's
         form when anthropic-version is sent (models only, as in the list)."""
         name = request.path_params["model_id"]
         anthropic = request.header("anthropic-version") is not None
+        if anthropic:
+            _anthropic_errors(request)
         base = self.manager.config.base_of(name)
         runner = self.manager.runners.get(base)
         card = next((c for c in self._cards(base, runner) if c.id == name), None) if runner is not None else None

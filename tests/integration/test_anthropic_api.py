@@ -233,5 +233,16 @@ def test_keys_and_unknown_models(server, client):
     assert [m.id for m in listed.data] == ["smol", "qwen3-style"] and listed.data[0].type == "model"
     assert listed.data[0].max_input_tokens == 2048 and not listed.has_more
     assert client.models.retrieve("smol") == listed.data[0]
-    with pytest.raises(anthropic.NotFoundError):
+    with pytest.raises(anthropic.NotFoundError) as e:
         client.models.retrieve("nope")
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    # paged as Anthropic pages it (every model came back whatever limit and the cursors said)
+    first = client.models.list(limit=1)
+    assert [m.id for m in first.data] == ["smol"] and first.has_more and first.last_id == "smol"
+    assert [m.id for m in client.models.list(limit=1, after_id="smol").data] == ["qwen3-style"]
+    assert not client.models.list(limit=1, after_id="smol").has_more
+    assert [m.id for m in client.models.list(before_id="qwen3-style").data] == ["smol"]
+    assert [m.id for m in client.models.list(limit=1).iter_pages() for m in m.data] == ["smol", "qwen3-style"]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.models.list(after_id="nope")
+    assert e.value.body["error"]["param"] == "after_id"
