@@ -41,7 +41,8 @@ def eie_server(name: str, strategy: str, workdir: Path, source: Path | None) -> 
     cfg = workdir / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(preset))
     env = {"PYTHONPATH": str(source)} if source is not None else {}
-    return Server(name, [sys.executable, "-m", "appliance", "serve", "--config", str(cfg), "--log-level", "warning"],
+    # -P: the working directory (this checkout) is not put first on sys.path, so PYTHONPATH picks the code
+    return Server(name, [sys.executable, "-P", "-m", "appliance", "serve", "--config", str(cfg), "--log-level", "warning"],
                   port, workdir / f"{name}.log", env=env)
 
 

@@ -37,11 +37,12 @@ Renames = tuple[tuple["re.Pattern[str]", str], ...]
 
 def with_param_renamed(err: ApiError, renames: Renames) -> ApiError:
     """`err` with its field named as another API's request names it: the first pattern that
-    matches the chat route's field name rewrites it."""
+    matches the chat route's field name rewrites it, in the message too."""
     if err.param is not None:
         for pattern, name in renames:
             if pattern.search(err.param):
-                err.param = pattern.sub(name, err.param)
+                before, err.param = err.param, pattern.sub(name, err.param)
+                err.message = err.message.replace(before, err.param)
                 break
     return err
 

@@ -192,6 +192,8 @@ def test_bad_requests_get_anthropics_envelope_naming_the_field(server, body, par
     assert r.status_code == 400, r.text
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert r.json()["error"]["param"] == param, r.json()
+    # the message names the field as this API does (it said tools[0].function.parameters...)
+    assert "function.parameters" not in r.json()["error"]["message"] and "response_format" not in r.json()["error"]["message"]
 
 
 def test_structured_output_is_the_chat_routes_with_that_response_format(server):
