@@ -42,7 +42,9 @@ from .schemas import (
     encoder,
 )
 
-_PER_MODEL = ("tools", "logprobs", "top_logprobs", "chat_template_kwargs", "lora")  # and logit_bias (group_call)
+# and logit_bias (group_call); continue_final_message: a prefill (Anthropic's and Ollama's last
+# assistant message) is one model's answer begun
+_PER_MODEL = ("tools", "logprobs", "top_logprobs", "chat_template_kwargs", "lora", "continue_final_message")
 
 
 def _usage(result: GroupResult) -> Usage:

@@ -49,7 +49,7 @@ def execution_out(result: GroupResult, exec_id: str, created: int) -> GroupExecu
 
 
 def failure_body(result: GroupResult) -> ErrorBody:
-    return ErrorBody(f"group '{result.group}' failed (strict): {result.error}", "upstream_error", None, "group_failed")
+    return ErrorBody(f"group '{result.group}' failed: {result.error}", "upstream_error", None, "group_failed")
 
 
 class GroupRoutes:

@@ -533,7 +533,7 @@ class GroupExecution(Struct, frozen=True):
 
 
 class GroupFailure(Struct, frozen=True):
-    """The body of a 502 from a strict group: the error and every member's result."""
+    """The body of a 502 from a failed group (strict, or no member answered): the error and every member's result."""
 
     error: ErrorBody
     result: GroupExecution

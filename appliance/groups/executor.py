@@ -290,7 +290,7 @@ class GroupExecutor:
                              members=members)
         if group.type == "fanout" and group.select == "first":
             result.complete = ok >= 1
-        if failed and group.fallback == "strict":
+        if failed and (group.fallback == "strict" or ok == 0):  # no answer at all fails under any fallback
             result.failed, result.complete = True, False
             result.error = "; ".join(f"{m.model} {m.status}: {m.error}" for m in failed)
         elif ok < required and not (group.type == "fanout" and group.select == "first" and ok):

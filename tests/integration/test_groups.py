@@ -152,9 +152,20 @@ def test_chain_replacement_output_continues_the_chain(groups_server):
 
 
 def test_chain_partial_stops_and_skips_the_rest(groups_server):
-    body = ok(run(groups_server, "chain-partial", path="/v1/chain/execute"))
-    assert [m["status"] for m in body["members"]] == ["failed", "skipped"]
-    assert body["complete"] is False and body["output"] is None
+    """Its first member failed, so no member answered: the request failed whatever the fallback
+    (it was a 200 with no output, and asked as a model an empty answer with finish_reason stop)."""
+    r = run(groups_server, "chain-partial", path="/v1/chain/execute")
+    assert r.status_code == 502, r.text
+    body = r.json()
+    assert body["error"]["code"] == "group_failed" and "corrupt" in body["error"]["message"]
+    assert [m["status"] for m in body["result"]["members"]] == ["failed", "skipped"]
+    assert body["result"]["complete"] is False and body["result"]["output"] is None
+    for path, extra in (("/v1/chat/completions", {}), ("/v1/chat/completions", {"stream": True}),
+                        ("/v1/messages", {}), ("/api/chat", {"stream": False})):
+        with httpx.stream("POST", groups_server.base + path, timeout=120, json={
+                "model": "chain-partial", "messages": Q, "max_tokens": 8, **extra}) as s:
+            text = s.read().decode()
+        assert s.status_code == 502 or '"group_failed"' in text, (path, extra, s.status_code, text)
 
 
 def _restored(server, model: str) -> int:
@@ -303,7 +314,8 @@ def test_groups_are_listed_as_models_and_per_model_fields_are_refused(groups_ser
     assert cards["strict"]["state"] == "failed"  # a member did not load
     assert cards["smollm2-135m"]["kind"] == "chat" and cards["smollm2-135m"]["group_type"] is None
     for extra, param in (({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"logit_bias": {"1": 1}}, "logit_bias"),
-                         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")):
+                         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                         ({"continue_final_message": True}, "continue_final_message")):
         r = httpx.post(groups_server.base + "/v1/chat/completions", json={
             "model": "core", "messages": Q, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
