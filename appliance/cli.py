@@ -55,6 +55,46 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_problems(config) -> list[str]:
+    """The GGUF files a config names (models, draft models, LoRA adapters, control vectors) that
+    are not there or are no GGUF, each named by its key path: what serve would report as a failed
+    model, found before it starts."""
+    out = []
+
+    def check(key: str, path: Path | None) -> None:
+        if path is None:
+            return
+        try:
+            with path.open("rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            out.append(f"{key}: {path}: {e.strerror or e}")
+            return
+        if magic != b"GGUF":
+            out.append(f"{key}: {path} is not a GGUF file")
+
+    for i, m in enumerate(config.models):
+        check(f"models[{i}].path", config.model_path(m))
+        if m.speculative.draft_model is not None and config.model(m.speculative.draft_model) is None:
+            check(f"models[{i}].speculative.draft_model", config.draft_path(m))
+        for j, a in enumerate(m.lora):
+            check(f"models[{i}].lora[{j}].path", config.adapter_path(a))
+        for j, c in enumerate(m.control_vectors):
+            check(f"models[{i}].control_vectors[{j}].path", config.adapter_path(c))
+    return out
+
+
+def _port(text: str) -> int:
+    """--port's value: a TCP port (a larger number wrapped round to another port before)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
+
+
 def _doctor(args: argparse.Namespace) -> int:
     import json
 
@@ -120,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve the models of a config file")
     serve.add_argument("--config", required=True, help="YAML config file (see presets/)")
     serve.add_argument("--host", help="listen address (overrides server.host)")
-    serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    serve.add_argument("--port", type=_port, help="listen port, 1-65535 (overrides server.port)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     check = sub.add_parser("check-config", help="validate a config file and print its problems")
     check.add_argument("config")
@@ -153,9 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         return _gguf_header(args)
     if args.command == "check-config":
         try:
-            load_config(args.config)
+            config = load_config(args.config)
         except ConfigError as e:
             print(str(e), file=sys.stderr)
+            return 2
+        if missing := _file_problems(config):
+            print(f"{args.config}: {len(missing)} problem(s)", file=sys.stderr)
+            for p in missing:
+                print(f"  {p}", file=sys.stderr)
             return 2
         print(f"{args.config}: ok")
         return 0
