@@ -478,7 +478,7 @@ class App:
         ms = round(info.seconds() * 1000, 1)
         access.info("%s %s %s %.1fms", info.method, info.path, info.status, ms,
                     extra={"status": info.status, "duration_ms": ms, "key_id": info.key_id,
-                           "models": info.models, "prompt_tokens": info.prompt_tokens,
+                           "models": info.models, "group": info.group, "prompt_tokens": info.prompt_tokens,
                            "completion_tokens": info.completion_tokens, "error": info.error_code})
         if self.audit is not None and known and endpoint not in _QUIET:
             self._audit_record(info, request, endpoint)
@@ -488,7 +488,7 @@ class App:
         fields: dict[str, Any] = {
             "request_id": info.id, "key_id": info.key_id, "method": info.method, "path": endpoint,
             "status": info.status, "outcome": "ok" if info.status < 400 else (info.error_code or "error"),
-            "models": info.models, "prompt_tokens": info.prompt_tokens,
+            "models": info.models, "group": info.group, "prompt_tokens": info.prompt_tokens,
             "completion_tokens": info.completion_tokens, "duration_ms": round(info.seconds() * 1000, 1),
         }
         body = request.raw_body

@@ -48,7 +48,7 @@ _PER_MODEL = ("tools", "logprobs", "top_logprobs", "chat_template_kwargs", "lora
 
 
 def _usage(result: GroupResult) -> Usage:
-    prompt = sum(m.prompt_tokens for m in result.members)
+    prompt = result.prompt_tokens()
     completion = sum(m.completion_tokens for m in result.members)
     reasoning = sum(m.reasoning_tokens for m in result.members)
     return Usage(prompt, completion, prompt + completion,
@@ -93,7 +93,7 @@ class GroupChat:
             raise bad_request(f"tool_choice is per model: it cannot be sent to the group {group.name!r}",
                               param="tool_choice")
         return await self.groups.group_call(
-            req, req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)
+            req, req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens, group.name)
 
     async def relay_answer(self, request: Request, req: ChatRequest, group: GroupConfig,
                            writer_for: Callable[[int], AnswerWriter], stream: bool,

@@ -12,6 +12,7 @@ import msgspec
 from ..config import Config
 from ..engine.manager import ModelManager
 from ..groups.executor import GroupCall, GroupExecutor, GroupResult, MemberResult
+from ..observability import context
 from .errors import ApiError, bad_request, decoded
 from .generation import deadline, plain_messages, request_sampling, stop_list
 from .http import EventStream, Request
@@ -41,7 +42,7 @@ def member_out(m: MemberResult) -> MemberOut:
 
 def execution_out(result: GroupResult, exec_id: str, created: int) -> GroupExecution:
     members = [member_out(m) for m in result.members]
-    prompt = sum(m.usage.prompt_tokens for m in members)
+    prompt = result.prompt_tokens()
     completion = sum(m.usage.completion_tokens for m in members)
     selected = SelectedOut(result.selected.index, result.selected.model, result.selected.reason) if result.selected else None
     return GroupExecution(exec_id, created, result.group, result.type, result.complete, members,
@@ -77,7 +78,7 @@ class GroupRoutes:
             raise ApiError(404, f"group '{req.group}' does not exist", param="group", code="group_not_found")
         if group.type not in types:
             raise bad_request(f"group '{group.name}' is {group.type}; run it with {other}", param="group")
-        call = await self.group_call(req, req.max_tokens)
+        call = await self.group_call(req, req.max_tokens, group.name)
         exec_id, created = f"grp-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             await self._stream(request, group, call, exec_id, created)
@@ -92,9 +93,12 @@ class GroupRoutes:
         else:
             await request.json(200, out)
 
-    async def group_call(self, req: GroupRequest | ChatRequest, max_tokens: int | None) -> GroupCall:
+    async def group_call(self, req: GroupRequest | ChatRequest, max_tokens: int | None, group: str) -> GroupCall:
         """What a group request (or a chat request naming a group: api/group_chat.py) asks of the
-        group's members; logit_bias, which is per vocabulary, is a 400."""
+        group's members; logit_bias, which is per vocabulary, is a 400. The request is accounted
+        as the group's (metrics, access log, audit)."""
+        if (info := context.current.get()) is not None:
+            info.group = group
         if req.logit_bias:
             raise bad_request("logit_bias is per vocabulary and not supported for groups", param="logit_bias")
         return GroupCall(

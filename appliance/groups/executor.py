@@ -66,6 +66,17 @@ class GroupResult:
     failed: bool = False  # strict fallback: the request as a whole failed
     error: str | None = None
 
+    def prompt_tokens(self) -> int:
+        """The prompt tokens its members took: a fanout's samples on one model share one prefill
+        (the prompt counts once for each model, as `n` choices count it), every other member
+        makes its own."""
+        if self.type != "fanout":
+            return sum(m.prompt_tokens for m in self.members)
+        by_model: dict[str, int] = {}
+        for m in self.members:
+            by_model[m.model] = max(by_model.get(m.model, 0), m.prompt_tokens)
+        return sum(by_model.values())
+
 
 @dataclass(frozen=True)
 class GroupCall:

@@ -187,8 +187,9 @@ class Metrics:
 
     def observe_request(self, info: RequestInfo, endpoint: str) -> None:
         status = str(info.status or 0)
-        for model in info.models or [""]:
-            self.requests.labels(endpoint, model, status).inc()
+        # one HTTP request counts once: a group's under its name (its members answered it)
+        model = info.group or (info.models[0] if info.models else "")
+        self.requests.labels(endpoint, model, status).inc()
         self.request_seconds.labels(endpoint).observe(info.seconds())
 
     def observe_group(self, group: str, result: Any) -> None:

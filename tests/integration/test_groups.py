@@ -186,6 +186,8 @@ def test_fanout_consensus_shares_the_prompt_kv(groups_server):
     # one prefill (less what the prefix cache restored from earlier tests' identical prompts);
     # each other sample computes its last prompt token only
     assert after - before == prompt - restored + 3
+    # the samples share one prefill: the prompt counts once, as n choices count it (it was 4 times)
+    assert body["usage"]["prompt_tokens"] == prompt
     sel = body["selected"]
     assert body["output"] == members[sel["index"]]["text"]
     assert sel["reason"].startswith(("majority", "no majority"))

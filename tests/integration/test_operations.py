@@ -86,6 +86,9 @@ def test_metrics_cover_requests_tokens_latency_engine_groups_and_devices(ops):
     assert metric(t, "eie_prompt_tokens_total", model="a") > 0
     assert metric(t, "eie_generated_tokens_total", model="a") >= 16
     assert metric(t, "eie_group_executions_total", group="pair", outcome="complete") >= 1
+    # the group request counted once, under the group's name (once per member before)
+    assert metric(t, "eie_requests_total", endpoint="/v1/batch/execute", model="pair") == 1
+    assert metric(t, "eie_requests_total", endpoint="/v1/batch/execute") == 1
     assert metric(t, "eie_kv_cache_bytes", model="a", type_k="f16", type_v="f16") > 0
     assert metric(t, "eie_model_memory_bytes", model="b", kind="weights") > 0
     assert metric(t, "eie_model_loads_total", model="a") == 1
