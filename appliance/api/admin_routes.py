@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Callable
 
 import msgspec
@@ -302,14 +303,17 @@ class AdminRoutes:
             raise ApiError(400, f"path {sub!r} is outside model_dir", param="path", code="path_outside_model_dir")
         if not target.is_dir():
             raise ApiError(404, f"no directory {sub!r} in model_dir", param="path", code="not_found")
-        configured = {self.config.model_path(m): m.name for m in self.config.models}
+        names: dict[Path, list[str]] = {}  # a file may be configured under several names
+        for m in self.config.models:
+            names.setdefault(self.config.model_path(m), []).append(m.name)
+        configured = {path: listed[0] for path, listed in names.items()}
         found = []
         for path in sorted(target.rglob("*.gguf")):
             real = path.resolve()
             if not real.is_relative_to(base) or not real.is_file():
                 continue  # a link out of model_dir is not offered
             entry = {"path": str(real.relative_to(base)), "size_bytes": real.stat().st_size,
-                     "configured_as": configured.get(real)}
+                     "configured_as": configured.get(real), "configured_names": names.get(real, [])}
             try:
                 shape = await asyncio.to_thread(shape_of, real)
                 entry.update(architecture=shape.architecture, n_layer=shape.n_layer, n_vocab=shape.n_vocab)

@@ -51,6 +51,7 @@ def test_discover_lists_gguf_files_only_inside_model_dir(admin_server):
     found = {m["path"]: m for m in body["models"]}
     assert set(found) >= {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}
     assert found["SmolLM2-135M-Instruct.Q4_1.gguf"]["configured_as"] == "a"
+    assert found["SmolLM2-135M-Instruct.Q4_1.gguf"]["configured_names"] == ["a"]
     assert found["gemma-3-270m-q4_k_m.gguf"]["architecture"] == "gemma3"
     for bad in ("..", "../..", "/etc", "../models/../.."):
         r = get(admin_server, f"/v1/admin/models/discover?path={bad}", ADMIN)
