@@ -176,6 +176,7 @@ _RENAMES = (
     (re.compile(r"^(tools\[\d+\])\.function"), r"\1"),
     (re.compile(r"^tool_choice\.function\.name$"), "tool_choice.name"),
     (re.compile(r"^max_(completion_)?tokens$"), "max_tokens"),
+    (re.compile(r"^continue_final_message$"), "messages"),  # set by a last assistant message (a prefill)
 )
 
 

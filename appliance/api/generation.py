@@ -286,8 +286,12 @@ async def _rendered(runner: ModelRunner, req: ChatRequest, render: Callable) -> 
     if req.continue_final_message:
         final = req.messages[-1]
         if final.role != "assistant" or final.tool_calls or final.function_call:
-            raise bad_request("continue_final_message needs the last message to be the assistant's text "
-                              "(the answer begun)", param="continue_final_message")
+            raise bad_request("the answer to go on from must be the last message, the assistant's text",
+                              param="continue_final_message")
+        if plan is not None and native is None:  # EIE's tool format writes the assistant's text as JSON
+            raise bad_request(f"an answer begun (a last assistant message to go on from) cannot be combined "
+                              f"with tools for model '{runner.name}', whose tool calls are EIE's JSON",
+                              param="continue_final_message")
     return await asyncio.to_thread(render, runner, messages, plan.template_tools if plan else None, extra,
                                    req.continue_final_message), plan
 

@@ -25,7 +25,7 @@ from .answer_relay import AnswerWriter, Ending, Event, named_event, relay_failur
 from .chat_answer import Parts
 from .errors import ApiError, bad_request
 from .generation import refuse_unsupported
-from .group_routes import GroupRoutes, failure_body
+from .group_routes import GroupRoutes, failure_body, failure_status
 from .http import EventStream, Request
 from .openai_routes import FINGERPRINT, Keep
 from .schemas import (
@@ -74,7 +74,8 @@ def _ending(result: GroupResult, reason: str) -> Ending:
 
 
 def _group_failed(result: GroupResult) -> ApiError:
-    return ApiError(502, failure_body(result).message, type="upstream_error", code="group_failed")
+    body = failure_body(result)
+    return ApiError(failure_status(result), body.message, type=body.type, param=body.param, code=body.code)
 
 
 class GroupChat:

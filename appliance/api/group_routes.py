@@ -50,7 +50,16 @@ def execution_out(result: GroupResult, exec_id: str, created: int) -> GroupExecu
 
 
 def failure_body(result: GroupResult) -> ErrorBody:
+    """A failed group's error: the request's own fault where every member refused it (its prompt
+    too long, max_tokens over the limit: a 400 naming the field), else the members' (a 502)."""
+    if (refused := result.refused) is not None:
+        return ErrorBody(f"group '{result.group}': {result.error}", "invalid_request_error", refused.param,
+                         refused.code)
     return ErrorBody(f"group '{result.group}' failed: {result.error}", "upstream_error", None, "group_failed")
+
+
+def failure_status(result: GroupResult) -> int:
+    return 400 if result.refused is not None else 502
 
 
 class GroupRoutes:
@@ -89,7 +98,7 @@ class GroupRoutes:
         self.on_result(group.name, result)
         out = execution_out(result, exec_id, created)
         if result.failed:
-            await request.respond(502, encoder.encode(GroupFailure(failure_body(result), out)))
+            await request.respond(failure_status(result), encoder.encode(GroupFailure(failure_body(result), out)))
         else:
             await request.json(200, out)
 

@@ -116,6 +116,7 @@ _RENAMES = (
     (re.compile(r"^response_format\.json_schema\.schema"), "format"),
     (re.compile(r"^response_format"), "format"),
     (re.compile(r"^max_(completion_)?tokens$"), "options.num_predict"),
+    (re.compile(r"^continue_final_message$"), "messages"),  # set by a last assistant message
 )
 
 

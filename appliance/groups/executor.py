@@ -42,6 +42,7 @@ class MemberResult:
     attempts: int = 0
     replaced_by: str | None = None
     mean_logprob: float | None = None
+    refused: PromptError | None = None  # failed on the request itself (its prompt or limits), not the model
 
     @property
     def ok(self) -> bool:
@@ -65,6 +66,8 @@ class GroupResult:
     selected: Selected | None = None
     failed: bool = False  # strict fallback: the request as a whole failed
     error: str | None = None
+    # no member answered, and each failed on the request itself: the request's fault (a 400)
+    refused: PromptError | None = None
 
     def prompt_tokens(self) -> int:
         """The prompt tokens its members took: a fanout's samples on one model share one prefill
@@ -135,6 +138,7 @@ class GroupExecutor:
         t0 = time.monotonic()
         for m in members:
             m.attempts += 1
+            m.refused = None
         try:
             try:
                 runner = await self.resolve(model)
@@ -159,6 +163,7 @@ class GroupExecutor:
         except (NotReady, QueueFull, PromptError, PolicyRefused, InsufficientMemory, TimeoutError) as e:
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
+                m.refused = e if isinstance(e, PromptError) else None
             return
         think, inside = reasoning.for_answer(runner, call.reasoning_format, prompt)
         splitters = [reasoning.Splitter(inside, think) if think else None for _ in members]
@@ -304,6 +309,8 @@ class GroupExecutor:
         if failed and (group.fallback == "strict" or ok == 0):  # no answer at all fails under any fallback
             result.failed, result.complete = True, False
             result.error = "; ".join(f"{m.model} {m.status}: {m.error}" for m in failed)
+            if ok == 0 and all(m.refused is not None for m in failed):
+                result.refused = failed[0].refused
         elif ok < required and not (group.type == "fanout" and group.select == "first" and ok):
             result.error = f"{ok} of {len(members)} members answered; {required} required"
         return result

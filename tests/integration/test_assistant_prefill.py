@@ -76,3 +76,18 @@ def test_openai_continue_final_message(main_server):
     r = httpx.post(main_server.base + "/v1/chat/completions", timeout=60, json={
         "model": model, "messages": ASK, "continue_final_message": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
+
+
+def test_a_prefill_with_tools_in_eies_json_format_is_refused(main_server):
+    """EIE's tool format writes the assistant's text as JSON, so an answer begun cannot be gone
+    on from: a 400 naming it (it rendered the prefill closed inside the JSON)."""
+    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    r = httpx.post(main_server.base + "/v1/messages", timeout=60, json={
+        "model": "smollm2-135m", "max_tokens": 8, "tools": [tool],
+        "messages": [*ASK, {"role": "assistant", "content": PREFILL}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    r = httpx.post(main_server.base + "/v1/chat/completions", timeout=60, json={
+        "model": "smollm2-135m", "max_tokens": 8, "continue_final_message": True,
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": tool["input_schema"]}}],
+        "messages": [*ASK, {"role": "assistant", "content": PREFILL}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text

@@ -168,6 +168,19 @@ def test_chain_partial_stops_and_skips_the_rest(groups_server):
         assert s.status_code == 502 or '"group_failed"' in text, (path, extra, s.status_code, text)
 
 
+def test_a_request_every_member_refuses_is_the_clients_400(groups_server):
+    """Every member refused the request itself (its prompt is longer than their contexts): the
+    request's fault, a 400 naming the field as a model would give it, not a 502 (nor a 200 with no
+    answer, as it was under partial)."""
+    long = [{"role": "user", "content": " ".join(["zebra quokka"] * 600)}]
+    for path, body in (("/v1/batch/execute", {"group": "core"}), ("/v1/chat/completions", {"model": "vote"}),
+                       ("/v1/chat/completions", {"model": "core", "stream": True})):
+        r = httpx.post(groups_server.base + path, timeout=120, json={**body, "messages": long, "max_tokens": 8})
+        assert r.status_code == 400, (path, body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == "messages", err
+
+
 def _restored(server, model: str) -> int:
     return httpx.get(server.base + "/v1/admin/scheduling/status").json()["models"][model]["prefix_tokens_restored"]
 

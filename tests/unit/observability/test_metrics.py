@@ -59,13 +59,16 @@ def test_speculative_families_come_from_the_runners_speculative_stats():
 
 def test_requests_and_groups_are_counted_with_their_labels():
     m = Metrics(SimpleNamespace(runners={}))
-    info = RequestInfo("r", "POST", "/v1/batch/execute", status=200, models=["a", "b"])
-    m.observe_request(info, "/v1/batch/execute")
+    info = RequestInfo("r", "POST", "/v1/batch/execute", status=200, models=["a", "b"], group="g")
+    m.observe_request(info, "/v1/batch/execute")  # once, under the group's name
+    m.observe_request(RequestInfo("s", "POST", "/v1/chat/completions", status=200, models=["b"]), "/v1/chat/completions")
     member = lambda status, attempts=1: SimpleNamespace(status=status, attempts=attempts)  # noqa: E731
     m.observe_group("g", SimpleNamespace(failed=False, complete=False,
                                          members=[member("ok"), member("replaced"), member("ok", 2)]))
     v = values(m)
-    assert v[("eie_requests_total", (("endpoint", "/v1/batch/execute"), ("model", "b"), ("status", "200")))] == 1
+    assert v[("eie_requests_total", (("endpoint", "/v1/batch/execute"), ("model", "g"), ("status", "200")))] == 1
+    assert ("eie_requests_total", (("endpoint", "/v1/batch/execute"), ("model", "b"), ("status", "200"))) not in v
+    assert v[("eie_requests_total", (("endpoint", "/v1/chat/completions"), ("model", "b"), ("status", "200")))] == 1
     assert v[("eie_group_executions_total", (("group", "g"), ("outcome", "partial")))] == 1
     assert v[("eie_group_fallbacks_total", (("fallback", "replace_with"), ("group", "g")))] == 1
     assert v[("eie_group_fallbacks_total", (("fallback", "retry_once"), ("group", "g")))] == 1
