@@ -11,21 +11,32 @@ from .http import Request
 from .responses_schemas import InputItemList
 
 
-def item_page(items: list[dict[str, Any]], request: Request, where: str, max_limit: int = 100,
-              default_limit: int = 20, default_order: str = "desc") -> InputItemList:
-    """A page of `items` (each with an id, oldest first): in the query's `order` (asc or desc,
-    default `default_order`), `limit` (1 to `max_limit`, default `default_limit`) at a time after
-    the item `after` (`where`: what holds them, for its error)."""
-    query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
-    order = query.get("order", default_order)
-    if order not in ("asc", "desc"):
-        raise bad_request("order must be asc or desc", param="order")
+def query_values(request: Request) -> dict[str, str]:
+    """The query string's parameters, each its last value."""
+    return {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
+
+
+def page_limit(query: dict[str, str], max_limit: int, default_limit: int) -> int:
+    """The query's `limit`: 1 to `max_limit` (default `default_limit`); a 400 naming it otherwise."""
     try:
         limit = int(query.get("limit", str(default_limit)))
     except ValueError:
         limit = 0
     if not 1 <= limit <= max_limit:
         raise bad_request(f"limit must be an integer from 1 to {max_limit}", param="limit")
+    return limit
+
+
+def item_page(items: list[dict[str, Any]], request: Request, where: str, max_limit: int = 100,
+              default_limit: int = 20, default_order: str = "desc") -> InputItemList:
+    """A page of `items` (each with an id, oldest first): in the query's `order` (asc or desc,
+    default `default_order`), `limit` (1 to `max_limit`, default `default_limit`) at a time after
+    the item `after` (`where`: what holds them, for its error)."""
+    query = query_values(request)
+    order = query.get("order", default_order)
+    if order not in ("asc", "desc"):
+        raise bad_request("order must be asc or desc", param="order")
+    limit = page_limit(query, max_limit, default_limit)
     listed = items if order == "asc" else items[::-1]
     after = query.get("after")
     if after is not None:

@@ -9,7 +9,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable
-from urllib.parse import parse_qs
 
 import msgspec
 
@@ -37,6 +36,7 @@ from ..engine import reasoning
 from . import legacy_functions, native_tools
 from .anthropic_schemas import AnthropicModel, AnthropicModelList
 from .call_stream import CallDelta
+from .item_pages import page_limit, query_values
 from .chat_answer import AnswerReader, AnswerShape
 from .http import EventStream, Request
 from .schemas import (
@@ -138,13 +138,8 @@ def _anthropic_errors(request: Request) -> None:
 def _anthropic_page(models: list[AnthropicModel], request: Request) -> tuple[list[AnthropicModel], bool]:
     """Anthropic's page of the model list: `limit` (1 to 1000, default 20) models after `after_id`
     or before `before_id`; and whether there are more that way."""
-    query = {k: v[-1] for k, v in parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 1000:
-        raise bad_request("limit must be an integer from 1 to 1000", param="limit")
+    query = query_values(request)
+    limit = page_limit(query, 1000, 20)
     ids = [m.id for m in models]
     for key in ("after_id", "before_id"):
         if key in query and query[key] not in ids:
