@@ -129,12 +129,13 @@ class GroupChat:
 
     async def chat(self, request: Request, req: ChatRequest, group: GroupConfig,
                    keep: Keep | None = None) -> None:
-        """`keep`: stores the answer (`store: true`; not with stream)."""
+        """`keep`: stores the answer (`store: true`), streamed or not: a stream's once the group is
+        done, before its [DONE]."""
         call = await self._call(req, group)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            await _GroupStream(self.groups, request, group, call, cid, created, include_usage).run()
+            await _GroupStream(self.groups, request, group, call, cid, created, include_usage, keep).run()
             return
         result = await self.groups.run_watched(request, group, call)
         if result is None:
@@ -142,23 +143,29 @@ class GroupChat:
         self.groups.on_result(group.name, result)
         if result.failed:
             raise _group_failed(result)
-        choices = [ChatChoice(i, AssistantMessage("assistant", text, None, thought), reason)
-                   for i, text, thought, reason in _answers(group, result)]
-        answer = ChatCompletion(cid, created, group.name, choices, _usage(result), system_fingerprint=FINGERPRINT)
+        answer = _completion(group, result, cid, created)
         if keep is not None:
             keep(answer)
         await request.json(200, answer)
 
 
+def _completion(group: GroupConfig, result: GroupResult, cid: str, created: int) -> ChatCompletion:
+    """A group's whole answer as a chat completion: a choice per answer."""
+    choices = [ChatChoice(i, AssistantMessage("assistant", text, None, thought), reason)
+               for i, text, thought, reason in _answers(group, result)]
+    return ChatCompletion(cid, created, group.name, choices, _usage(result), system_fingerprint=FINGERPRINT)
+
+
 class _GroupStream:
     def __init__(self, groups: GroupRoutes, request: Request, group: GroupConfig, call: GroupCall, cid: str,
-                 created: int, include_usage: bool) -> None:
+                 created: int, include_usage: bool, keep: Keep | None = None) -> None:
         self.groups = groups
         self.group = group
         self.call = call
         self.sse = EventStream(request)
         self.cid, self.created = cid, created
         self.include_usage = include_usage
+        self.keep = keep
         self.opened: set[int] = set()
         self.finished: set[int] = set()
         self.live = group.fallback == "strict"  # else a member's text goes out when it is done
@@ -213,6 +220,8 @@ class _GroupStream:
                         await self._finish(index, reason)
             if self.include_usage and not result.failed:
                 await self.sse.event(self._chunk([], _usage(result)))
+            if self.keep is not None and not result.failed:
+                self.keep(_completion(self.group, result, self.cid, self.created))
             await self.sse.raw(b"data: [DONE]\n\n")
             await self.sse.close()
         except OSError:

@@ -243,8 +243,6 @@ class OpenAIRoutes:
         if group is not None and self.groups is not None:
             if req.functions is not None:
                 raise bad_request("a group takes tools, not the deprecated functions", param="functions")
-            if keep is not None and req.stream:
-                raise bad_request("a group's streamed answer is not stored: leave out stream or store", param="store")
             await self.groups.chat(request, req, group, keep)
             return
         req, legacy = legacy_functions.as_tools(req)

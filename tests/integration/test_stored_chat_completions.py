@@ -136,15 +136,18 @@ def test_bad_requests_name_their_field(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "metadata[...]"
 
 
-def test_a_group_answer_is_stored_when_it_is_not_streamed(server):
+def test_a_group_answer_is_stored_whole_or_streamed(server):
     client = sdk(server)
     made = client.chat.completions.create(model="duo", messages=[{"role": "user", "content": "Name a sea."}],
                                           max_tokens=8, temperature=0, store=True)
     assert client.chat.completions.retrieve(made.id).choices[0].message.content == made.choices[0].message.content
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="duo", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                                       store=True, stream=True)
-    assert e.value.body["param"] == "store"
+    chunks = list(client.chat.completions.create(model="duo", messages=[{"role": "user", "content": "Name a sea."}],
+                                                 max_tokens=8, temperature=0, store=True, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    got = client.chat.completions.retrieve(chunks[0].id)  # stored before [DONE]
+    assert got.model == "duo" and got.choices[0].message.content == text == made.choices[0].message.content
+    assert got.usage.completion_tokens == chunks[-1].usage.completion_tokens
 
 
 def test_stored_answers_outlive_a_restart(server, server_factory, state_dir):
