@@ -268,6 +268,8 @@ class AdminRoutes:
         models = {}
         for name, r in self.manager.runners.items():
             entry = {"state": r.state, "enabled": r.prefix is not None}
+            if r.prefix_error is not None:
+                entry["error"] = r.prefix_error  # why a configured cache is off
             if r.prefix is not None:
                 entry.update(r.prefix.store.status())
                 entry["live_hits"] = r.stats["prefix_live_hits"]

@@ -11,7 +11,6 @@ import logging
 import re
 import time
 from typing import Any
-from urllib.parse import parse_qs
 
 import msgspec
 
@@ -20,7 +19,7 @@ from ..observability import context
 from .chat_completion_store import ChatCompletionStore, StoredChat
 from .errors import decoded
 from .http import Request
-from .item_pages import item_page
+from .item_pages import item_page, query_values
 from .json_store import MissingRecord, not_found
 from .schemas import ChatCompletion, ChatCompletionDeleted, ChatCompletionUpdate, ChatMessage, ChatRequest
 
@@ -79,9 +78,9 @@ class StoredChatRoutes:
     async def listed(self, request: Request) -> None:
         """Stored completions, oldest first unless `order=desc`; `model` and each
         `metadata[key]=value` keep those that match."""
-        query = parse_qs(request.scope.get("query_string", b"").decode("latin-1"))
-        wanted = {m.group(1): v[-1] for k, v in query.items() if (m := _METADATA_KEY.match(k))}
-        model = query.get("model", [None])[-1]
+        query = query_values(request)
+        wanted = {m.group(1): v for k, v in query.items() if (m := _METADATA_KEY.match(k))}
+        model = query.get("model")
         records = await asyncio.to_thread(self.store.listed, context.key_id())
         shown = [r.completion for r in records
                  if (model is None or r.completion.get("model") == model)

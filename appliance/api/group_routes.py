@@ -52,14 +52,14 @@ def execution_out(result: GroupResult, exec_id: str, created: int) -> GroupExecu
 def failure_body(result: GroupResult) -> ErrorBody:
     """A failed group's error: the request's own fault where every member refused it (its prompt
     too long, max_tokens over the limit: a 400 naming the field), else the members' (a 502)."""
-    if (refused := result.refused) is not None:
+    if (refused := result.refusal()) is not None:
         return ErrorBody(f"group '{result.group}': {result.error}", "invalid_request_error", refused.param,
                          refused.code)
     return ErrorBody(f"group '{result.group}' failed: {result.error}", "upstream_error", None, "group_failed")
 
 
 def failure_status(result: GroupResult) -> int:
-    return 400 if result.refused is not None else 502
+    return 400 if result.refusal() is not None else 502
 
 
 class GroupRoutes:

@@ -293,6 +293,7 @@ class ModelRunner:
         self.cache_dir = cache_dir  # where measured K means are kept (engine/k_centering.py)
         self._prefix_factory = prefix_factory
         self.prefix: PrefixCache | None = None
+        self.prefix_error: str | None = None  # why the prefix cache is off at this load, where it failed
         self._speculator_factory = speculator_factory
         self.spec: Speculator | None = None
         self.name = cfg.name
@@ -399,11 +400,13 @@ class ModelRunner:
             self.fail_load(e, time.monotonic() - t0)
             return
         self._mem = lc.llama_get_memory(self.loaded.ctx)
+        self.prefix_error = None
         if self._prefix_factory is not None and not self.cfg.embedding:
             try:
                 self.prefix = self._prefix_factory(self)
             except Exception as e:  # the cache is an optimisation: serve without it
-                log.warning("model %s: prefix cache off: %s", self.name, e)
+                self.prefix_error = f"{type(e).__name__}: {e}"
+                log.warning("model %s: prefix cache off: %s", self.name, self.prefix_error)
         self._batch = lc.llama_batch_init(self.batch_cap, 0, 1)
         cap = self.batch_cap
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(cap,))

@@ -66,8 +66,14 @@ class GroupResult:
     selected: Selected | None = None
     failed: bool = False  # strict fallback: the request as a whole failed
     error: str | None = None
-    # no member answered, and each failed on the request itself: the request's fault (a 400)
-    refused: PromptError | None = None
+
+    def refusal(self) -> PromptError | None:
+        """The request's own fault (a 400), where the group failed with no answer and every member
+        that ran failed on the request itself (its prompt or limits)."""
+        ran = [m for m in self.members if m.attempts]
+        if not self.failed or not ran or any(m.ok or m.refused is None for m in ran):
+            return None
+        return ran[0].refused
 
     def prompt_tokens(self) -> int:
         """The prompt tokens its members took: a fanout's samples on one model share one prefill
@@ -309,8 +315,6 @@ class GroupExecutor:
         if failed and (group.fallback == "strict" or ok == 0):  # no answer at all fails under any fallback
             result.failed, result.complete = True, False
             result.error = "; ".join(f"{m.model} {m.status}: {m.error}" for m in failed)
-            if ok == 0 and all(m.refused is not None for m in failed):
-                result.refused = failed[0].refused
         elif ok < required and not (group.type == "fanout" and group.select == "first" and ok):
             result.error = f"{ok} of {len(members)} members answered; {required} required"
         return result

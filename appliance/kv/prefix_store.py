@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import errno
 import hashlib
-import json
 import logging
 import os
 import queue
@@ -31,12 +30,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from . import disk_prune
 
 log = logging.getLogger("eie.prefix")
 
 MAGIC = b"EIEKVST1"
 _HEADER_LEN = struct.Struct("<I")
+
+
+class _Header(msgspec.Struct):
+    """A disk entry's JSON header; a file whose header has another shape is corrupt."""
+
+    key: str
+    identity: str
+    keys: list[str]
+    codec: str
+    payload_bytes: int
+    sha256: str
+
+
+_header_decoder = msgspec.json.Decoder(_Header)
 
 
 def block_keys(identity: bytes, tokens: list[int], block: int) -> list[bytes]:
@@ -175,17 +190,17 @@ class PrefixStore:
         (hlen,) = _HEADER_LEN.unpack_from(raw, len(MAGIC))
         start = len(MAGIC) + _HEADER_LEN.size
         try:
-            header = json.loads(raw[start : start + hlen])
-        except ValueError:
+            header = _header_decoder.decode(raw[start : start + hlen])
+        except ValueError:  # not JSON, or JSON of another shape
             return "header is corrupt", b""
         payload = raw[start + hlen :]
-        if header.get("identity") != self.identity.hex():
+        if header.identity != self.identity.hex():
             return "written for another model identity", b""
-        if header.get("key") != entry_key.hex():
+        if header.key != entry_key.hex():
             return "its key does not match its name", b""
-        if header.get("payload_bytes") != len(payload):
+        if header.payload_bytes != len(payload):
             return "truncated", b""
-        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        if header.sha256 != hashlib.sha256(payload).hexdigest():
             return "checksum mismatch", b""
         return None, payload
 
@@ -309,13 +324,13 @@ class PrefixStore:
             if len(head) < len(MAGIC) + _HEADER_LEN.size or not head.startswith(MAGIC):
                 raise ValueError("not an EIE KV entry")
             (hlen,) = _HEADER_LEN.unpack_from(head, len(MAGIC))
-            header = json.loads(f.read(hlen))
-        if header.get("identity") != self.identity.hex():
+            header = _header_decoder.decode(f.read(hlen))  # a ValueError where it is not a header
+        if header.identity != self.identity.hex():
             raise ValueError("written for another model identity")
-        key = bytes.fromhex(header["key"])
+        key = bytes.fromhex(header.key)
         if path.stem != key.hex():
             raise ValueError("its key does not match its name")
-        keys = [bytes.fromhex(k) for k in header["keys"]]
+        keys = [bytes.fromhex(k) for k in header.keys]
         if not keys or keys[-1] != key:
             raise ValueError("inconsistent block keys")
         return _Entry(key, len(keys), keys, path.stat().st_size)
@@ -356,11 +371,9 @@ class PrefixStore:
         except Exception as e:
             log.warning("prefix cache: could not encode an entry (%s); storing it raw", e)
             payload = state
-        header = json.dumps({
-            "key": entry.key.hex(), "identity": self.identity.hex(), "keys": [k.hex() for k in entry.keys],
-            "codec": self.codec if payload is not state else "raw", "payload_bytes": len(payload),
-            "sha256": hashlib.sha256(payload).hexdigest(),
-        }).encode()
+        header = msgspec.json.encode(_Header(
+            entry.key.hex(), self.identity.hex(), [k.hex() for k in entry.keys],
+            self.codec if payload is not state else "raw", len(payload), hashlib.sha256(payload).hexdigest()))
         data = MAGIC + _HEADER_LEN.pack(len(header)) + header + payload
         final = self.dir / f"{entry.key.hex()}.kv"
         tmp = self.dir / f"{entry.key.hex()}.{threading.get_ident()}.tmp"

@@ -5,12 +5,13 @@ real llama.cpp states."""
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from pathlib import Path
 
 import pytest
 
-from appliance.kv.prefix_store import PrefixStore, block_keys
+from appliance.kv.prefix_store import MAGIC, PrefixStore, block_keys
 
 ID = b"\x01" * 16
 OTHER_ID = b"\x02" * 16
@@ -101,6 +102,20 @@ def test_damaged_entries_are_deleted_and_missed(tmp_path, damage):
     assert s.lookup(keys) is None
     assert not path.exists()
     assert s.status()["counters"]["corrupt_deleted"] == 1
+    s.close()
+
+
+@pytest.mark.parametrize("header", [b"[1, 2]", b"{}", b'{"identity": "ID"}', b'{"identity": "ID", "key": 5}',
+                                    b'{"identity": "ID", "key": "KEY", "keys": "KEY"}', b'{"identity": "ID", "key": "zz"}'])
+def test_an_entry_whose_header_has_another_shape_is_deleted_and_the_store_works(tmp_path, header):
+    # (such a header once raised past the scan, and the model served with no prefix cache at all)
+    keys, path = _written(tmp_path)
+    header = header.replace(b"ID", ID.hex().encode()).replace(b"KEY", keys[-1].hex().encode())
+    bad = path.with_name("11" * 16 + ".kv")
+    bad.write_bytes(MAGIC + struct.pack("<I", len(header)) + header)
+    s = store(tmp_path)
+    assert not bad.exists() and s.status()["counters"]["corrupt_deleted"] == 1
+    assert s.lookup(keys).state == b"payload" * 100  # the good entry beside it still restores
     s.close()
 
 
