@@ -32,6 +32,7 @@ class Ending:
     completion_tokens: int
     reasoning_tokens: int  # generated inside the think block (runner.Finished)
     stop_string: str | None  # the request's stop string that ended it
+    first_token_at: float | None = None  # time.monotonic() of its first token (runner.Finished)
 
 
 class AnswerWriter(Protocol):
@@ -92,7 +93,7 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
                 if reader:
                     await send(writer.calls(reader.take_calls()))
                 await send(writer.finish(Ending(parts, ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens,
-                                                ev.reasoning_tokens, ev.stop_string)))
+                                                ev.reasoning_tokens, ev.stop_string, ev.first_token_at)))
             elif isinstance(ev, Failed):
                 err = failure_error(ev)
                 if sse is None:

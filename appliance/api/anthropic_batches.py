@@ -22,6 +22,7 @@ from .batch_store import Batch, BatchStore, new_batch
 from .errors import ApiError, bad_request, decoded
 from .file_store import FileStore, FileTooLarge
 from .http import Request
+from .item_pages import id_page
 from .json_store import MissingRecord
 from .schemas import encoder
 
@@ -155,24 +156,10 @@ class MessageBatchRoutes:
     async def listed(self, request: Request) -> None:
         """Newest first, `limit` (1-1000, default 20) at a time, after `after_id` or before `before_id`."""
         batches = [b for b in reversed(self.store.listed(context.key_id())) if b.endpoint == ENDPOINT]
-        ids = [b.id for b in batches]
-        try:
-            limit = int(request.query("limit") or 20)
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 1000:
-            raise bad_request("limit must be an integer from 1 to 1000", param="limit")
-        after, before = request.query("after_id"), request.query("before_id")
-        for name, at in (("after_id", after), ("before_id", before)):
-            if at is not None and at not in ids:
-                raise bad_request(f"no message batch {at!r}", param=name)
-        if after is not None:
-            batches = batches[ids.index(after) + 1:]
-        elif before is not None:
-            batches = batches[:ids.index(before)][-limit:]
-        page = [shown(b) for b in batches[:limit]]
-        await request.json(200, MessageBatchList(page, len(batches) > limit and before is None,
-                                                 page[0].id if page else None, page[-1].id if page else None))
+        chosen, more = id_page(batches, [b.id for b in batches], request, "message batch")
+        page = [shown(b) for b in chosen]
+        await request.json(200, MessageBatchList(page, more, page[0].id if page else None,
+                                                 page[-1].id if page else None))
 
     async def cancel(self, request: Request) -> None:
         await request.json(200, shown(self.runner.cancel(self._batch(request))))

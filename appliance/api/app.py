@@ -308,6 +308,7 @@ class App:
             if request.limit_holder is not None:  # (a background response takes its POST's over)
                 self.limits.release(request.limit_holder)
             counted.close()
+            info.release_holds()
             self._account(info, request, route)
             context.current.reset(token)
 

@@ -35,11 +35,7 @@ _add = msgspec.json.Decoder(ConversationItemsCreate)
 def _new_items(raw: list, present: list[dict]) -> list[dict]:
     """Items to add (a 400 naming the one this server cannot take, or whose id is taken)."""
     items = responses_input.items(raw, "items")
-    known = {item["id"] for item in present}
-    for i, item in enumerate(items):
-        if item["id"] in known:
-            raise ApiError(400, f"the conversation has an item {item['id']!r} already", param=f"items[{i}].id")
-        known.add(item["id"])
+    responses_input.check_new_ids(items, present, "items")
     return items
 
 

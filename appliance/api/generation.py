@@ -79,6 +79,8 @@ async def resolve_runner(manager: ModelManager, name: str, sse: Request | None =
         req = context.info()
         if req is not None:
             req.add_model(runner.name)
+            if not req.ended:
+                req.releases.append(manager.hold(runner.base.name if isinstance(runner, AdaptedRunner) else runner.name))
         return runner
     except KeyError:
         raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found") from None

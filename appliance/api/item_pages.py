@@ -3,12 +3,14 @@ OpenAI's list endpoints give them: `order`, `limit` and `after` from the query s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from .errors import bad_request
 from .http import Request
 from .responses_schemas import InputItemList
+
+T = TypeVar("T")
 
 
 def query_values(request: Request) -> dict[str, str]:
@@ -47,3 +49,20 @@ def item_page(items: list[dict[str, Any]], request: Request, where: str, max_lim
     page = listed[:limit]
     return InputItemList(page, page[0]["id"] if page else None, page[-1]["id"] if page else None,
                          len(listed) > limit)
+
+
+def id_page(items: list[T], ids: list[str], request: Request, what: str, max_limit: int = 1000,
+            default_limit: int = 20) -> tuple[list[T], bool]:
+    """Anthropic's page of `items` (in the list's order; `ids` theirs): the query's `limit` (1 to
+    `max_limit`) after `after_id` or before `before_id`, and whether there are more that way
+    (`has_more`). An id not in the list is a 400 naming its key (`what`: what the ids name)."""
+    query = query_values(request)
+    limit = page_limit(query, max_limit, default_limit)
+    for key in ("after_id", "before_id"):
+        if key in query and query[key] not in ids:
+            raise bad_request(f"no {what} {query[key]!r} in the list", param=key)
+    if "before_id" in query:
+        end = ids.index(query["before_id"])
+        return items[max(0, end - limit):end], end > limit
+    start = ids.index(query["after_id"]) + 1 if "after_id" in query else 0
+    return items[start:start + limit], len(items) > start + limit

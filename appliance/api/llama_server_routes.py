@@ -9,6 +9,7 @@ it serves several models) and POST /apply-template (a chat's prompt text)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Annotated, Literal
 
@@ -20,10 +21,10 @@ from llama_cpp import __version__ as llama_cpp_version
 from .. import __version__
 from ..config import Config, ModelConfig
 from ..engine.adapters import BASE
-from ..engine.client import Generations, fit_max_tokens
+from ..engine.client import Generations, PromptError, fit_max_tokens
 from ..engine.manager import ModelManager
 from ..engine.runner import Failed, Finished, GenerationRequest, ModelRunner, TextDelta
-from .errors import ApiError, bad_request, decoded
+from .errors import ApiError, bad_request, decoded, with_param_renamed
 from .generation import (ENGINE_ERRORS, chat_prompt_text, chosen_adapters, deadline, engine_error, failure_error,
                          generation_runner, request_sampling, resolve_runner, serve, stop_list, token_lists)
 from .http import EventStream, Request
@@ -91,11 +92,21 @@ _completion_decoder = msgspec.json.Decoder(NativeCompletionRequest)
 _lora_list_decoder = msgspec.json.Decoder(list[LoraScale])
 
 
+_N_PREDICT = ((re.compile(r"^max_tokens$"), "n_predict"),)
+
+
 def _requested(n_predict: int | None, max_tokens: int | None) -> int | None:
     """The answer's token limit: llama-server's `n_predict` (-1: up to the context), else `max_tokens`."""
     if n_predict is not None:
         return n_predict if n_predict >= 0 else None
     return max_tokens
+
+
+def _prefill_end(ev: Finished, first_text: float | None, t0: float, end: float) -> float:
+    """When the prompt's prefill ended: its first token's sampling (its text may have come later,
+    or never, eaten by a stop string), bounded to the request's own span."""
+    at = ev.first_token_at if ev.first_token_at is not None else first_text or end
+    return min(max(at, t0), end)
 
 
 def _timings(prompt: int, cached: int, predicted: int, t0: float, first: float, end: float) -> Timings:
@@ -131,7 +142,9 @@ class LlamaServerRoutes:
         prompt: InfillPrompt = await asyncio.to_thread(
             infill_prompt, runner.vocab, req.input_prefix, req.input_suffix,
             extra=[(c.filename, c.text) for c in req.input_extra], typed=req.prompt, n_ctx=runner.n_ctx,
-            max_tokens=requested or min(limits.max_tokens or runner.n_ctx, runner.n_ctx // 4), param="input_suffix")
+            # (the room kept for the answer; a larger n_predict ends where the context does)
+            max_tokens=min(requested, runner.n_ctx // 2) if requested
+            else min(limits.max_tokens or runner.n_ctx, runner.n_ctx // 4), param="input_suffix")
         await self._generate(request, runner, req, prompt, requested, "input_prefix")
 
     async def _completion(self, request: Request) -> None:
@@ -217,8 +230,14 @@ class LlamaServerRoutes:
                         prompt: InfillPrompt, requested: int | None, param: str) -> None:
         limits = self.config.server.limits
         params = await request_sampling(req, runner.vocab)
-        max_tokens = fit_max_tokens(runner.n_ctx, len(prompt.tokens), requested, None, limits.max_tokens, param,
-                                    limits.max_prompt_tokens)
+        room = runner.n_ctx - len(prompt.tokens)
+        if requested is not None and room > 0:
+            requested = min(requested, room)  # as llama-server: up to the context's end (stop_type "limit")
+        try:
+            max_tokens = fit_max_tokens(runner.n_ctx, len(prompt.tokens), requested, None, limits.max_tokens, param,
+                                        limits.max_prompt_tokens)
+        except PromptError as e:  # (the server's max_tokens cap) named as the request named it
+            raise with_param_renamed(engine_error(e), _N_PREDICT if req.n_predict is not None else ()) from None
         gens = Generations(runner, [GenerationRequest(prompt.tokens, max_tokens, params, stop_list(req),
                                                       deadline(self.config), speculative=req.speculative)])
         await serve(request, gens, lambda: self._answer(request, gens, req, prompt))
@@ -245,7 +264,8 @@ class LlamaServerRoutes:
                     tokens_predicted=ev.completion_tokens, tokens_evaluated=ev.prompt_tokens,
                     has_new_line="\n" in text, truncated=prompt.truncated, stop_type=stop_type,
                     stopping_word=ev.stop_string or "", tokens_cached=ev.cached_tokens,
-                    timings=_timings(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, t0, first or end, end))
+                    timings=_timings(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, t0,
+                                     _prefill_end(ev, first, t0, end), end))
                 if sse is None:
                     await request.json(200, result)
                 else:

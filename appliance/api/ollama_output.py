@@ -111,7 +111,10 @@ class OllamaEvents:
         events += self._whole_calls([c.function.name for c in called], [c.function.arguments for c in called])
         calls = [call for c in called if (call := _ollama_call(c.function.name, c.function.arguments)) is not None]
         end = time.monotonic_ns()
-        first = self.first or end
+        # the prompt's evaluation ended at the first token, whose text may have come later or
+        # never (a stop string): else eval_duration could be 0, and clients divide by it
+        first = min(max(int(ending.first_token_at * 1e9), self.t0), end) if ending.first_token_at is not None \
+            else self.first or end
         done = {"done": True, "done_reason": "length" if parts.finish_reason == "length" else "stop",
                 "total_duration": end - self.t0, "load_duration": 0, "prompt_eval_count": ending.prompt_tokens,
                 "prompt_eval_duration": first - self.t0, "eval_count": ending.completion_tokens,

@@ -36,7 +36,7 @@ from ..engine import reasoning
 from . import legacy_functions, native_tools
 from .anthropic_schemas import AnthropicModel, AnthropicModelList
 from .call_stream import CallDelta
-from .item_pages import page_limit, query_values
+from .item_pages import id_page
 from .chat_answer import AnswerReader, AnswerShape
 from .http import EventStream, Request
 from .schemas import (
@@ -135,22 +135,6 @@ def _anthropic_errors(request: Request) -> None:
     request.error_body = error_body
 
 
-def _anthropic_page(models: list[AnthropicModel], request: Request) -> tuple[list[AnthropicModel], bool]:
-    """Anthropic's page of the model list: `limit` (1 to 1000, default 20) models after `after_id`
-    or before `before_id`; and whether there are more that way."""
-    query = query_values(request)
-    limit = page_limit(query, 1000, 20)
-    ids = [m.id for m in models]
-    for key in ("after_id", "before_id"):
-        if key in query and query[key] not in ids:
-            raise bad_request(f"no model {query[key]!r} in the list", param=key)
-    if "before_id" in query:
-        end = ids.index(query["before_id"])
-        return models[max(0, end - limit):end], end > limit
-    start = ids.index(query["after_id"]) + 1 if "after_id" in query else 0
-    return models[start:start + limit], len(models) > start + limit
-
-
 class OpenAIRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
@@ -166,7 +150,8 @@ class OpenAIRoutes:
             return
         # Anthropic's SDKs (they send anthropic-version) read the list in their form, paged
         _anthropic_errors(request)
-        page, more = _anthropic_page([self._anthropic_card(c) for c in cards], request)
+        models = [self._anthropic_card(c) for c in cards]
+        page, more = id_page(models, [m.id for m in models], request, "model")
         await request.json(200, AnthropicModelList(page, page[0].id if page else None, page[-1].id if page else None,
                                                    more))
 

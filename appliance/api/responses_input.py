@@ -222,3 +222,13 @@ _RENAMES = (
 def renamed(err: ApiError) -> ApiError:
     """The chat route's error with its field named as the Responses request names it."""
     return with_param_renamed(err, _RENAMES)
+
+
+def check_new_ids(items: list[dict[str, Any]], present: list[dict[str, Any]], field: str) -> None:
+    """A 400 naming `field[i].id` for the first item whose id the conversation (`present`) or an
+    item before it has: a conversation's item ids are unique (GET, DELETE and pages name them)."""
+    known = {item["id"] for item in present}
+    for i, item in enumerate(items):
+        if item["id"] in known:
+            raise ApiError(400, f"the conversation has an item {item['id']!r} already", param=f"{field}[{i}].id")
+        known.add(item["id"])

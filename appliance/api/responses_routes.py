@@ -185,6 +185,7 @@ class ResponsesRoutes:
             record = self.conversations.get(conversation_id, owner)
         except MissingRecord as e:
             raise not_found("conversation", e, "conversation") from None
+        responses_input.check_new_ids(items, record.items, "input")
         every = record.items + items
         messages, sources = responses_input.messages_and_sources(every)
         ids = [every[i]["id"] for i in sources]  # each message's first item

@@ -238,7 +238,7 @@ class TokenizeRequest(Struct, frozen=True, kw_only=True):
 
 class TokenPiece(Struct, frozen=True):
     id: int
-    piece: str
+    piece: str | list[int]  # its text, or (as llama-server) its bytes where they are not UTF-8 alone
 
 
 class TokenizeResponse(Struct, frozen=True):

@@ -23,6 +23,15 @@ _tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 
 
+
+def _shown(piece: bytes) -> str | list[int]:
+    """A token's piece as llama-server shows it: its text, or its byte values where they are not
+    valid UTF-8 alone (part of a character that the next tokens end)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
 class TokenRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
@@ -49,7 +58,7 @@ class TokenRoutes:
         out: list[int | TokenPiece] = list(tokens)
         if req.with_pieces:
             vocab = runner.vocab
-            out = [TokenPiece(t, vocab.piece(t, special=True).decode("utf-8", errors="replace")) for t in tokens]
+            out = [TokenPiece(t, _shown(vocab.piece(t, special=True))) for t in tokens]
         await request.json(200, TokenizeResponse(req.model, out, len(tokens), runner.n_ctx))
 
     async def detokenize(self, request: Request) -> None:

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +120,11 @@ class ModelManager:
         # When a request last took the model's runner (ready_runner): until its sequences are
         # submitted the runner looks idle, and the keep-alive must not unload it under the request.
         self.asked_at: dict[str, float] = {}
+        # HTTP requests that took the model's runner and have not ended (hold): the model is in
+        # use for them from before their sequences are submitted, so no unload or eviction takes
+        # it from under them.
+        self._holds: collections.Counter[str] = collections.Counter()
+        self._holds_lock = threading.Lock()  # (not _lock: the event loop takes it, and _lock is held through unloads)
         # The adapter sets names were given by POST /lora-adapters (llama-server's global scales),
         # in place of the set the config gives them (none for a model's own name); kept until a
         # reload changes the model's adapters.
@@ -558,7 +564,7 @@ class ModelManager:
         out = []
         for name in self._scope_models(budget):
             r = self.runners[name]
-            if name == exclude or r.state != "ready" or r.running() or r.queue_depth():
+            if name == exclude or r.state != "ready" or self._in_use(name):
                 continue
             group = self._group_of.get(name)
             last = max(self.last_used.get(name, 0.0), r.last_finished)
@@ -725,7 +731,7 @@ class ModelManager:
             runner = self.runners[name]
             if runner.state != "ready":
                 return
-            if runner.running() or runner.queue_depth():
+            if self._in_use(name):
                 raise ModelBusy(f"model {name!r} has requests in flight")
             self._unload(name, "unloaded on request")
 
@@ -762,6 +768,29 @@ class ModelManager:
         holds the model no longer)."""
         asked = self.asked_at.get(name, 0.0)
         return asked > self.runners[name].last_finished and now - asked < PREPARING_GRACE_S
+
+    def hold(self, name: str) -> Callable[[], None]:
+        """Mark `name` in use by a request until the returned release is called (once is enough;
+        later calls do nothing)."""
+        with self._holds_lock:
+            self._holds[name] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._holds_lock:
+                if not released:
+                    released = True
+                    self._holds[name] -= 1
+                    if self._holds[name] <= 0:
+                        del self._holds[name]
+        return release
+
+    def _in_use(self, name: str) -> bool:
+        """Whether requests use the model: running, queued, or held by a request that took it and
+        may still be making its prompt (unloading it then fails that request)."""
+        r = self.runners[name]
+        return bool(r.running() or r.queue_depth() or self._holds.get(name))
 
     def _idle_since(self, name: str, now: float) -> float:
         """When `name` was last asked for or last finished a sequence (monotonic)."""
@@ -856,7 +885,7 @@ class ModelManager:
                     for name, r in list(self.runners.items()):
                         ka = self.idle_limit_s(name)
                         idle_since = self._idle_since(name, now)
-                        if (ka is not None and r.state == "ready" and not r.running() and not r.queue_depth()
+                        if (ka is not None and r.state == "ready" and not self._in_use(name)
                                 and now - idle_since > ka and not self._preparing(name, now)):
                             self._unload(name, f"evicted after {ka:g}s idle (keep_alive)")
                     for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():

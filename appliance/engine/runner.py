@@ -113,6 +113,9 @@ class Finished:
     # GenerationRequest.predicted: its tokens verified as drafts and taken, and those refused
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # time.monotonic() when its first token was sampled: the prompt's prefill ended (its text may
+    # have been held back, a stop string may have eaten it); None where it sampled none
+    first_token_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class _Sequence:
         "pos",
         "last_token",
         "n_generated",
+        "first_token_at",
         "stream",
         "cancelled",
         "out_index",
@@ -207,6 +211,7 @@ class _Sequence:
         self.pos = 0
         self.last_token = -1
         self.n_generated = 0
+        self.first_token_at: float | None = None  # time.monotonic() when its first token was sampled
         self.stream: TextStream | None = None
         self.cancelled = False
         self.out_index = -1
@@ -1298,6 +1303,8 @@ class ModelRunner:
         if seq.req.logprobs or per_token:
             lp, top = self.picker.logprobs(row, token, seq.req.top_logprobs or 0)
             seq.logprob_sum += lp
+        if seq.first_token_at is None:
+            seq.first_token_at = time.monotonic()
         if vocab.is_eog(token):
             self._emit_end(seq, "stop")
             return False
@@ -1353,7 +1360,7 @@ class ModelRunner:
         return Finished(reason, len(seq.req.prompt), seq.n_generated, mean, seq.restored,
                         seq.stream.matched_stop if seq.stream is not None else None,
                         seq.think.count if seq.think is not None else 0,
-                        *(seq.spec.prediction_counts if seq.spec is not None else (0, 0)))
+                        *(seq.spec.prediction_counts if seq.spec is not None else (0, 0)), seq.first_token_at)
 
     def _entry(self, piece: bytes, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
         """A token's logprobs entry (`piece`: its text), its alternatives named by their pieces."""

@@ -7,6 +7,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 
@@ -27,10 +28,21 @@ class RequestInfo:
     # Only with audit.include_content: the request body's text and the answer.
     content: dict | None = None
     action: dict | None = None  # admin actions: what was asked (model, mode, ...)
+    # The models this request holds in use (manager.hold), released when it ends; a hold asked
+    # after its end (work the request left running, as a background response) is not taken.
+    releases: list[Callable[[], None]] = field(default_factory=list)
+    ended: bool = False
 
     def add_model(self, name: str) -> None:
         if name not in self.models:
             self.models.append(name)
+
+    def release_holds(self) -> None:
+        """The request has ended: its holds go."""
+        self.ended = True
+        for release in self.releases:
+            release()
+        self.releases.clear()
 
     def seconds(self) -> float:
         return time.monotonic() - self.started

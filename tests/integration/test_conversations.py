@@ -84,6 +84,12 @@ def test_input_tokens_counts_a_conversations_items(client):
     ("POST", "/v1/conversations/{conv}/items", {"items": []}, 400, "items"),
     ("POST", "/v1/conversations/{conv}/items", {"items": [{"id": "{item}", "role": "user", "content": "x"}]}, 400,
      "items[0].id"),
+    # a response's input joins the conversation: its ids are held to the same rule
+    ("POST", "/v1/responses", {"model": "smol", "conversation": "{conv}", "max_output_tokens": 4,
+                               "input": [{"id": "{item}", "role": "user", "content": "x"}]}, 400, "input[0].id"),
+    ("POST", "/v1/responses", {"model": "smol", "conversation": "{conv}", "max_output_tokens": 4,
+                               "input": [{"id": "msg_a", "role": "user", "content": "x"},
+                                         {"id": "msg_a", "role": "user", "content": "y"}]}, 400, "input[1].id"),
     ("POST", "/v1/conversations/{conv}", {"metadata": {"k" * 65: "v"}}, 400, "metadata"),
     ("GET", "/v1/conversations/{conv}/items?limit=0", None, 400, "limit"),
     ("GET", "/v1/conversations/{conv}/items/msg_nothing", None, 404, None),

@@ -115,6 +115,30 @@ def test_completion_answers_in_llama_servers_shape(server):
         "model": "coder", "prompt": prompt, "n_predict": 12, "temperature": 0,
         "stop": [out["content"][2:6]]}).json()
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == out["content"][2:6]
+    # a stop string in the first token's text: no text ever comes out, and the timings still split
+    # the prompt's prefill from the token's generation (they were 0 ms and 1e9 tokens/s)
+    eaten = httpx.post(server.base + "/completion", timeout=300, json={
+        "model": "coder", "prompt": prompt, "n_predict": 12, "temperature": 0, "stop": [out["content"][:2]]}).json()
+    assert eaten["content"] == "" and eaten["stop_type"] == "word" and eaten["tokens_predicted"] == 1
+    timings = eaten["timings"]
+    assert timings["predicted_ms"] > 0 and timings["prompt_ms"] > 0
+    assert timings["predicted_per_second"] == pytest.approx(1000 / timings["predicted_ms"])
+
+
+def test_an_n_predict_past_the_context_generates_up_to_its_end(server):
+    # as llama-server does (code editors' plugins send a fixed large n_predict); it was a 400
+    n_ctx = httpx.get(server.base + "/props", params={"model": "coder"}, timeout=60).json()[
+        "default_generation_settings"]["n_ctx"]
+    prompt = written_out(server, "one two three four ") * ((n_ctx - 6) // 4)
+    prompt = prompt[:n_ctx - 6]
+    for path, body in (("/completion", {"prompt": prompt}), ("/infill", {"input_prefix": "def f():", "input_suffix": ""})):
+        r = httpx.post(server.base + path, timeout=300, json={"model": "coder", "n_predict": 100000, "temperature": 0,
+                                                              **body})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["stop_type"] in ("limit", "eos")
+        if path == "/completion":
+            assert out["tokens_predicted"] <= 6 and out["tokens_evaluated"] == n_ctx - 6
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

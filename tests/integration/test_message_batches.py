@@ -89,3 +89,23 @@ def test_message_batches_and_openai_batches_stay_apart(srv, client):
     assert httpx.get(f"{srv.base}/v1/batches/{batch.id}").status_code == 404
     assert batch.id not in [b["id"] for b in httpx.get(srv.base + "/v1/batches").json()["data"]]
     ended(client, batch.id)
+
+
+def test_the_list_pages_both_ways_and_says_where_more_lie(srv, client):
+    made = [client.messages.batches.create(requests=[{"custom_id": "a", "params": params("Hi", model="nope")}]).id
+            for _ in range(4)]
+    for batch_id in made:
+        ended(client, batch_id)
+    newest_first = [b["id"] for b in httpx.get(srv.base + "/v1/messages/batches", params={"limit": 1000}).json()["data"]]
+    assert newest_first[:4] == made[::-1]
+    page = httpx.get(srv.base + "/v1/messages/batches", params={"limit": 2, "before_id": made[0]}).json()
+    # the two made just after the oldest of these, and more beyond them that way (has_more was
+    # always false with before_id)
+    assert [b["id"] for b in page["data"]] == [made[2], made[1]] and page["has_more"] is True
+    assert page["first_id"] == made[2] and page["last_id"] == made[1]
+    page = httpx.get(srv.base + "/v1/messages/batches", params={"limit": 3, "before_id": made[0]}).json()
+    assert [b["id"] for b in page["data"]] == made[3:0:-1] and page["has_more"] is False
+    page = httpx.get(srv.base + "/v1/messages/batches", params={"limit": 2, "after_id": made[3]}).json()
+    assert [b["id"] for b in page["data"]] == [made[2], made[1]] and page["has_more"] is True
+    r = httpx.get(srv.base + "/v1/messages/batches", params={"before_id": "msgbatch_none"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "before_id"

@@ -58,6 +58,11 @@ def test_chat_is_the_chat_completion_whole_and_streamed(server, client):
         assert r.headers["content-type"] == "application/x-ndjson"
         lines = [json.loads(line) for line in r.iter_lines() if line]
     assert len(lines) == len(parts) and lines[-1]["done_reason"] == whole.done_reason
+    # a stop string in the first token's text: no text comes out, and eval_duration (what clients
+    # divide eval_count by) is still the generation's time, not 0
+    eaten = client.chat(model="smol", messages=ASK, options={**GREEDY, "stop": [whole.message.content[:2]]})
+    assert eaten.message.content == "" and eaten.eval_count == 1
+    assert eaten.eval_duration > 0 and eaten.prompt_eval_duration > 0
 
 
 def test_ollamas_sampling_defaults_apply_where_options_do_not_say(server, client):

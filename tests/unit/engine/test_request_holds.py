@@ -1,0 +1,57 @@
+"""A request that took a model's runner holds the model in use until it ends: before its
+sequences are submitted (its prompt being rendered and tokenized) the runner has nothing running
+or queued, and an unload on request or another model's eviction for room took the model from
+under it (the request then failed with 503 "the model was unloaded")."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from appliance.api.generation import resolve_runner
+from appliance.config import parse_config
+from appliance.engine.manager import ModelBusy, ModelManager
+from appliance.observability import context
+from appliance.resources.cores import CoreBudget
+from conftest import SMOLLM2, model_entry
+
+NAME = "smollm2-135m"
+
+
+async def _taken(manager: ModelManager, info: context.RequestInfo):
+    token = context.current.set(info)
+    try:
+        return await resolve_runner(manager, NAME)
+    finally:
+        context.current.reset(token)
+
+
+def test_a_taken_model_is_neither_unloaded_nor_evicted_until_its_request_ends(real_models):
+    config = parse_config({"policy": {"strategy": "generic"},
+                           "models": [model_entry(NAME, SMOLLM2, n_parallel=1, threads=1)]})
+    manager = ModelManager(config, CoreBudget(1))
+    manager.start()
+
+    async def scenario() -> None:
+        info = context.RequestInfo("held", "POST", "/v1/chat/completions")
+        runner = await _taken(manager, info)
+        assert runner.state == "ready" and not runner.running() and not runner.queue_depth()
+        with pytest.raises(ModelBusy):
+            manager.unload(NAME)
+        assert NAME not in [c.name for c in manager._candidates(manager.budget(NAME), "")]
+        info.release_holds()
+        info.release_holds()  # a second release changes nothing
+        assert NAME in [c.name for c in manager._candidates(manager.budget(NAME), "")]
+        manager.unload(NAME)
+        assert manager.runners[NAME].state == "unloaded"
+
+        # work a request left running after its end (a background response) takes no hold
+        runner = await _taken(manager, info)
+        manager.unload(NAME)
+        assert manager.runners[NAME].state == "unloaded"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        manager.stop()
