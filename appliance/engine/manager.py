@@ -28,7 +28,7 @@ from ..kv.prefix_store import PrefixStore
 from . import gguf_header, gguf_tensors, k_centering, native
 from .client import render_chat
 from .load_cancel import LoadCancelled
-from .prefix import PrefixCache, file_sha256, model_identity
+from .prefix import PrefixCache, context_layout, file_sha256, model_identity
 from .speculative.draft_model import DraftModel
 from .speculative.history import HistoryIndex
 from .speculative.speculator import Speculator
@@ -225,7 +225,9 @@ class ModelManager:
             encode, codec = (lambda state: migrate.compress(state, mode, rot)), mode
         store = PrefixStore(
             model_identity(runner.path, loaded.type_k, loaded.type_v, k_centering.digest(loaded.k_centers),
-                           self.config.cache_dir(), window=bool(loaded.swa_window)),
+                           self.config.cache_dir(), window=bool(loaded.swa_window),
+                           layout=context_layout(loaded.n_ctx_total // max(loaded.args.n_seq_max, 1),
+                                                 loaded.args.flash_attn)),
             block=settings.block_tokens,
             ram_bytes=settings.ram_mb * MIB,
             disk_dir=self.config.kv_disk_dir(runner.cfg),

@@ -63,15 +63,24 @@ def build_id() -> str:
 
 
 def model_identity(path: Path, type_k: str, type_v: str, k_centers: str = "none",
-                   cache_dir: Path | None = None, window: bool = False) -> bytes:
+                   cache_dir: Path | None = None, window: bool = False, layout: str = "") -> bytes:
     """What a saved state depends on: the GGUF content, the KV types, the llama.cpp build, the
-    digest of the K centring vector (engine/k_centering.py) and whether sliding-window layers keep
-    only their window (such a state holds fewer cells there, and a full-size one may not fit)."""
+    digest of the K centring vector (engine/k_centering.py), whether sliding-window layers keep
+    only their window (such a state holds fewer cells there, and a full-size one may not fit) and
+    the context's `layout` (context_layout: a state of more cells than a sequence holds, or with V
+    laid out for the other attention path, is refused by llama.cpp)."""
     material = f"{file_sha256(path, cache_dir)}|{type_k}|{type_v}|{build_id()}|{k_centers}"
     if window:  # appended only here: full-size caches keep the identities they had
         material += "|swa-window"
+    if layout:
+        material += "|" + layout
     material = material.encode()
     return hashlib.blake2b(material, digest_size=16).digest()
+
+
+def context_layout(cells_per_sequence: int, flash_attn: str) -> str:
+    """The part of a context's shape its saved states depend on (model_identity's `layout`)."""
+    return f"cells={cells_per_sequence}|fa={flash_attn}"
 
 
 class PrefixCache:
@@ -135,6 +144,8 @@ class PrefixCache:
             log.warning("prefix cache: a saved state did not restore (%s); prefilling instead", e)
             lc.llama_memory_seq_rm(mem, seq_id, -1, -1)
             self.store.stats["restore_failures"] += 1
+            # it would be refused again, and it stands where this prefix's own state is saved
+            self.store.discard(hit.key, f"did not restore: {e}")
             return 0, None
         lc.llama_memory_seq_rm(mem, seq_id, n_tokens, -1)  # a longer entry: keep the matched blocks
         return n_tokens, hit.tier

@@ -78,6 +78,7 @@ class Hit:
     n_blocks: int
     state: bytes
     tier: str  # "ram" | "disk"
+    key: bytes = b""  # the entry's key (discard)
 
 
 class PrefixStore:
@@ -150,7 +151,7 @@ class PrefixStore:
                         continue
                     state, tier = got
                     self.stats[f"hits_{tier}"] += 1
-                    return Hit(i + 1, state, tier)
+                    return Hit(i + 1, state, tier, entry_key)
             self.stats["misses"] += 1
             return None
 
@@ -456,6 +457,24 @@ class PrefixStore:
                     self._unregister(entry)
             self._ram.clear()
             self._ram_used = 0
+
+    def discard(self, entry_key: bytes, why: str) -> None:
+        """Forget an entry that turned out unusable (its state refused by the context it was
+        restored into), in RAM and on disk, so that it answers no more lookups and the prefix's
+        own state can be saved in its place."""
+        with self._lock:
+            held = self._ram.pop(entry_key, None)
+            if held is not None:
+                self._ram_used -= len(held[1])
+            on_disk = self._disk.get(entry_key)
+            entry = held[0] if held is not None else on_disk
+            if entry is None:
+                return
+            log.warning("prefix cache: dropping entry %s: %s", entry_key.hex(), why)
+            self.stats["discarded"] += 1
+            if on_disk is not None:
+                self._drop_disk(on_disk)
+            self._unregister(entry)
 
     def flush(self) -> None:
         """Forget every entry, in RAM and on disk (queued writes are dropped)."""

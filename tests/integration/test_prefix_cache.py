@@ -260,3 +260,16 @@ def test_a_flush_gives_the_saved_prefixes_ram_back_to_the_system(server_factory,
     assert httpx.post(srv.base + "/v1/admin/kv/flush", json={"model": "m"}, timeout=60).status_code == 200
     assert before - anonymous() > saved * 0.6, (before, anonymous(), saved)
     srv.stop()
+
+
+def test_names_on_one_file_with_other_context_shapes_keep_apart_disk_entries(server_factory, tmp_path):
+    # a state saved by a larger context (more cells a sequence) or for the other attention path
+    # (V transposed) is refused by llama.cpp: such names once shared one directory, and after a
+    # restart each indexed the other's entries, whose refusal stood where its own were saved
+    entry = lambda name, **kw: model_entry(name, SMOLLM2, kv_cache={"disk": {"path": str(tmp_path)}}, **kw)  # noqa: E731
+    srv = server_factory({"models": [entry("m", n_ctx=2048, n_parallel=2), entry("short", n_ctx=512, n_parallel=1),
+                                     entry("no-fa", n_ctx=2048, n_parallel=2, flash_attn="off")]}, "prefix-shapes")
+    status = httpx.get(srv.base + "/v1/admin/kv/status").json()["models"]
+    paths = {status[name]["disk"]["path"] for name in ("m", "short", "no-fa")}
+    assert len(paths) == 3 and all(Path(p).parent == tmp_path for p in paths)
+    srv.stop()

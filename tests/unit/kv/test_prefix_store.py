@@ -366,3 +366,21 @@ def test_a_directory_two_stores_share_stays_open_until_both_close(tmp_path):
     os.utime(own, (0, os.path.getmtime(own) - 30 * day))
     store(tmp_path, identity=OTHER_ID, prune_after_s=7 * day).close()
     assert not own.exists()
+
+
+def test_a_discarded_entry_is_gone_from_every_tier_and_its_prefix_can_be_saved_again(tmp_path):
+    # (what the prefix cache does with a state llama.cpp refused to restore: kept, it answered every
+    # lookup of that prefix and stood where the prefix's own state would be saved)
+    keys, path = _written(tmp_path)
+    s = store(tmp_path)
+    hit = s.lookup(keys)
+    assert hit.tier == "disk" and hit.key == keys[-1]
+    assert s.lookup(keys).tier == "ram"  # promoted: now in both tiers
+    s.discard(hit.key, "refused")
+    assert s.lookup(keys) is None and not s.contains(keys) and not path.exists()
+    assert s.status()["ram"]["entries"] == 0 and s.status()["ram"]["bytes"] == 0
+    assert s.status()["counters"]["discarded"] == 1
+    s.discard(hit.key, "again")  # gone already: nothing happens
+    s.put(keys, b"its own state")
+    assert s.lookup(keys).state == b"its own state"
+    s.close()
