@@ -38,6 +38,7 @@ from .adapters import AdapterSet, lora_set
 
 log = logging.getLogger("eie.manager")
 MIB = 1024 * 1024
+UNLOAD_SETTLE_S = 1.0  # how long an unload on request waits for requests that are ending before a 409
 PREPARING_GRACE_S = 10.0  # how long a request that took a runner may take to submit before the keep-alive ignores it
 JANITOR_BUSY_S = 0.25  # the janitor's pace while a model works, loads or changes KV types (memory moves)
 JANITOR_IDLE_S = 2.0  # its longest sleep while every model is idle: an idle appliance is not woken 4 times a second
@@ -708,19 +709,19 @@ class ModelManager:
         """Prefill and save the configured system prompts (kv_cache.prefix.warm), in the background."""
         if runner.prefix is None:
             return
-        for text in runner.cfg.kv_cache.prefix.warm:
+        for i, text in enumerate(runner.cfg.kv_cache.prefix.warm):
             try:
                 tokens = render_chat(runner, [{"role": "system", "content": text}, {"role": "user", "content": "…"}])
                 fut = runner.warm(tokens)
             except Exception as e:
-                log.warning("model %s: a warm prefix was not prefilled: %s", runner.name, e)
+                log.warning("model %s: kv_cache.prefix.warm[%d] was not prefilled: %s", runner.name, i, e)
                 continue
 
-            def done(f, name=runner.name) -> None:
+            def done(f, name=runner.name, i=i) -> None:
                 if f.exception() is None:
                     log.info("model %s: warmed a prefix of %d tokens", name, f.result()["cached_tokens"])
                 else:
-                    log.warning("model %s: a warm prefix failed: %s", name, f.exception())
+                    log.warning("model %s: kv_cache.prefix.warm[%d] failed: %s", name, i, f.exception())
 
             fut.add_done_callback(done)
 
@@ -729,6 +730,11 @@ class ModelManager:
         reason = self.policy.refuse_unload(name)
         if reason:
             raise PolicyRefused(reason)
+        # a request whose answer just went out may still be ending (its context saved for the next
+        # turn, its hold released once its response is sent): give it a moment, not a 409
+        settle = time.monotonic() + UNLOAD_SETTLE_S
+        while self._in_use(name) and time.monotonic() < settle:
+            time.sleep(0.02)
         with self._lock:
             runner = self.runners[name]
             if runner.state != "ready":

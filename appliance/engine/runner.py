@@ -532,6 +532,10 @@ class ModelRunner:
             raise NotReady(self.error or self.state)
         if self.cfg.embedding:  # its context pools instead of giving logits (the API refuses such requests first)
             raise NotReady("an embedding model does not generate")
+        for r in reqs:  # (the APIs fit prompts first: this keeps a path that did not from failing a whole step)
+            if len(r.prompt) >= self.n_ctx:
+                raise ValueError(f"a prompt of {len(r.prompt)} tokens does not fit a sequence's context of "
+                                 f"{self.n_ctx} tokens with room for an answer")
         seqs = [_Sequence(r, s) for r, s in zip(reqs, sinks)]
         leaders: dict[int, _Sequence] = {}
         for seq in seqs:

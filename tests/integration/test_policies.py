@@ -258,3 +258,4 @@ def test_a_plugin_that_raises_is_reported_and_the_server_keeps_serving(server_fa
     err = r.json()["error"]
     assert err["code"] == "policy_plugin_error" and "raised in refuse_load" in err["message"]
     assert httpx.get(srv.base + "/health").status_code == 200
+

@@ -273,3 +273,21 @@ def test_names_on_one_file_with_other_context_shapes_keep_apart_disk_entries(ser
     paths = {status[name]["disk"]["path"] for name in ("m", "short", "no-fa")}
     assert len(paths) == 3 and all(Path(p).parent == tmp_path for p in paths)
     srv.stop()
+
+
+def test_a_warm_prompt_longer_than_the_context_is_skipped_and_requests_are_untouched(server_factory, tmp_path):
+    # it reached llama_decode, whose failure failed every sequence of that step: under generic the
+    # request that loaded the model, each time it was loaded
+    cfg = {"policy": {"strategy": "generic"},
+           "inference": {"kv_cache": {"prefix": {"warm": ["You are brief.", "word " * 1500]}}},
+           "models": [model_entry("m", SMOLLM2, n_ctx=512, kv_cache={"disk": {"path": str(tmp_path)}})]}
+    srv = server_factory(cfg, "prefix-warm-long")
+    for _ in range(2):
+        r = httpx.post(srv.base + "/v1/chat/completions", timeout=120, json={
+            "model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert httpx.post(srv.base + "/v1/admin/models/unload", json={"model": "m"}, timeout=60).status_code in (200, 409)
+        wait_for(lambda: httpx.post(srv.base + "/v1/admin/models/unload", json={"model": "m"},
+                                    timeout=60).status_code == 200, timeout=30)
+    assert "kv_cache.prefix.warm[1]" in srv.log_path.read_text()
+    srv.stop()

@@ -6,12 +6,14 @@ under it (the request then failed with 503 "the model was unloaded")."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
 from appliance.api.generation import resolve_runner
 from appliance.config import parse_config
-from appliance.engine.manager import ModelBusy, ModelManager
+from appliance.engine.manager import UNLOAD_SETTLE_S, ModelBusy, ModelManager
 from appliance.observability import context
 from appliance.resources.cores import CoreBudget
 from conftest import SMOLLM2, model_entry
@@ -37,8 +39,10 @@ def test_a_taken_model_is_neither_unloaded_nor_evicted_until_its_request_ends(re
         info = context.RequestInfo("held", "POST", "/v1/chat/completions")
         runner = await _taken(manager, info)
         assert runner.state == "ready" and not runner.running() and not runner.queue_depth()
-        with pytest.raises(ModelBusy):
+        t0 = time.monotonic()
+        with pytest.raises(ModelBusy):  # once the moment it waits for requests that are ending is over
             manager.unload(NAME)
+        assert time.monotonic() - t0 >= UNLOAD_SETTLE_S
         assert NAME not in [c.name for c in manager._candidates(manager.budget(NAME), "")]
         info.release_holds()
         info.release_holds()  # a second release changes nothing
@@ -48,6 +52,14 @@ def test_a_taken_model_is_neither_unloaded_nor_evicted_until_its_request_ends(re
 
         # work a request left running after its end (a background response) takes no hold
         runner = await _taken(manager, info)
+        manager.unload(NAME)
+        assert manager.runners[NAME].state == "unloaded"
+
+        # a request that ends while an unload waits (its answer was out, its context being saved
+        # or its hold not yet released): the unload goes through, not a 409
+        ending = context.RequestInfo("ending", "POST", "/v1/chat/completions")
+        await _taken(manager, ending)
+        threading.Timer(UNLOAD_SETTLE_S / 3, ending.release_holds).start()
         manager.unload(NAME)
         assert manager.runners[NAME].state == "unloaded"
 
