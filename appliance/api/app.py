@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from .conversation_store import ConversationStore
 from .responses_background import BackgroundResponses
 from .group_routes import GroupRoutes
 from .llama_server_routes import LlamaServerRoutes
-from .http import Receive, Request, Send
+from .http import ClientGone, Receive, Request, Send
 from .limits import KeyLimits, LimitExceeded
 from .anthropic_output import error_body as anthropic_error
 from .anthropic_routes import AnthropicRoutes
@@ -261,7 +262,10 @@ class App:
             if msg["type"] == "http.response.start":
                 info.status = msg["status"]
                 msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
-            await send(msg)
+            try:
+                await send(msg)
+            except OSError as e:  # the connection is gone: told apart from the server's own I/O errors
+                raise ClientGone(str(e)) from e
 
         if self.audit is not None and self.audit.include_content:
             info.content = {}
@@ -296,8 +300,16 @@ class App:
         except RecursionError:  # JSON nested deeper than the decoder goes (inside free-form fields)
             info.error_code = "invalid_json"
             await self._safe_error(request, ApiError(400, "request body is nested too deeply", code="invalid_json"))
-        except OSError:
+        except ClientGone:
             info.status = info.status or 499  # client disconnected while we were answering
+        except OSError as e:  # the server's own I/O (its state directory full, a read error)
+            log.exception("I/O error on %s %s", request.method, request.path)
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            info.error_code = "insufficient_storage" if full else "internal"
+            await self._safe_error(request, ApiError(
+                507 if full else 500, f"the server could not store what this request makes: {e.strerror or e}"
+                if full else f"the server hit an I/O error: {e.strerror or e}",
+                type="insufficient_storage" if full else "server_error", code=info.error_code))
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
             info.error_code = "internal"

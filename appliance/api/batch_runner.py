@@ -101,10 +101,15 @@ class BatchRunner:
     async def _run(self, batch_id: str, running: _Running) -> None:
         try:
             await self._work(batch_id, running)
-        except Exception:
+        except Exception as e:
             log.exception("batch %s failed", batch_id)
-            self._update(batch_id, status="failed", failed_at=now(), errors=BatchErrors(
-                [LineError("server_error", "the batch stopped on an internal error")]))
+            why = f"the batch could not write its state: {e.strerror or e}" if isinstance(e, OSError) \
+                else "the batch stopped on an internal error"
+            try:
+                self._update(batch_id, status="failed", failed_at=now(), errors=BatchErrors(
+                    [LineError("server_error", why)]))
+            except OSError as e2:  # failed in memory all the same (store.put keeps it there first)
+                log.error("batch %s: its failed state is not on disk: %s", batch_id, e2)
         finally:
             self._running.pop(batch_id, None)
 

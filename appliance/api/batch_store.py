@@ -108,9 +108,14 @@ class BatchStore:
             self._batches[kept.batch.id] = kept
 
     def put(self, batch: Batch, owner: str | None, stamp: int | None = None) -> Batch:
+        """Keep this state of the batch. A write that fails (an OSError: a full disk) raises; a
+        new batch is then not kept, a later state of one is kept in memory all the same (what
+        this run goes by: a batch that cannot write its end still ends)."""
         with self._lock:
             before = self._batches.get(batch.id)
             kept = _Kept(batch, owner, stamp if stamp is not None else before.stamp)
+            if before is not None:
+                self._batches[batch.id] = kept
             write_atomically(self.directory / f"{batch.id}.json", encoder.encode(kept))
             self._batches[batch.id] = kept
             return batch

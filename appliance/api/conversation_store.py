@@ -45,15 +45,14 @@ def _decoded(conversation_id: str, data: bytes) -> tuple[ConversationRecord, str
     if record.conversation.id != conversation_id:
         raise ValueError(f"it holds conversation {record.conversation.id!r}")
     items, cut = list(record.items), record.cut
-    for i, line in enumerate(turns):
+    for line in turns:
         try:
             turn = _turn.decode(line)
         except msgspec.DecodeError:
-            if i < len(turns) - 1:
-                raise
-            log.warning("conversation %s: its last turn was cut short in its file (a crash?); left out",
-                        conversation_id)
-            break
+            # a turn a crash cut short: left out, as when it was the last line (each later turn
+            # was appended after it on a line of its own)
+            log.warning("conversation %s: a turn was cut short in its file (a crash?); left out", conversation_id)
+            continue
         items += turn.items
         cut = turn.cut or cut
     return msgspec.structs.replace(record, items=items, cut=cut), record.owner

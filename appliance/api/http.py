@@ -16,6 +16,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 JSON = b"application/json"
 
 
+
+class ClientGone(OSError):
+    """Sending to the client failed: its connection is gone (an OSError, as the server's
+    transport raises, so code that stops on a lost client catches it as one)."""
+
 class Request:
     def __init__(self, scope: dict[str, Any], receive: Receive, send: Send):
         self.scope = scope

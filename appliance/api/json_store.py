@@ -36,6 +36,16 @@ class MissingRecord(KeyError):
         self.why = why
 
 
+class StoreUnavailable(ApiError):
+    """A stored record's file could not be read just now (no file descriptors left, an I/O
+    error): a 503 for this request, and the record stays for the next try."""
+
+    def __init__(self, what: str, record_id: str, e: OSError):
+        super().__init__(503, f"stored {what} {record_id!r} could not be read just now ({e.strerror or e}); "
+                         "try again", type="service_unavailable", code="store_unavailable",
+                         headers=[(b"retry-after", b"1")])
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """`path` holds `data` whole, or what it held before (a crash never leaves half a file)."""
     tmp = path.with_suffix(".tmp")
@@ -115,12 +125,19 @@ class JsonStore(Generic[V]):
 
     def _install(self, record_id: str, entry: _Entry[V], read: tuple[V, str | None, int] | Exception
                  ) -> _Entry[V] | None:
-        """`entry` with what its file held (under the lock); an unreadable file's record goes."""
+        """`entry` with what its file held (under the lock). A file that could not be read just
+        now raises StoreUnavailable and its record stays; one that is gone, or reads but does not
+        decode, drops its record, and the latter is set aside (renamed *.bad), never deleted."""
+        if isinstance(read, OSError) and not isinstance(read, FileNotFoundError):
+            log.warning("a stored record's file could not be read now: %s: %s", self._file(record_id).name, read)
+            raise StoreUnavailable(self.what, record_id, read)
         if isinstance(read, Exception):
-            log.warning("dropping an unreadable stored record %s: %s", self._file(record_id).name, read)
             del self._records[record_id]
             self._bytes -= entry.size
-            self._forget(record_id)
+            if not isinstance(read, FileNotFoundError):
+                log.error("a stored record's file does not read; set aside as %s.bad: %s",
+                          self._file(record_id).name, read)
+                self._on_disk(self._set_aside, self._file(record_id))
             return None
         entry.value, entry.owner, size = read
         self._bytes += size - entry.size
@@ -148,6 +165,10 @@ class JsonStore(Generic[V]):
             job(*args)
         except OSError as e:
             log.warning("a stored record's file: %s", e)
+
+    @staticmethod
+    def _set_aside(path: Path) -> None:
+        os.replace(path, path.with_name(path.name + ".bad"))
 
     @staticmethod
     def _touch(path: Path) -> None:
@@ -254,7 +275,10 @@ class JsonStore(Generic[V]):
             with self._lock:
                 entry = self._records.get(record_id)
                 if entry is not None and entry.value is None:
-                    self._install(record_id, entry, read)
+                    try:
+                        self._install(record_id, entry, read)
+                    except StoreUnavailable:
+                        pass  # not listed this time; read again at the next ask
         with self._lock:
             return [(record_id, entry.value) for record_id, entry in self._records.items()
                     if entry.value is not None and may_read(entry.owner, owner)]

@@ -62,11 +62,13 @@ class ResponseStore(JsonStore[Stored]):
         super().__init__(max_entries, max_bytes, directory, _decoded, "responses")
 
     def put(self, response: Response, input_items: list[dict[str, Any]], turns: list[ChatMessage],
-            owner: str | None, events: list[bytes] | None = None, truncated: int = 0) -> None:
+            owner: str | None, events: list[bytes] | None = None, truncated: int = 0) -> bool:
+        """Keep this state of the response (in place of an earlier one); False where it is larger
+        than the whole cap (server.responses.max_mb) and not kept."""
         raw = [msgspec.Raw(e) for e in events] if events is not None else None
         data = encoder.encode(Record(response, input_items, turns, owner, raw, truncated))
-        self.put_record(response.id, Stored(response, input_items, turns, owner, events, truncated),
-                        owner, data)
+        return self.put_record(response.id, Stored(response, input_items, turns, owner, events, truncated),
+                               owner, data)
 
     def get(self, response_id: str, owner: str | None) -> Stored:
         """The record, marked as just used; MissingResponse if it is not there for this owner."""
@@ -87,8 +89,8 @@ class ResponseStore(JsonStore[Stored]):
             except MissingResponse:
                 if at == response_id:
                     raise
-                raise MissingRecord(response_id, f"an earlier response of its conversation, {at!r}, "
-                                                 "is no longer stored") from None
+                raise MissingRecord(response_id, f"not continuable: {at!r}, an earlier response of its "
+                                                 "conversation, is no longer stored") from None
             chain.append(record)
             at = record.response.previous_response_id
         return [turn for record in reversed(chain) for turn in record.turns]

@@ -94,7 +94,7 @@ class ResponsesRoutes:
         def keep(response: Response, events: list[bytes] | None = None) -> None:
             nonlocal added
             if req.store:  # (before the client hears of it: a GET may follow at once)
-                self.store.put(response, items, turns + [_assistant_turn(response)], owner, events, cut)
+                self._store(response, items, turns + [_assistant_turn(response)], owner, events, cut)
             if conversation_id is not None and response.status in ("completed", "incomplete") and not added:
                 added = True
                 self._add_to_conversation(conversation_id, owner, items, response,
@@ -176,6 +176,23 @@ class ResponsesRoutes:
             raise ApiError(400, f"previous response {e.record_id!r} is {e.why}", param="previous_response_id",
                            code="previous_response_not_found") from None
         return _History(earlier + turns, previous.truncated)
+
+    def _store(self, response: Response, items: list[dict[str, Any]], turns: list[ChatMessage], owner: str | None,
+               events: list[bytes] | None, cut: int) -> None:
+        """Keep a state of a response. One larger than server.responses.max_mb is kept without its
+        stream's events (a replay then has none), else not at all, and no earlier state of it
+        stays (a background response's in_progress one would stay so for good)."""
+        if self.store.put(response, items, turns, owner, events, cut):
+            return
+        if events is not None and self.store.put(response, items, turns, owner, None, cut):
+            log.warning("response %s: its stream's events are larger than server.responses.max_mb: kept without them",
+                        response.id)
+            return
+        log.warning("response %s (%s) is larger than server.responses.max_mb: not kept", response.id, response.status)
+        try:
+            self.store.delete(response.id, owner)
+        except MissingRecord:
+            pass
 
     def _in_conversation(self, conversation_id: str, owner: str | None, items: list[dict[str, Any]]) -> _History:
         """A conversation object's items, then this input."""

@@ -7,6 +7,7 @@ running goes on after the restart without running a finished request again."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import httpx
@@ -256,3 +257,33 @@ def test_a_request_refused_for_a_full_queue_goes_again(server_factory, tmp_path)
     done = finished(client, batch.id)
     assert done.request_counts.completed == 1 and done.error_file_id is None
     assert results(client, done.output_file_id)["only"]["response"]["status_code"] == 200
+
+
+def test_a_full_state_directory_is_a_507_and_a_batch_that_cannot_write_ends_failed(server_factory, tmp_path):
+    # the server's own I/O errors were taken for a lost client: a raw text 500, 499 in the access
+    # log; and a batch whose end could not be written stayed in_progress with nothing running it
+    mnt = tmp_path / "state"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        srv = server_factory(config(mnt, batches={"concurrent_requests": 1}), "batch-disk-full")
+        client = sdk(srv)
+        batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(2)])
+        try:  # the rest of the file system
+            with open(mnt / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        except OSError:
+            pass
+        r = httpx.post(srv.base + "/v1/files", data={"purpose": "batch"}, timeout=60,
+                       files={"file": ("more.jsonl", jsonl([chat_line("x", "Hi")]) * 400)})
+        assert r.status_code == 507 and r.json()["error"]["code"] == "insufficient_storage", r.text
+        done = finished(client, batch.id)
+        assert done.status == "failed" and "could not write" in done.errors.data[0].message
+        assert '"status": 507' in srv.log_path.read_text()
+        srv.stop()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

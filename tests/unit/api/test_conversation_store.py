@@ -64,6 +64,24 @@ def test_a_turn_cut_short_by_a_crash_is_left_out(tmp_path):
     assert [m["id"] for m in record.items] == [f"msg_{i:04d}" for i in range(6)]
 
 
+def test_turns_after_one_cut_short_are_kept_and_read_back(tmp_path):
+    # the file keeps the torn line, and the next turn is appended after it: that middle line made
+    # the whole file unreadable at the next start, and the conversation was dropped with its file
+    store = new_store(tmp_path)
+    store.put(ConversationRecord(Conversation(id="conv_t", created_at=1, metadata={}), [message(0)], None))
+    store.extend("conv_t", None, [message(1)])
+    store.close()
+    path = tmp_path / "conv_t.json"
+    path.write_bytes(path.read_bytes() + b'\n{"items":[{"type":"mess')  # a crash mid-append
+    again = new_store(tmp_path)
+    assert [m["id"] for m in again.get("conv_t", None).items] == ["msg_0000", "msg_0001"]
+    again.extend("conv_t", None, [message(2)])
+    again.close()
+    third = new_store(tmp_path)
+    assert [m["id"] for m in third.get("conv_t", None).items] == ["msg_0000", "msg_0001", "msg_0002"]
+    third.close()
+
+
 def test_a_turn_past_the_cap_is_not_kept(tmp_path):
     store = ConversationStore(10, 20_000, tmp_path)
     store.put(ConversationRecord(Conversation(id="conv_c", created_at=1, metadata={}), [message(0)], None))

@@ -4,6 +4,8 @@ conversations followed back through previous_response_id."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -121,7 +123,7 @@ def test_the_use_order_and_the_caps_hold_across_a_restart(tmp_path):
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.json", "d.json"]
 
 
-def test_files_are_read_when_first_asked_for_and_an_unreadable_one_is_dropped_then(tmp_path):
+def test_files_are_read_when_first_asked_for_and_an_unreadable_one_is_set_aside_then(tmp_path):
     store = ResponseStore(10, 1 << 20, tmp_path)
     store.put(response("a"), [], turns("one"), None)
     store.close()
@@ -134,12 +136,49 @@ def test_files_are_read_when_first_asked_for_and_an_unreadable_one_is_dropped_th
             again.get(name, None)
     again.close()
     assert len(again) == 1 and again.bytes == (tmp_path / "a.json").stat().st_size
-    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.json"]
+    # renamed, never deleted: what does not decode may still be someone's data
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.json", "junk.json.bad", "other.json.bad"]
     assert again.get("a", None).turns == turns("one")
     third = ResponseStore(10, 1 << 20, tmp_path)  # a record deleted before it was ever read
     third.delete("a", None)
     third.close()
-    assert len(third) == 0 and third.bytes == 0 and not list(tmp_path.iterdir())
+    assert len(third) == 0 and third.bytes == 0 and not list(tmp_path.glob("*.json"))
+
+
+TRANSIENT = """
+import errno, resource, sys
+from pathlib import Path
+from appliance.api.json_store import StoreUnavailable
+from appliance.api.response_store import ResponseStore
+store = ResponseStore(10, 1 << 20, Path(sys.argv[1]))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+held = []
+try:
+    while True:
+        held.append(open("/dev/null"))
+except OSError as e:
+    assert e.errno == errno.EMFILE
+try:
+    store.get("a", None)
+    raise SystemExit("read with no file descriptor left")
+except StoreUnavailable as e:
+    assert e.status == 503 and e.code == "store_unavailable", e
+for f in held:
+    f.close()
+print(store.get("a", None).response.id)
+"""
+
+
+def test_a_file_that_cannot_be_read_just_now_keeps_its_record(tmp_path):
+    # (every OSError dropped the record and deleted its file: a burst of connections that took the
+    # file descriptors, an SD card's read error, destroyed stored responses for good)
+    store = ResponseStore(10, 1 << 20, tmp_path)
+    store.put(response("a"), [], turns("one"), None)
+    store.close()
+    out = subprocess.run([sys.executable, "-c", TRANSIENT, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "a", out.stderr
+    assert (tmp_path / "a.json").exists()
 
 
 def test_an_unusable_directory_keeps_memory_only(tmp_path):
@@ -168,3 +207,24 @@ def test_a_streamed_responses_events_are_stored_with_it_and_read_back_after_a_re
     assert again.get("a", None).events == events and again.get("b", None).events is None
     assert again.bytes == sum(f.stat().st_size for f in tmp_path.glob("*.json"))  # the events count
     assert (tmp_path / "a.json").stat().st_size > (tmp_path / "b.json").stat().st_size
+
+
+def test_a_state_over_the_cap_is_kept_without_its_events_or_not_at_all_never_stale(tmp_path):
+    # a background response's final state larger than server.responses.max_mb left its in_progress
+    # state stored for good: not continuable, not cancellable
+    from appliance.api.responses_routes import ResponsesRoutes
+
+    store = ResponseStore(10, 20_000, tmp_path)
+    routes = ResponsesRoutes(None, None, store)
+    running = Response(id="r", created_at=0, status="in_progress", model="m")
+    routes._store(running, [], turns("ask"), None, [b'{"type":"response.created"}'], 0)
+    assert store.get("r", None).response.status == "in_progress"
+    done = Response(id="r", created_at=0, status="completed", model="m")
+    routes._store(done, [], turns("ask"), None, [b'{"type":"x","pad":"' + b"y" * 30_000 + b'"}'], 0)
+    kept = store.get("r", None)
+    assert kept.response.status == "completed" and kept.events is None
+    routes._store(done, [], turns("ask" * 10_000), None, None, 0)  # even without events over the cap
+    with pytest.raises(MissingResponse):
+        store.get("r", None)
+    store.close()
+    assert not (tmp_path / "r.json").exists()
