@@ -6,6 +6,7 @@ requests as an input file and shows it, and its results, as Anthropic's SDKs rea
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -108,7 +109,20 @@ class MessageBatchRoutes:
         self.runner = runner
 
     async def create(self, request: Request) -> None:
-        body: MessageBatchCreate = decoded(_create, await request.body(self.config.server.files.max_file_mb << 20))
+        raw = await request.body(self.config.server.files.max_file_mb << 20)
+        who = context.key_id()
+        batch_id = f"msgbatch_{uuid.uuid4().hex}"
+        # up to 100,000 requests: read, checked and written off the event loop, whose streams go on
+        file, count = await asyncio.to_thread(self._requests_file, raw, batch_id, who)
+        batch = new_batch(batch_id, ENDPOINT, file.id, count, 24 * 3600)
+        self.store.put(batch, who, time.time_ns())
+        self.runner.start(batch)
+        await request.json(200, shown(batch))
+
+    def _requests_file(self, raw: bytes, batch_id: str, who: str | None) -> tuple[Any, int]:
+        """The batch's requests checked (a 400 naming the first that cannot run) and stored as a
+        batch input file; and how many there are."""
+        body: MessageBatchCreate = decoded(_create, raw)
         if not 1 <= len(body.requests) <= MAX_REQUESTS:
             raise bad_request(f"a message batch has 1 to {MAX_REQUESTS} requests", param="requests")
         seen: set[str] = set()
@@ -123,8 +137,6 @@ class MessageBatchRoutes:
                 raise bad_request("a batch's messages are answered whole: leave stream out",
                                   param=f"requests[{i}].params.stream")
             seen.add(r.custom_id)
-        who = context.key_id()
-        batch_id = f"msgbatch_{uuid.uuid4().hex}"
         scratch = self.files.scratch()
         with open(scratch, "wb") as f:
             for r in body.requests:
@@ -136,10 +148,7 @@ class MessageBatchRoutes:
             raise ApiError(413, str(e), code="files_full") from None
         finally:
             scratch.unlink(missing_ok=True)
-        batch = new_batch(batch_id, ENDPOINT, file.id, len(body.requests), 24 * 3600)
-        self.store.put(batch, who, time.time_ns())
-        self.runner.start(batch)
-        await request.json(200, shown(batch))
+        return file, len(body.requests)
 
     def _batch(self, request: Request) -> Batch:
         batch_id = request.path_params["batch_id"]

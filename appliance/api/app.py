@@ -88,6 +88,7 @@ class App:
         self.files = FilesRoutes(config, FileStore(config.files_dir(), config.server.files.max_mb << 20))
         self.batches = BatchRoutes(config, BatchStore(config.files_dir() / "batches"), self.files.store,
                                    self.call_internal)
+        self.files.user_of = self.batches.store.file_user
         self.message_batches = MessageBatchRoutes(config, self.batches.store, self.files.store, self.batches.runner)
         self.anthropic = AnthropicRoutes(config, manager)
         self.tokens = TokenRoutes(config, manager)

@@ -142,6 +142,17 @@ class BatchStore:
         return [k.batch for k in sorted(self._batches.values(), key=lambda k: k.stamp)
                 if may_read(k.owner, owner)]
 
+    def file_user(self, file_id: str) -> str | None:
+        """The batch that still needs a file: an unfinished batch reads its input file, and a
+        message batch's files are its own (its results are read from them; it deletes them)."""
+        for k in list(self._batches.values()):
+            b = k.batch
+            if b.id.startswith("msgbatch_") and file_id in (b.input_file_id, b.output_file_id, b.error_file_id):
+                return b.id
+            if b.status in UNFINISHED and file_id == b.input_file_id:
+                return b.id
+        return None
+
     def unfinished(self) -> list[Batch]:
         return [k.batch for k in self._batches.values() if k.batch.status in UNFINISHED]
 

@@ -3,6 +3,8 @@ batch), GET /v1/files, GET/DELETE /v1/files/{file_id}, GET /v1/files/{file_id}/c
 
 from __future__ import annotations
 
+from typing import Callable
+
 import msgspec
 
 from ..config import Config
@@ -28,6 +30,8 @@ class FilesRoutes:
     def __init__(self, config: Config, store: FileStore):
         self.config = config
         self.store = store
+        # the batch that still needs a file, if one does (BatchStore.file_user; set by the app)
+        self.user_of: Callable[[str], str | None] = lambda file_id: None
 
     async def upload(self, request: Request) -> None:
         if self.store.unavailable is not None:
@@ -67,6 +71,11 @@ class FilesRoutes:
 
     async def delete(self, request: Request) -> None:
         file = self._file(request)
+        if (batch_id := self.user_of(file.id)) is not None:
+            how = "delete the message batch instead" if batch_id.startswith("msgbatch_") else \
+                "it reads it until it ends: cancel it, or delete the file once it has ended"
+            raise ApiError(409, f"file {file.id!r} belongs to batch {batch_id!r}: {how}", param="file_id",
+                           code="file_in_use")
         self.store.delete(file.id, context.key_id())
         await request.json(200, DeletedFile(file.id))
 

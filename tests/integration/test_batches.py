@@ -267,6 +267,7 @@ def test_a_full_state_directory_is_a_507_and_a_batch_that_cannot_write_ends_fail
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    srv = None
     try:
         srv = server_factory(config(mnt, batches={"concurrent_requests": 1}), "batch-disk-full")
         client = sdk(srv)
@@ -284,6 +285,19 @@ def test_a_full_state_directory_is_a_507_and_a_batch_that_cannot_write_ends_fail
         done = finished(client, batch.id)
         assert done.status == "failed" and "could not write" in done.errors.data[0].message
         assert '"status": 507' in srv.log_path.read_text()
-        srv.stop()
     finally:
+        if srv is not None:
+            srv.stop()  # (its open files would keep the mount busy)
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_file_an_unfinished_batch_reads_is_not_deleted_under_it(srv):
+    # deleted, the batch went on with its open file, then failed at a restart with its finished
+    # results stranded
+    client = sdk(srv)
+    batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(2)])
+    r = httpx.delete(f"{srv.base}/v1/files/{batch.input_file_id}", timeout=60)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "file_in_use" and batch.id in r.text, r.text
+    client.batches.cancel(batch.id)
+    assert finished(client, batch.id).status == "cancelled"
+    assert client.files.delete(batch.input_file_id).deleted

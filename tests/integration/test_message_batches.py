@@ -109,3 +109,17 @@ def test_the_list_pages_both_ways_and_says_where_more_lie(srv, client):
     assert [b["id"] for b in page["data"]] == [made[2], made[1]] and page["has_more"] is True
     r = httpx.get(srv.base + "/v1/messages/batches", params={"before_id": "msgbatch_none"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "before_id"
+
+
+def test_a_message_batchs_files_are_deleted_with_it_not_through_the_files_api(srv, client):
+    # deleting its results file turned its succeeded requests into canceled ones
+    batch = client.messages.batches.create(requests=[{"custom_id": "a", "params": params("Hi")}])
+    ended(client, batch.id)
+    mine = [f for f in httpx.get(srv.base + "/v1/files", timeout=60).json()["data"]
+            if f["filename"].startswith(batch.id)]
+    assert mine
+    for f in mine:
+        r = httpx.delete(f"{srv.base}/v1/files/{f['id']}", timeout=60)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "file_in_use", r.text
+    assert [r.result.type for r in client.messages.batches.results(batch.id)] == ["succeeded"]
+    client.messages.batches.delete(batch.id)

@@ -149,6 +149,7 @@ def test_a_full_disk_turns_the_tier_off_and_requests_still_succeed(server_factor
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    srv = None
     try:
         srv = server_factory(config(mnt), "prefix-full")
         a = chat(srv, "What does this say about copying?")
@@ -160,8 +161,9 @@ def test_a_full_disk_turns_the_tier_off_and_requests_still_succeed(server_factor
         assert srv_status["disk"]["error"].startswith("disk full")
         assert srv_status["ram"]["hits"] >= 1
         assert "disk tier" in srv.log() and "turned off" in srv.log()
-        srv.stop()
     finally:
+        if srv is not None:
+            srv.stop()  # (its open files would keep the mount busy)
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
