@@ -15,6 +15,7 @@ left (then top-k/top-p/min-p act on the allowed candidates, as in llama.cpp).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import llama_cpp as lc
@@ -49,12 +50,13 @@ def _compile(vocab: Vocab | None, text: str, triggers: tuple[int, ...] = ()) -> 
     llama.cpp replays the rest of the token that completed it into the grammar, and a rest the
     grammar refuses would throw through its C API."""
     handle = vocab.handle if vocab is not None else None
-    if triggers:
-        ids = (lc.llama_token * len(triggers))(*triggers)
-        smpl = lc.llama_sampler_init_grammar_lazy_patterns(handle, text.encode("utf-8"), b"root", None, 0, ids,
-                                                           len(triggers))
-    else:
-        smpl = lc.llama_sampler_init_grammar(handle, text.encode("utf-8"), b"root")
+    with vocab.using() if vocab is not None else contextlib.nullcontext():
+        if triggers:
+            ids = (lc.llama_token * len(triggers))(*triggers)
+            smpl = lc.llama_sampler_init_grammar_lazy_patterns(handle, text.encode("utf-8"), b"root", None, 0, ids,
+                                                               len(triggers))
+        else:
+            smpl = lc.llama_sampler_init_grammar(handle, text.encode("utf-8"), b"root")
     if not smpl:
         raise GrammarError(_REFUSED + (" (token references need a model: not in group requests)" if vocab is None else ""))
     return smpl

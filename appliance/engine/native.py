@@ -630,11 +630,46 @@ class FimTokens(NamedTuple):
         return min(self.pre, self.suf, self.mid) >= 0
 
 
+class NotReady(Exception):
+    """The model is not loaded (not yet, failed, or unloaded)."""
+
+
+class _Lifetime:
+    """A model's memory against its users off the runner's thread (tokenizing a request, making
+    its grammar): a use runs while the model lives, its free (`end`) waits for the uses under way,
+    and a later use raises NotReady instead of reading freed memory."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._users = 0
+        self._alive = True
+
+    def enter(self) -> None:
+        with self._cond:
+            if not self._alive:
+                raise NotReady("the model was unloaded")
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._users -= 1
+            if not self._users:
+                self._cond.notify_all()
+
+    def end(self) -> None:
+        with self._cond:
+            self._alive = False
+            while self._users:
+                self._cond.wait()
+
+
 class Vocab:
-    """Tokenization and detokenization for one model."""
+    """Tokenization and detokenization for one model; usable until `close()` (before its model
+    is freed), NotReady after."""
 
     def __init__(self, vocab: lc.llama_vocab_p, n_vocab: int):
         self._vocab = vocab
+        self._life = _Lifetime()
         self.n_vocab = n_vocab
         self.add_bos = bool(lc.llama_vocab_get_add_bos(vocab))
         self.bos = int(lc.llama_vocab_bos(vocab))
@@ -653,28 +688,49 @@ class Vocab:
 
     @property
     def handle(self) -> lc.llama_vocab_p:
-        """llama.cpp's vocab, for what needs it directly (grammar.Constraint)."""
+        """llama.cpp's vocab, for what needs it directly (grammar.Constraint), inside `using()`."""
         return self._vocab
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """The vocab stays alive meanwhile (NotReady where it is already closed)."""
+        self._life.enter()
+        try:
+            yield
+        finally:
+            self._life.leave()
+
+    def close(self) -> None:
+        """Its model is about to be freed: waits for the uses under way; later ones raise NotReady."""
+        self._life.end()
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 8
         arr = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            arr = (lc.llama_token * cap)()
+        self._life.enter()
+        try:
             n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+            if n < 0:
+                cap = -n
+                arr = (lc.llama_token * cap)()
+                n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        finally:
+            self._life.leave()
         return list(arr[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
         buf = self._piece_buf
-        n = held_gil.token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            big = ctypes.create_string_buffer(-n)
-            n = held_gil.token_to_piece(self._vocab, token, big, len(big), 0, special)
-            return big.raw[:n]
-        return buf.raw[:n]
+        self._life.enter()
+        try:
+            n = held_gil.token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = held_gil.token_to_piece(self._vocab, token, big, len(big), 0, special)
+                return big.raw[:n]
+            return buf.raw[:n]
+        finally:
+            self._life.leave()
 
     def text(self, tokens: list[int], special: bool = False) -> str:
         """The tokens' pieces as one text (special tokens written out when `special`), invalid

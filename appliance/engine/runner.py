@@ -135,8 +135,7 @@ class QueueFull(Exception):
     pass
 
 
-class NotReady(Exception):
-    pass
+NotReady = native.NotReady  # (defined beside the vocabulary, which raises it once its model is freed)
 
 
 def _free_samplers(seq: _Sequence) -> None:
@@ -502,6 +501,8 @@ class ModelRunner:
             self.spec = None
         self.adapters, self._switch = [], AdapterSwitch([])  # llama.cpp frees them with the model
         if self.loaded:  # last: its free() trims the heap, the states dropped above included
+            if self.vocab is not None:  # requests tokenizing off this thread finish first; later ones are refused
+                self.vocab.close()
             lc.llama_batch_free(self._batch)
             self.loaded.free()
             self.loaded = None

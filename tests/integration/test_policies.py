@@ -259,3 +259,35 @@ def test_a_plugin_that_raises_is_reported_and_the_server_keeps_serving(server_fa
     assert err["code"] == "policy_plugin_error" and "raised in refuse_load" in err["message"]
     assert httpx.get(srv.base + "/health").status_code == 200
 
+
+
+def test_requests_racing_an_unload_get_an_answer_or_a_503_and_the_server_lives(server_factory):
+    # a request that took the runner just before its unload tokenized with the freed vocabulary:
+    # SIGSEGV in libllama, the whole server gone (the vocabulary now outlives its users)
+    import asyncio
+    import random
+
+    srv = server_factory({"policy": {"strategy": "generic"},
+                          "models": [model_entry("a", SMOLLM2, n_ctx=2048, n_parallel=2)]}, "unload-race")
+    big = "hello world, this is a fairly long message to tokenize. " * 150
+
+    async def chat(c: httpx.AsyncClient, delay: float) -> int:
+        await asyncio.sleep(delay)
+        r = await c.post(srv.base + "/v1/chat/completions", json={
+            "model": "a", "messages": [{"role": "user", "content": big}], "max_tokens": 1})
+        return r.status_code
+
+    async def rounds() -> list[int]:
+        statuses = []
+        async with httpx.AsyncClient(timeout=120) as c:
+            for _ in range(12):
+                await c.post(srv.base + "/v1/admin/models/load", json={"model": "a"})
+                got = await asyncio.gather(c.post(srv.base + "/v1/admin/models/unload", json={"model": "a"}),
+                                           *[chat(c, random.uniform(0, 0.03)) for _ in range(4)])
+                statuses += got[1:]
+        return statuses
+
+    statuses = asyncio.run(rounds())
+    assert set(statuses) <= {200, 503}, statuses
+    assert srv.proc.poll() is None and httpx.get(srv.base + "/health", timeout=30).status_code == 200
+    srv.stop()
