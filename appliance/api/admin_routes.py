@@ -18,10 +18,12 @@ from ..engine.manager import InsufficientMemory, ModelBusy, ModelManager, Policy
 from ..policy import PluginError
 from ..resources import memory
 from ..resources.estimate import estimate
-from .errors import ApiError, decoded
+from .errors import ApiError, bad_request, decoded
 from .generation import manager_error
 from .http import Request
 from .probes import run_probe
+
+UNQUANTIZED = ("f32", "f16", "bf16")  # V cache types llama.cpp takes without flash attention
 
 
 class ModelAction(msgspec.Struct, frozen=True):
@@ -198,6 +200,10 @@ class AdminRoutes:
         if runner.state != "ready":
             raise ApiError(409, f"model '{req.model}' is {runner.state}, not loaded", param="model",
                            code="model_not_loaded")
+        if runner.cfg.flash_attn == "off" and req.mode not in UNQUANTIZED:
+            # known before the context is torn down: llama.cpp refuses a quantized V without it
+            raise bad_request(f"model '{req.model}' has flash_attn: off, and a quantized V cache ({req.mode}) needs "
+                              "flash attention; quantize K alone (k) and keep mode f16", param="mode")
         # off the loop: change_kv takes the manager's lock, which a load or an eviction can hold for seconds
         fut = await asyncio.to_thread(self.manager.change_kv, req.model, req.k or req.mode, req.mode,
                                       "requested through the admin API")

@@ -318,7 +318,7 @@ class ModelManager:
     def kv_rungs(self, runner: ModelRunner) -> list[tuple[str, str]]:
         """The model's KV types from the one it was loaded with down to the most compressed."""
         kv = runner.cfg.kv_cache
-        key = (runner.path, kv.type_k, kv.type_v, kv.k)
+        key = (runner.path, kv.type_k, kv.type_v, kv.k, runner.cfg.flash_attn)
         if key not in self._rungs:
             self._rungs[key] = self._kv_rungs(runner)
         return self._rungs[key]

@@ -73,7 +73,10 @@ def gqa_ratio(shape: GgufShape) -> float:
 
 
 def ladder(cfg: ModelConfig, shape: GgufShape | None, turbo_ok: bool) -> list[tuple[str, str]]:
-    """The (K, V) rungs an auto model may take, least compressed first."""
+    """The (K, V) rungs an auto model may take, least compressed first. Without flash attention
+    (flash_attn: off) llama.cpp takes no quantized V: only K steps down, to q8_0."""
+    if cfg.flash_attn == "off":
+        return [(cfg.kv_cache.k, "f16")] if cfg.kv_cache.k else [("f16", "f16"), ("q8_0", "f16")]
     rungs = []
     for v in LADDER if turbo_ok else LADDER_NO_TURBO:
         if cfg.kv_cache.k:

@@ -274,6 +274,11 @@ def test_names_on_one_file_with_other_context_shapes_keep_apart_disk_entries(ser
     status = httpx.get(srv.base + "/v1/admin/kv/status").json()["models"]
     paths = {status[name]["disk"]["path"] for name in ("m", "short", "no-fa")}
     assert len(paths) == 3 and all(Path(p).parent == tmp_path for p in paths)
+    # a quantized V needs flash attention: refused up front, not after tearing the context down
+    r = httpx.post(srv.base + "/v1/admin/kv/convert", json={"model": "no-fa", "mode": "q8_0"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "mode", r.text
+    r = httpx.post(srv.base + "/v1/admin/kv/convert", json={"model": "no-fa", "mode": "f16", "k": "q8_0"}, timeout=60)
+    assert r.status_code == 200 and r.json()["to"] == ["q8_0", "f16"], r.text
     srv.stop()
 
 

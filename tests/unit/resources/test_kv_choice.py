@@ -190,3 +190,12 @@ def test_an_encoder_takes_no_kv_cache_from_the_budget():
     decoder = models(AUTO, encoder)
     assert estimate(decoder[1].shape, decoder[1].cfg, "f16", "f16").kv == 32 * 1024
     assert choose_kv(decoder, F16, BUDGET)["a"].type_v == "q8_0"
+
+
+def test_without_flash_attention_only_k_steps_down():
+    # llama.cpp refuses a quantized V without flash attention: an adaptive model stepping down to
+    # q8_0 V tore its context down and made it again at every cooldown, for good
+    plain = models({"name": "a", "flash_attn": "off", "kv_cache": {"adaptive": True}})[0]
+    assert ladder(plain.cfg, plain.shape, turbo_ok=True) == [("f16", "f16"), ("q8_0", "f16")]
+    asymmetric = models({"name": "a", "flash_attn": "off", "kv_cache": {"k": "q8_0"}})[0]
+    assert ladder(asymmetric.cfg, asymmetric.shape, turbo_ok=True) == [("q8_0", "f16")]
