@@ -179,9 +179,11 @@ class AdminRoutes:
             runner = await self.manager.load_async(name)
         except (PolicyRefused, InsufficientMemory, PluginError) as e:
             raise manager_error(e) from None
-        status = 200 if runner.state == "ready" else 500
-        await request.json(status, {"model": name, "state": runner.state, "error": runner.error,
-                                    "total_bytes": self.manager.measured(runner)})
+        if runner.state != "ready":  # (its file, mostly): the error envelope, as a request to it gets
+            raise ApiError(503, f"model '{name}' failed to load: {runner.error}", type="service_unavailable",
+                           param="model", code="load_failed")
+        await request.json(200, {"model": name, "state": runner.state, "error": None,
+                                 "total_bytes": self.manager.measured(runner)})
 
     async def unload(self, request: Request) -> None:
         name = await self._model_action(request)

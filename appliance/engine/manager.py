@@ -964,6 +964,8 @@ class ModelManager:
             runner = self.runners[name]
             runner.state, runner.error = "failed", str(e)
             log.error("model %s not loaded: %s", name, e)
+            self.counters["load_failures"] += 1  # (a boot load refused for memory fails as any failed load)
+            self._event("load_failed", name, runner.error)
 
     # ---- views -----------------------------------------------------------------------------
 

@@ -117,6 +117,9 @@ def test_a_file_llama_cpp_aborts_on_fails_alone(server_factory, tmp_path, monkey
     assert r.status_code == 503 and "GGML_ASSERT(ggml_can_mul_mat(k, q))" in r.text, r.text
     r = httpx.post(srv.base + "/v1/embeddings", json={"model": "later", "input": "the cat"})
     assert r.status_code == 503 and "GGML_ASSERT(id_to_token.size() == token_to_id.size())" in r.text, r.text
+    r = httpx.post(srv.base + "/v1/admin/models/load", json={"model": "heads"})  # (was a 500 with a success's shape)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "load_failed", r.text
+    assert "GGML_ASSERT(ggml_can_mul_mat(k, q))" in r.json()["error"]["message"]
     found = {m["path"]: m for m in httpx.get(srv.base + "/v1/admin/models/discover").json()["models"]}
     assert "llama.cpp aborted reading twice.gguf: GGML_ASSERT" in found["twice.gguf"]["error"]
     assert found["good.gguf"]["architecture"] == "llama"

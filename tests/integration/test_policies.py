@@ -154,6 +154,18 @@ def test_multi_group_budgets_are_isolated(server_factory):
     assert budgets["group:side"]["capacity_bytes"] == 200 * 1024 * 1024
 
 
+def test_a_boot_load_refused_for_memory_counts_as_a_failed_load(server_factory):
+    # its model was failed in /health but eie_model_load_failures_total said 0: alerts missed it
+    srv = server_factory({"vram": {"budget_mb": budget_mb(1.5 * estimate_mib(smol("a")))},
+                          "models": [smol("a"), smol("b")]}, "boot-refused")
+    assert sorted(states(srv).values()) == ["failed", "ready"]
+    failed = next(n for n, s in states(srv).items() if s == "failed")
+    from opshelp import metric
+
+    assert metric(httpx.get(srv.base + "/metrics").text, "eie_model_load_failures_total", model=failed) == 1
+    assert any(e["event"] == "load_failed" and e["model"] == failed for e in events(srv))
+
+
 def test_fixed_appliance_refuses_load_and_unload(server_factory):
     srv = server_factory({"models": [smol("a")]}, "fixed")
     for action in ("load", "unload"):
