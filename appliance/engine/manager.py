@@ -218,6 +218,9 @@ class ModelManager:
         if not settings.enabled:
             return None
         loaded = runner.loaded
+        if loaded.args.flash_attn == "off":  # (each save failed with a warning, and nothing was ever cached)
+            raise RuntimeError("it needs flash attention: a state with V transposed (flash_attn: off) is not "
+                               "read or written here")
         disk = runner.cfg.kv_cache.disk
         rot = migrate.rotation_sizes(loaded.metadata)
         encode, codec = None, "raw"
