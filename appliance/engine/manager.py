@@ -367,17 +367,20 @@ class ModelManager:
         if self.gpu:
             return
         for budget in {b.scope: b for b in map(self.budget, list(self.runners))}.values():
-            if self.used(budget) <= budget.low:
-                continue
-            for name in self._scope_models(budget):
-                r = self.runners[name]
-                if r.state == "ready" and r.prefix is not None and r.prefix.store.ram_used:
-                    freed = r.prefix.store.shrink_ram(0)
-                    heap.trim()
-                    self._event("prefix_spill", name, f"{freed} bytes of saved prefixes moved out of RAM")
-                    self.counters["prefix_spills"] += 1
-                    if self.used(budget) <= budget.low:
-                        break
+            self._spill(budget, lambda: self.used(budget) <= budget.low)
+
+    def _spill(self, budget: Budget, enough: Callable[[], bool], exclude: str = "") -> None:
+        """The saved prefixes of the budget's models (`exclude` aside) leave RAM for the disk tier,
+        a model's at a time, until `enough()`."""
+        for name in self._scope_models(budget):
+            if enough():
+                return
+            r = self.runners[name]
+            if name != exclude and r.state == "ready" and r.prefix is not None and r.prefix.store.ram_used:
+                freed = r.prefix.store.shrink_ram(0)
+                heap.trim()
+                self._event("prefix_spill", name, f"{freed} bytes of saved prefixes moved out of RAM")
+                self.counters["prefix_spills"] += 1
 
     def _adapt_kv(self) -> set[str]:
         """One adaptive-KV decision per budget; returns the scopes where a change is under way."""
@@ -581,7 +584,10 @@ class ModelManager:
         """Evict what the strategy lets go until `need` more bytes fit under the critical watermark;
         False when they still do not."""
         budget = self.budget(name)
-        while self.used(budget, exclude=name) + need > budget.critical:
+        fits = lambda: self.used(budget, exclude=name) + need <= budget.critical  # noqa: E731
+        if not self.gpu:  # saved prefixes are a cache: they leave RAM before any model goes
+            self._spill(budget, fits, exclude=name)
+        while not fits():
             victim = self.policy.choose_eviction(self._candidates(budget, name), name)
             if victim is None:
                 return False

@@ -376,6 +376,9 @@ class PrefixStore:
             entry.key.hex(), self.identity.hex(), [k.hex() for k in entry.keys],
             self.codec if payload is not state else "raw", len(payload), hashlib.sha256(payload).hexdigest()))
         data = MAGIC + _HEADER_LEN.pack(len(header)) + header + payload
+        if len(data) > self.disk_bytes:  # it would be written, synced and deleted at once
+            self.stats["disk_too_large"] += 1
+            return
         final = self.dir / f"{entry.key.hex()}.kv"
         tmp = self.dir / f"{entry.key.hex()}.{threading.get_ident()}.tmp"
         try:

@@ -303,3 +303,25 @@ def test_requests_racing_an_unload_get_an_answer_or_a_503_and_the_server_lives(s
     assert set(statuses) <= {200, 503}, statuses
     assert srv.proc.poll() is None and httpx.get(srv.base + "/health", timeout=30).status_code == 200
     srv.stop()
+
+
+def test_saved_prefixes_leave_ram_before_a_model_is_evicted_for_room(server_factory):
+    # a load evicted the whole idle model where spilling its saved prefixes (a cache, and on disk
+    # already) made room: the next request to it paid a reload and a cold cache
+    entries = [model_entry("smol", SMOLLM2, n_ctx=2048, n_parallel=2), model_entry("gemma", GEMMA3, n_ctx=2048,
+                                                                                  n_parallel=2)]
+    room = estimate_mib(entries[0]) + estimate_mib(entries[1]) + 40
+    srv = server_factory({"policy": {"strategy": "generic"},
+                          "vram": {"budget_mb": budget_mb(room), "critical_watermark": 95, "low_watermark": 94},
+                          "models": entries}, "spill-first")
+    for i in range(6):  # about 18 MB of f16 state each, saved in RAM
+        r = httpx.post(srv.base + "/v1/completions", timeout=120, json={
+            "model": "smol", "prompt": f"{i} " + " ".join(f"fact {j} about item {i}." for j in range(170)),
+            "max_tokens": 2})
+        assert r.status_code == 200, r.text
+    status = httpx.get(srv.base + "/v1/admin/kv/status").json()["models"]["smol"]
+    assert status["ram"]["bytes"] > 60 << 20, status["ram"]
+    assert ask(srv, "gemma").status_code == 200
+    assert states(srv) == {"smol": "ready", "gemma": "ready"}
+    assert any(e["event"] == "prefix_spill" and e["model"] == "smol" for e in events(srv))
+    srv.stop()

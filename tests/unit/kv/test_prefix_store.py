@@ -384,3 +384,17 @@ def test_a_discarded_entry_is_gone_from_every_tier_and_its_prefix_can_be_saved_a
     s.put(keys, b"its own state")
     assert s.lookup(keys).state == b"its own state"
     s.close()
+
+
+def test_a_state_larger_than_the_whole_disk_tier_is_not_written(tmp_path):
+    # (it was written, synced, and deleted by the trim at once, at every save)
+    keys = block_keys(ID, list(range(8)), 4)
+    s = store(tmp_path, disk=5000)
+    s.put(keys, b"x" * 6000)
+    s.put(block_keys(ID, list(range(4)), 4), b"small")
+    s.drain(10)
+    status = s.status()
+    assert status["counters"]["disk_too_large"] == 1 and status["counters"].get("disk_evictions", 0) == 0
+    assert status["disk"]["entries"] == 1 and len(list((tmp_path / ID.hex()).glob("*.kv"))) == 1
+    assert s.lookup(keys).tier == "ram"  # still served from RAM
+    s.close()
