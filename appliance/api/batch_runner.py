@@ -193,14 +193,20 @@ class BatchRunner:
 
     def _expire(self, batch: Batch, owner: str | None) -> None:
         """The completion window has passed: the requests not run are failed as expired."""
-        done, _, _ = self.store.finished_ids(batch.id)
+        done, completed, failed = self.store.finished_ids(batch.id)
+        expired = 0
         for line in batch_input.requests(self.files.path(batch.input_file_id), batch.endpoint):
             if line.custom_id not in done:
                 self.store.append(batch.id, True, {
                     "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
                     "error": {"code": "batch_expired", "message": "the batch's completion window passed before "
                               "this request ran"}})
-        self._update(batch.id, status="expired", expired_at=now())
+                expired += 1
+        # an OpenAI batch counts them as failed, as its error file has them (total = completed +
+        # failed); a message batch shows the requests it did not run as expired (anthropic_batches)
+        counts = RequestCounts(batch.request_counts.total, completed, failed + expired) \
+            if not batch.id.startswith("msgbatch_") else batch.request_counts
+        self._update(batch.id, status="expired", expired_at=now(), request_counts=counts)
 
     def _finish(self, batch_id: str, owner: str | None) -> None:
         """The results become files (batch_output) and the batch ends: completed, or cancelled

@@ -301,3 +301,24 @@ def test_a_file_an_unfinished_batch_reads_is_not_deleted_under_it(srv):
     client.batches.cancel(batch.id)
     assert finished(client, batch.id).status == "cancelled"
     assert client.files.delete(batch.input_file_id).deleted
+
+
+def test_an_expired_batch_counts_the_requests_it_did_not_run_as_failed(server_factory, tmp_path):
+    # they were in its error file but not in its counts: total != completed + failed
+    cfg = config(tmp_path, batches={"concurrent_requests": 1})
+    first = server_factory(cfg, "batch-expiring")
+    client = sdk(first)
+    batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(3)])
+    wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
+    first.stop()
+    state = next(tmp_path.rglob(f"{batch.id}.json"))
+    kept = json.loads(state.read_text())
+    kept["batch"]["expires_at"] = int(time.time()) - 60  # its window passed while it was stopped
+    state.write_text(json.dumps(kept))
+    client = sdk(server_factory(cfg, "batch-expired"))
+    done = finished(client, batch.id)
+    counts = done.request_counts
+    assert done.status == "expired" and counts.total == 3 and counts.completed >= 1
+    assert counts.completed + counts.failed == 3
+    errors = results(client, done.error_file_id)
+    assert len(errors) == counts.failed and {e["error"]["code"] for e in errors.values()} == {"batch_expired"}
