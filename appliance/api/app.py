@@ -108,7 +108,7 @@ class App:
         self._idle = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.admin.draining = lambda: self.draining
-        self.responses.background = BackgroundResponses(self._background)
+        self.responses.background = BackgroundResponses(self._background, self._account_background)
         self.routes: dict[str, dict[str, Route]] = {
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True),
                                      "GET": Route(self.stored_chats.listed, "key")},
@@ -489,15 +489,29 @@ class App:
             log.exception("metrics failed")
         if endpoint == "/health" or (endpoint in _QUIET and info.status < 400):
             return  # probes and scrapes (a refused scrape is logged)
-        ms = round(info.seconds() * 1000, 1)
-        access.info("%s %s %s %.1fms", info.method, info.path, info.status, ms,
-                    extra={"status": info.status, "duration_ms": ms, "key_id": info.key_id,
-                           "models": info.models, "group": info.group, "prompt_tokens": info.prompt_tokens,
-                           "completion_tokens": info.completion_tokens, "error": info.error_code})
-        if self.audit is not None and known and endpoint not in _QUIET:
-            self._audit_record(info, request, endpoint)
+        self._log_and_audit(info, request.raw_body, endpoint, known and endpoint not in _QUIET)
 
-    def _audit_record(self, info: context.RequestInfo, request: Request, endpoint: str) -> None:
+    def _account_background(self, info: context.RequestInfo, body: bytes | None) -> None:
+        """A background response's work, ended: its access line and audit record (its POST's,
+        which answered `queued`, have no tokens). Metrics counted its tokens as they came."""
+        try:
+            self._log_and_audit(info, body, "/v1/responses", True)
+        except Exception:
+            log.exception("accounting a background response failed")
+
+    def _log_and_audit(self, info: context.RequestInfo, body: bytes | None, endpoint: str, audited: bool) -> None:
+        ms = round(info.seconds() * 1000, 1)
+        extra = {"status": info.status, "duration_ms": ms, "key_id": info.key_id, "models": info.models,
+                 "group": info.group, "prompt_tokens": info.prompt_tokens,
+                 "completion_tokens": info.completion_tokens, "error": info.error_code}
+        if info.background:
+            extra["background"] = True
+        access.info("%s %s %s %.1fms%s", info.method, info.path, info.status, ms,
+                    " (background)" if info.background else "", extra=extra)
+        if self.audit is not None and audited:
+            self._audit_record(info, body, endpoint)
+
+    def _audit_record(self, info: context.RequestInfo, body: bytes | None, endpoint: str) -> None:
         admin = endpoint.startswith("/v1/admin/")
         fields: dict[str, Any] = {
             "request_id": info.id, "key_id": info.key_id, "method": info.method, "path": endpoint,
@@ -505,7 +519,8 @@ class App:
             "models": info.models, "group": info.group, "prompt_tokens": info.prompt_tokens,
             "completion_tokens": info.completion_tokens, "duration_ms": round(info.seconds() * 1000, 1),
         }
-        body = request.raw_body
+        if info.background:
+            fields["background"] = True
         if admin and body:
             fields["action"] = _admin_action(body, self.audit.include_content)
         if self.audit.include_content and not admin and body:

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 
 from msgspec.structs import replace
 
+from ..observability import context
 from .errors import ApiError
 from .event_log import EventLog
 from .generation import ENGINE_ERRORS, engine_error
@@ -54,10 +55,17 @@ class _Job:
     task: asyncio.Future[None] | None = field(default=None)
 
 
+_STATUS = {"completed": 200, "incomplete": 200, "cancelled": 499}  # a failed one: its error's status
+
+
 class BackgroundResponses:
-    def __init__(self, in_flight: Callable[[str | None], AbstractContextManager[None]]):
+    def __init__(self, in_flight: Callable[[str | None], AbstractContextManager[None]],
+                 account: Callable[[context.RequestInfo, bytes | None], None] | None = None):
         # counts the work as a request in flight (the app's drain waits for it) of its key's
         self.in_flight = in_flight
+        # logs and audits the work once it ends, as a request of its own (its POST answered
+        # `queued` with no tokens): its models, tokens and outcome
+        self.account = account
         self._jobs: dict[str, _Job] = {}
 
     def start(self, request: Request, queued: Response, logprobs: bool, keep: Keep, answer: Answer,
@@ -84,6 +92,11 @@ class BackgroundResponses:
     async def _run(self, job: _Job, answer: Answer) -> None:
         writer = job.writer
         base = writer.base
+        post = context.info()
+        info = context.RequestInfo(base.id, "POST", "/v1/responses", key_id=post.key_id if post else None,
+                                   background=True)
+        token = context.current.set(info)  # (this task's own context: the taps count its tokens here)
+        info.status = 500
         try:
             with self.in_flight(job.holder):
                 job.keep(base)
@@ -111,10 +124,17 @@ class BackgroundResponses:
                     job.keep(final, events=job.log.events)
                 elif final is not writer.result:  # (the writer stored its result)
                     job.keep(final)
+                info.status = _STATUS.get(final.status) or (failure.status if failure is not None else 500)
+                if final.status == "failed":
+                    info.error_code = final.error.code if final.error is not None else "failed"
         finally:
             if job.log is not None:
                 job.log.close()
             del self._jobs[base.id]
+            info.release_holds()
+            if self.account is not None:  # (its log line's request_id is the response's id)
+                self.account(info, job.request.raw_body)
+            context.current.reset(token)
 
     @staticmethod
     async def _attempt(job: _Job, answer: Answer) -> ApiError | None:

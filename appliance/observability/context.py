@@ -32,6 +32,7 @@ class RequestInfo:
     # after its end (work the request left running, as a background response) is not taken.
     releases: list[Callable[[], None]] = field(default_factory=list)
     ended: bool = False
+    background: bool = False  # a background response's work, after its POST answered
 
     def add_model(self, name: str) -> None:
         if name not in self.models:

@@ -67,6 +67,16 @@ def test_a_background_response_is_queued_at_once_and_answers_as_a_foreground_one
     assert text(done) == text(foreground)
     for count in ("input_tokens", "output_tokens"):
         assert done["usage"][count] == foreground["usage"][count]
+    # its work is logged as a request of its own once it ends, with its tokens (its POST answered
+    # `queued` with none, and the work was in no access line nor audit record)
+    def work_lines() -> list[dict]:
+        lines = [json.loads(line) for line in srv.log_path.read_text().splitlines() if done["id"] in line]
+        return [line for line in lines if line.get("background")]
+
+    work = wait_for(work_lines, timeout=10)
+    assert len(work) == 1 and work[0]["status"] == 200 and work[0]["models"] == ["smol"], work
+    assert (work[0]["prompt_tokens"], work[0]["completion_tokens"]) == (done["usage"]["input_tokens"],
+                                                                       done["usage"]["output_tokens"])
     # and it continues as a stored response does
     went_on = post(srv, previous_response_id=done["id"], input="Another one?", max_output_tokens=8)
     assert went_on.status_code == 200 and went_on.json()["usage"]["input_tokens"] > done["usage"]["input_tokens"]
