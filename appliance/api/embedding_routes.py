@@ -73,6 +73,15 @@ def rerank_pair(vocab: Vocab, query: list[int], document: list[int]) -> list[int
     return start + query + close + document + close[:1]
 
 
+def _truncated(prompt: list[int], limit: int, vocab) -> list[int]:
+    """`prompt` cut to `limit` tokens at its end, the closing special token (an encoder's SEP or
+    EOS, where its tokenizer adds one) kept last."""
+    if len(prompt) <= limit:
+        return prompt
+    closing = prompt[-1] if (vocab.add_eos or vocab.add_sep) and prompt[-1] in (vocab.eos, vocab.sep) else None
+    return prompt[:limit - 1] + [closing] if closing is not None else prompt[:limit]
+
+
 class EmbeddingRoutes:
     def __init__(self, config: Config, manager: ModelManager):
         self.config = config
@@ -85,16 +94,19 @@ class EmbeddingRoutes:
         data = await asyncio.to_thread(encoded, vectors, req.encoding_format)  # 2048 vectors take a while
         await request.json(200, EmbeddingList(data, req.model, self._usage(prompts)))
 
-    async def vectors(self, model: str, inputs: str | list, dimensions: int | None
+    async def vectors(self, model: str, inputs: str | list, dimensions: int | None, truncate: bool = False
                       ) -> tuple[list[np.ndarray], list[list[int]]]:
         """The L2-normalised embeddings of OpenAI's input forms (see token_lists), and the inputs'
-        tokens; errors name `input` or `input[i]`."""
+        tokens; errors name `input` or `input[i]`. `truncate` (Ollama's): an input longer than the
+        model takes loses its end (the special token the tokenizer ends it with kept)."""
         runner = await self._runner(model, rerank=False)
         if dimensions is not None and dimensions != runner.embedding_size:
             raise bad_request(f"this model's embeddings have {runner.embedding_size} dimensions; dimensions cannot "
                               "change them", param="dimensions")
         prompts = await asyncio.to_thread(token_lists, runner.vocab, inputs, "input", MAX_INPUTS)
         one = isinstance(inputs, str) or not isinstance(inputs[0], (str, list))  # a single input
+        if truncate:
+            prompts = [_truncated(p, runner.embedding_cap, runner.vocab) for p in prompts]
         self._check_lengths(runner, prompts, lambda i: "input" if one else f"input[{i}]")
         vectors = await self._pooled(runner, model, prompts)
         return normalised(vectors), prompts

@@ -189,7 +189,8 @@ class OllamaRoutes:
         if not texts or not all(texts):
             raise bad_request("input must be a non-empty string or list of non-empty strings", param="input")
         await self._keep_alive(self._name(req.model), req.keep_alive, only_that=False)
-        vectors, prompts = await self.embeddings.vectors(self._name(req.model), texts, req.dimensions)
+        vectors, prompts = await self.embeddings.vectors(self._name(req.model), req.input, req.dimensions,
+                                                         truncate=req.truncate)
         await request.json(200, OllamaEmbeddings(model=req.model, embeddings=[v.tolist() for v in vectors],
                                            total_duration=time.monotonic_ns() - t0, load_duration=0,
                                            prompt_eval_count=sum(len(p) for p in prompts)))

@@ -184,6 +184,16 @@ def test_embeddings_are_the_v1_embeddings(server, client):
     assert got.embeddings == [d["embedding"] for d in expected["data"]]
     assert got.prompt_eval_count == expected["usage"]["prompt_tokens"]
     assert client.embeddings(model="emb", prompt="hello").embedding == expected["data"][0]["embedding"]
+    # an input longer than the model takes loses its end unless truncate is false, as Ollama's
+    # does (every long input was a 400)
+    long = "hello " * 600
+    ids = httpx.post(server.base + "/tokenize", json={"model": "emb", "content": long}).json()["tokens"]
+    cut = client.embed(model="emb", input=long)
+    assert cut.prompt_eval_count == 512 < len(ids)
+    first = httpx.post(server.base + "/v1/embeddings", json={"model": "emb", "input": ids[:512]}).json()
+    assert cut.embeddings[0] == first["data"][0]["embedding"]
+    r = httpx.post(server.base + "/api/embed", json={"model": "emb", "input": long, "truncate": False})
+    assert r.status_code == 400 and r.json()["param"] == "input", r.text
 
 
 def test_a_model_load_and_the_refusals(server, client):
