@@ -29,7 +29,7 @@ from .generation import (ENGINE_ERRORS, chat_prompt_text, chosen_adapters, deadl
                          generation_runner, request_sampling, resolve_runner, serve, stop_list, token_lists)
 from .http import EventStream, Request
 from .infill import InfillPrompt, infill_prompt
-from .schemas import ChatRequest, LoraScale, SamplingFields
+from .schemas import ChatRequest, LoraScale, Probability, SamplingFields, Temperature
 
 
 class InfillChunk(Struct, frozen=True, kw_only=True):
@@ -37,7 +37,17 @@ class InfillChunk(Struct, frozen=True, kw_only=True):
     filename: str = "tmp"
 
 
-class InfillRequest(SamplingFields, frozen=True, kw_only=True):
+class LlamaServerSampling(SamplingFields, frozen=True, kw_only=True):
+    """llama-server's sampling defaults where a request leaves them out (its clients, as
+    llama.vim, send none), not OpenAI's flat ones."""
+
+    temperature: Temperature = 0.8
+    top_k: Annotated[int, Meta(ge=0, le=1_000_000)] = 40
+    top_p: Probability = 0.95
+    min_p: Probability = 0.05
+
+
+class InfillRequest(LlamaServerSampling, frozen=True, kw_only=True):
     input_prefix: str
     input_suffix: str
     input_extra: Annotated[list[InfillChunk], Meta(max_length=256)] = []
@@ -58,7 +68,7 @@ class Timings(Struct, frozen=True):
     cache_n: int
 
 
-class NativeCompletionRequest(SamplingFields, frozen=True, kw_only=True):
+class NativeCompletionRequest(LlamaServerSampling, frozen=True, kw_only=True):
     prompt: str | Annotated[list[int], Meta(min_length=1)]  # text, or token ids
     n_predict: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None  # -1: up to the context
     max_tokens: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None

@@ -165,7 +165,14 @@ def test_props_describe_a_model_and_without_one_the_router(server):
     assert props["model_alias"] == "plain" and props["total_slots"] == 1
     assert props["model_path"] == str(SMOLLM2) and props["default_generation_settings"]["n_ctx"] == 2048
     params = props["default_generation_settings"]["params"]
-    assert params["n_predict"] == -1 and params["temperature"] == 1.0 and params["top_p"] == 1.0
+    # llama-server's own defaults, which /completion and /infill sample with (its clients send none)
+    assert params["n_predict"] == -1 and params["temperature"] == 0.8 and params["top_p"] == 0.95
+    assert params["top_k"] == 40 and params["min_p"] == 0.05
+    ask = {"model": "plain", "prompt": "Once upon a time", "n_predict": 16, "seed": 7}
+    plain = httpx.post(server.base + "/completion", timeout=300, json=ask).json()
+    named = httpx.post(server.base + "/completion", timeout=300, json={
+        **ask, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}).json()
+    assert plain["content"] == named["content"]
     assert "{% for message in messages %}" in props["chat_template"] and props["eos_token"] == "<|im_end|>"
     assert props["modalities"] == {"vision": False, "video": False, "audio": False}
     missing = httpx.get(server.base + "/props", params={"model": "nope"}, timeout=60)
