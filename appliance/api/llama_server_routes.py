@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import replace
 from typing import Annotated, Literal
 
 import msgspec
@@ -45,6 +46,10 @@ class LlamaServerSampling(SamplingFields, frozen=True, kw_only=True):
     top_k: Annotated[int, Meta(ge=0, le=1_000_000)] = 40
     top_p: Probability = 0.95
     min_p: Probability = 0.05
+    ignore_eos: bool = False  # no end-of-generation token is sampled: the answer runs to n_predict
+    # llama-server's token probabilities and ids: not given here (a 400 rather than dropped)
+    n_probs: Annotated[int, Meta(ge=0, le=100)] = 0
+    return_tokens: bool = False
 
 
 class InfillRequest(LlamaServerSampling, frozen=True, kw_only=True):
@@ -239,7 +244,14 @@ class LlamaServerRoutes:
     async def _generate(self, request: Request, runner: ModelRunner, req: InfillRequest | NativeCompletionRequest,
                         prompt: InfillPrompt, requested: int | None, param: str) -> None:
         limits = self.config.server.limits
+        for field in ("n_probs", "return_tokens"):
+            if getattr(req, field):
+                raise bad_request(f"{field} is not served here: /v1/completions gives logprobs (and top_logprobs)",
+                                  param=field)
         params = await request_sampling(req, runner.vocab)
+        if req.ignore_eos:
+            params = replace(params, logit_bias={**params.logit_bias,
+                                                 **{t: float("-inf") for t in runner.vocab.eog_tokens}})
         room = runner.n_ctx - len(prompt.tokens)
         if requested is not None and room > 0:
             requested = min(requested, room)  # as llama-server: up to the context's end (stop_type "limit")

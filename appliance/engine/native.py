@@ -739,3 +739,8 @@ class Vocab:
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog
+
+    @property
+    def eog_tokens(self) -> frozenset[int]:
+        """The tokens that end a generation (EOS, EOT, ...)."""
+        return frozenset(self._eog)

@@ -141,7 +141,19 @@ def test_an_n_predict_past_the_context_generates_up_to_its_end(server):
             assert out["tokens_predicted"] <= 6 and out["tokens_evaluated"] == n_ctx - 6
 
 
+def test_ignore_eos_runs_the_answer_to_n_predict(server):
+    chat = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
+    ask = {"model": "plain", "prompt": chat, "n_predict": 40, "temperature": 0}
+    ends = httpx.post(server.base + "/completion", timeout=300, json=ask).json()
+    assert ends["stop_type"] == "eos" and ends["tokens_predicted"] < 40  # (the test needs an answer that ends)
+    runs = httpx.post(server.base + "/completion", timeout=300, json={**ask, "ignore_eos": True}).json()
+    assert runs["stop_type"] == "limit" and runs["tokens_predicted"] == 40
+    assert runs["content"].startswith(ends["content"])
+
+
 @pytest.mark.parametrize(("path", "body", "param"), [
+    ("/completion", {"model": "coder", "prompt": "a", "n_probs": 2}, "n_probs"),
+    ("/completion", {"model": "coder", "prompt": "a", "return_tokens": True}, "return_tokens"),
     ("/infill", {"model": "plain", "input_prefix": "a", "input_suffix": "b"}, "input_suffix"),
     ("/v1/completions", {"model": "plain", "prompt": "a", "suffix": "b"}, "suffix"),
     ("/v1/completions", {"model": "coder", "prompt": "a", "suffix": "b", "echo": True}, "echo"),
