@@ -58,6 +58,8 @@ def id_page(items: list[T], ids: list[str], request: Request, what: str, max_lim
     (`has_more`). An id not in the list is a 400 naming its key (`what`: what the ids name)."""
     query = query_values(request)
     limit = page_limit(query, max_limit, default_limit)
+    if "after_id" in query and "before_id" in query:  # (before_id alone was followed)
+        raise bad_request("give after_id or before_id, not both", param="before_id")
     for key in ("after_id", "before_id"):
         if key in query and query[key] not in ids:
             raise bad_request(f"no {what} {query[key]!r} in the list", param=key)

@@ -12,6 +12,7 @@ from .errors import ApiError, bad_request
 from .http import Request
 
 _FIELD_LIMIT = 4096  # a text field's bytes at most
+_FORM_OVERHEAD = 64 * 1024  # the form's boundaries, part headers and text fields, beyond the file
 
 
 @dataclass
@@ -21,14 +22,16 @@ class Upload:
 
 
 async def read_upload(request: Request, limit: int, file_field: str, scratch: Path) -> Upload:
-    """The form's fields, with the part named `file_field` written to `scratch`."""
+    """The form's fields, with the part named `file_field` (at most `limit` bytes: the file's own,
+    not the form's boundaries and headers) written to `scratch`."""
     kind, options = parse_options_header(request.header("content-type") or "")
     boundary = options.get(b"boundary")
     if kind != b"multipart/form-data" or not boundary:
         raise ApiError(415, "send the file as multipart/form-data (fields: file, purpose)",
                        code="unsupported_media_type")
     upload = Upload()
-    state: dict = {"header": b"", "value": b"", "headers": {}, "name": None, "text": None, "out": None}
+    state: dict = {"header": b"", "value": b"", "headers": {}, "name": None, "text": None, "out": None,
+                   "file_bytes": 0}
 
     def header_end() -> None:
         state["headers"][state["header"].lower()] = state["value"]
@@ -46,6 +49,10 @@ async def read_upload(request: Request, limit: int, file_field: str, scratch: Pa
 
     def part_data(data: bytes, start: int, end: int) -> None:
         if state["out"] is not None:
+            state["file_bytes"] += end - start
+            if state["file_bytes"] > limit:
+                raise ApiError(413, f"the file is larger than {limit} bytes (server.files.max_file_mb)",
+                               param=file_field, code="request_too_large")
             state["out"].write(data[start:end])
         else:
             state["text"] += data[start:end]
@@ -70,7 +77,7 @@ async def read_upload(request: Request, limit: int, file_field: str, scratch: Pa
         "on_header_field": append("header"), "on_header_value": append("value"), "on_header_end": header_end,
         "on_headers_finished": headers_finished, "on_part_data": part_data, "on_part_end": part_end})
     try:
-        async for chunk in request.chunks(limit):
+        async for chunk in request.chunks(limit + _FORM_OVERHEAD):
             parser.write(chunk)
         parser.finalize()
     except ValueError as e:  # python-multipart's malformed-form errors are ValueErrors

@@ -322,3 +322,17 @@ def test_an_expired_batch_counts_the_requests_it_did_not_run_as_failed(server_fa
     assert counts.completed + counts.failed == 3
     errors = results(client, done.error_file_id)
     assert len(errors) == counts.failed and {e["error"]["code"] for e in errors.values()} == {"batch_expired"}
+
+
+def test_a_file_of_exactly_the_cap_is_taken_and_one_byte_more_is_not(server_factory, tmp_path):
+    # the cap was applied to the whole form, its boundaries and headers included
+    srv = server_factory(config(tmp_path, files={"max_file_mb": 1}), "files-cap")
+    line = json.dumps(chat_line("x", "Hi")).encode() + b"\n"
+    exact = (line * ((1 << 20) // len(line) + 1))[: (1 << 20) - 1] + b"\n"
+    assert len(exact) == 1 << 20
+    ok = httpx.post(srv.base + "/v1/files", data={"purpose": "batch"}, files={"file": ("exact.jsonl", exact)}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["bytes"] == 1 << 20, ok.text
+    over = httpx.post(srv.base + "/v1/files", data={"purpose": "batch"}, files={"file": ("over.jsonl", exact + b"\n")},
+                      timeout=60)
+    assert over.status_code == 413 and over.json()["error"]["param"] == "file", over.text
+    srv.stop()

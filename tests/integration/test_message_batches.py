@@ -109,6 +109,8 @@ def test_the_list_pages_both_ways_and_says_where_more_lie(srv, client):
     assert [b["id"] for b in page["data"]] == [made[2], made[1]] and page["has_more"] is True
     r = httpx.get(srv.base + "/v1/messages/batches", params={"before_id": "msgbatch_none"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "before_id"
+    r = httpx.get(srv.base + "/v1/messages/batches", params={"before_id": made[0], "after_id": made[3]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "before_id"
 
 
 def test_a_message_batchs_files_are_deleted_with_it_not_through_the_files_api(srv, client):
