@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -38,3 +42,18 @@ def wait_for(cond, timeout: float = 30, step: float = 0.1):
 
 def sse_events(r: httpx.Response) -> list[str]:
     return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's form: 256k, 2m) mounted at `path` meanwhile: a file system that
+    fills for real (the test is skipped where mounting is not allowed). Unmounted lazily: a server
+    a failed test left running does not keep it mounted."""
+    path.mkdir(exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -7,7 +7,6 @@ running goes on after the restart without running a finished request again."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import httpx
@@ -15,7 +14,7 @@ import openai
 import pytest
 
 from conftest import SMOLLM2, model_entry
-from opshelp import wait_for
+from opshelp import small_tmpfs, wait_for
 
 QUESTIONS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city."]
 LONG = {"max_tokens": 300, "logit_bias": {"2": -100}}  # no end of text: it runs its 300 tokens
@@ -262,13 +261,7 @@ def test_a_request_refused_for_a_full_queue_goes_again(server_factory, tmp_path)
 def test_a_full_state_directory_is_a_507_and_a_batch_that_cannot_write_ends_failed(server_factory, tmp_path):
     # the server's own I/O errors were taken for a lost client: a raw text 500, 499 in the access
     # log; and a batch whose end could not be written stayed in_progress with nothing running it
-    mnt = tmp_path / "state"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
-    srv = None
-    try:
+    with small_tmpfs(tmp_path / "state", "2m") as mnt:
         srv = server_factory(config(mnt, batches={"concurrent_requests": 1}), "batch-disk-full")
         client = sdk(srv)
         batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(2)])
@@ -285,10 +278,7 @@ def test_a_full_state_directory_is_a_507_and_a_batch_that_cannot_write_ends_fail
         done = finished(client, batch.id)
         assert done.status == "failed" and "could not write" in done.errors.data[0].message
         assert '"status": 507' in srv.log_path.read_text()
-    finally:
-        if srv is not None:
-            srv.stop()  # (its open files would keep the mount busy)
-        subprocess.run(["umount", str(mnt)], capture_output=True)
+        srv.stop()
 
 
 def test_a_file_an_unfinished_batch_reads_is_not_deleted_under_it(srv):

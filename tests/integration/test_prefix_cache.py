@@ -4,14 +4,13 @@ entries, a full disk, conversations, warm-up, and answers identical to cold runs
 from __future__ import annotations
 
 import concurrent.futures
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
 from conftest import SMOLLM2, model_entry
-from opshelp import wait_for
+from opshelp import small_tmpfs, wait_for
 
 GPL = Path("/usr/share/common-licenses/GPL-3").read_text()
 SYSTEM = "You answer questions about this license.\n\n" + GPL[2000:3600]
@@ -144,13 +143,7 @@ def test_damaged_disk_entries_are_deleted_and_requests_still_succeed(server_fact
 
 
 def test_a_full_disk_turns_the_tier_off_and_requests_still_succeed(server_factory, tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
-    srv = None
-    try:
+    with small_tmpfs(tmp_path / "tiny", "256k") as mnt:
         srv = server_factory(config(mnt), "prefix-full")
         a = chat(srv, "What does this say about copying?")
         b = chat(srv, "What does this say about copying?")
@@ -161,10 +154,7 @@ def test_a_full_disk_turns_the_tier_off_and_requests_still_succeed(server_factor
         assert srv_status["disk"]["error"].startswith("disk full")
         assert srv_status["ram"]["hits"] >= 1
         assert "disk tier" in srv.log() and "turned off" in srv.log()
-    finally:
-        if srv is not None:
-            srv.stop()  # (its open files would keep the mount busy)
-        subprocess.run(["umount", str(mnt)], capture_output=True)
+        srv.stop()
 
 
 def test_above_the_low_watermark_saved_conversations_spill_to_disk_and_come_back(server_factory, tmp_path):
