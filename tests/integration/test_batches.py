@@ -219,16 +219,23 @@ def test_without_preempt_an_interactive_request_waits_for_the_batch(server_facto
     srv.stop()
 
 
-def test_a_batch_goes_on_after_a_restart_without_running_a_request_twice(server_factory, tmp_path):
+def stopped_mid_batch(server_factory, tmp_path, name: str, requests: int) -> tuple[dict, str]:
+    """A batch of long requests run one at a time, its server stopped once one has ended; the
+    config and the batch's id."""
     cfg = config(tmp_path, batches={"concurrent_requests": 1})
-    first = server_factory(cfg, "batch-restart")
+    first = server_factory(cfg, name)
     client = sdk(first)
-    batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(4)])
+    batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(requests)])
     wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
     first.stop()
+    return cfg, batch.id
+
+
+def test_a_batch_goes_on_after_a_restart_without_running_a_request_twice(server_factory, tmp_path):
+    cfg, batch_id = stopped_mid_batch(server_factory, tmp_path, "batch-restart", 4)
     second = server_factory(cfg, "batch-resumed")
     client = sdk(second)
-    done = finished(client, batch.id)
+    done = finished(client, batch_id)
     assert done.status == "completed" and done.request_counts.completed == 4
     lines = client.files.content(done.output_file_id).text.splitlines()
     assert sorted(json.loads(line)["custom_id"] for line in lines) == [f"long{i}" for i in range(4)]
@@ -295,18 +302,13 @@ def test_a_file_an_unfinished_batch_reads_is_not_deleted_under_it(srv):
 
 def test_an_expired_batch_counts_the_requests_it_did_not_run_as_failed(server_factory, tmp_path):
     # they were in its error file but not in its counts: total != completed + failed
-    cfg = config(tmp_path, batches={"concurrent_requests": 1})
-    first = server_factory(cfg, "batch-expiring")
-    client = sdk(first)
-    batch = submit(client, [chat_line(f"long{i}", f"Tell story {i}.", **LONG) for i in range(3)])
-    wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
-    first.stop()
-    state = next(tmp_path.rglob(f"{batch.id}.json"))
+    cfg, batch_id = stopped_mid_batch(server_factory, tmp_path, "batch-expiring", 3)
+    state = next(tmp_path.rglob(f"{batch_id}.json"))
     kept = json.loads(state.read_text())
     kept["batch"]["expires_at"] = int(time.time()) - 60  # its window passed while it was stopped
     state.write_text(json.dumps(kept))
     client = sdk(server_factory(cfg, "batch-expired"))
-    done = finished(client, batch.id)
+    done = finished(client, batch_id)
     counts = done.request_counts
     assert done.status == "expired" and counts.total == 3 and counts.completed >= 1
     assert counts.completed + counts.failed == 3
