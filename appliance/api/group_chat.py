@@ -113,9 +113,7 @@ class GroupChat:
             await _LiveAnswer(self.groups, request, group, call, writer_for, framing, content_type).run()
             return
         sse = EventStream(request, content_type=content_type) if stream else None  # (keep-alives meanwhile)
-        result = await self.groups.run_watched(request, group, call)
-        if result is None:
-            return  # the client went away; the group's sequences were cancelled
+        result = await self.groups.run_watched(request, group, call)  # (a 499 where the client went away)
         self.groups.on_result(group.name, result)
         if result.failed:
             if sse is None or not sse.started:
@@ -137,9 +135,7 @@ class GroupChat:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             await _GroupStream(self.groups, request, group, call, cid, created, include_usage, keep).run()
             return
-        result = await self.groups.run_watched(request, group, call)
-        if result is None:
-            return  # the client went away; the group's sequences were cancelled
+        result = await self.groups.run_watched(request, group, call)  # (a 499 where the client went away)
         self.groups.on_result(group.name, result)
         if result.failed:
             raise _group_failed(result)
@@ -162,6 +158,7 @@ class _GroupStream:
         self.groups = groups
         self.group = group
         self.call = call
+        self.request = request
         self.sse = EventStream(request)
         self.cid, self.created = cid, created
         self.include_usage = include_usage
@@ -206,7 +203,7 @@ class _GroupStream:
 
     async def run(self) -> None:
         try:
-            result = await self.groups.executor.run(self.group, self.call, self._delta, self._done)
+            result = await self.groups.run_watched(self.request, self.group, self.call, self._delta, self._done)
             self.groups.on_result(self.group.name, result)
             if result.failed:
                 err = failure_body(result)
@@ -237,6 +234,7 @@ class _LiveAnswer:
                  writer_for: Callable[[int], AnswerWriter], framing: Callable[[Event], bytes],
                  content_type: bytes) -> None:
         self.groups, self.group, self.call = groups, group, call
+        self.request = request
         self.sse = EventStream(request, content_type=content_type)
         self.writer_for, self.framing = writer_for, framing
         self.writer: AnswerWriter | None = None
@@ -262,7 +260,7 @@ class _LiveAnswer:
 
     async def run(self) -> None:
         try:
-            result = await self.groups.executor.run(self.group, self.call, self._delta, self._done)
+            result = await self.groups.run_watched(self.request, self.group, self.call, self._delta, self._done)
             self.groups.on_result(self.group.name, result)
             if result.failed:
                 if self.writer is None and not self.sse.started:  # (no keep-alive started it either)

@@ -11,7 +11,7 @@ import msgspec
 
 from ..config import Config
 from ..engine.manager import ModelManager
-from ..groups.executor import GroupCall, GroupExecutor, GroupResult, MemberResult
+from ..groups.executor import DeltaHook, DoneHook, GroupCall, GroupExecutor, GroupResult, MemberResult
 from ..observability import context
 from .errors import ApiError, bad_request, decoded
 from .generation import deadline, plain_messages, request_sampling, stop_list
@@ -93,8 +93,6 @@ class GroupRoutes:
             await self._stream(request, group, call, exec_id, created)
             return
         result = await self.run_watched(request, group, call)
-        if result is None:
-            return  # the client went away; its sequences were cancelled
         self.on_result(group.name, result)
         out = execution_out(result, exec_id, created)
         if result.failed:
@@ -121,16 +119,24 @@ class GroupRoutes:
             thinking_budget_tokens=req.thinking_budget_tokens,
         )
 
-    async def run_watched(self, request: Request, group, call: GroupCall) -> GroupResult | None:
-        task = asyncio.ensure_future(self.executor.run(group, call))
+    async def run_watched(self, request: Request, group, call: GroupCall, on_delta: DeltaHook | None = None,
+                          on_done: DoneHook | None = None) -> GroupResult:
+        """The group's result; where the client goes away first, its members' sequences are
+        cancelled (at their runners' next step) and a 499 is raised. A stream's writes cannot tell:
+        the server drops what is sent to a gone client without an error."""
+        hooks = {k: v for k, v in (("on_delta", on_delta), ("on_done", on_done)) if v is not None}
+        task = asyncio.ensure_future(self.executor.run(group, call, **hooks))
         watcher = asyncio.ensure_future(request.watch_disconnect())
-        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
+        try:
+            await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+        finally:
             watcher.cancel()
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return None
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            raise ApiError(499, "client disconnected", code="cancelled")
+        return task.result()
 
     async def _stream(self, request: Request, group, call: GroupCall, exec_id: str, created: int) -> None:
         sse = EventStream(request)
@@ -142,7 +148,7 @@ class GroupRoutes:
             await sse.event(MemberDone(member_out(m)))
 
         try:
-            result = await self.executor.run(group, call, on_delta, on_done)
+            result = await self.run_watched(request, group, call, on_delta, on_done)
             self.on_result(group.name, result)
             await sse.event(GroupDone(execution_out(result, exec_id, created),
                                       failure_body(result) if result.failed else None))

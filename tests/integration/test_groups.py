@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from conftest import GEMMA3, SMOLLM2, model_entry
+from opshelp import metric, wait_for
 
 Q = [{"role": "user", "content": "What is 2+2? Answer with a number."}]
 # For the member timeouts (150 ms): an answer of a few tokens can come within them (a decode step
@@ -65,9 +66,9 @@ def groups_server(server_factory, tmp_path_factory):
     )
 
 
-def run(srv, group: str, path: str = "/v1/batch/execute", **kw) -> httpx.Response:
+def run(srv, group: str, path: str = "/v1/batch/execute", timeout: float = 120, **kw) -> httpx.Response:
     body = {"group": group, "messages": Q, "max_tokens": 24, "temperature": 0, **kw}
-    return httpx.post(srv.base + path, json=body, timeout=120)
+    return httpx.post(srv.base + path, json=body, timeout=timeout)
 
 
 def ok(r: httpx.Response) -> dict:
@@ -395,3 +396,40 @@ def test_a_strict_chain_streams_its_last_member_live_through_the_one_answer_apis
     r = httpx.post(groups_server.base + "/v1/messages", timeout=120, json={
         "model": "chain-strict-fails", "messages": Q, "max_tokens": 24, "stream": True})
     assert r.status_code == 502 and r.json()["error"]["type"] == "api_error", r.text
+
+
+def _running(srv) -> dict[str, int]:
+    return {m: v["running"] for m, v in httpx.get(srv.base + "/v1/admin/scheduling/status").json()["models"].items()}
+
+
+def _cancelled(srv) -> float:
+    return metric(httpx.get(srv.base + "/metrics").text, "eie_sequences_ended_total", reason="cancelled")
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/batch/execute", {"group": "core"}),
+    ("/v1/chain/execute", {"group": "chain-strict"}),
+    ("/v1/chat/completions", {"model": "chain-strict"}),
+])
+def test_a_client_that_hangs_up_on_a_group_stream_cancels_its_members(groups_server, path, body):
+    # a stream's writes to a gone client raise nothing: the members generated to max_tokens, each
+    # holding its slot (and its key's concurrent request)
+    before = _cancelled(groups_server)
+    with httpx.stream("POST", groups_server.base + path, timeout=120, json={
+            **body, "messages": Q, "max_tokens": 400, "temperature": 0, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # hang up at the first event
+    wait_for(lambda: not any(_running(groups_server).values()), timeout=10)
+    assert _cancelled(groups_server) > before
+
+
+def test_a_client_that_hangs_up_on_a_whole_group_answer_is_accounted_499(groups_server):
+    # (it was status 0: a bogus series in the metrics, and "ok" in the audit trail)
+    try:
+        run(groups_server, "core", max_tokens=400, timeout=0.5)
+    except httpx.TimeoutException:
+        pass
+    wait_for(lambda: metric(httpx.get(groups_server.base + "/metrics").text, "eie_requests_total",
+                            endpoint="/v1/batch/execute", model="core", status="499") >= 1, timeout=10)
+    assert 'status="0"' not in httpx.get(groups_server.base + "/metrics").text
