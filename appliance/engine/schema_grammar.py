@@ -7,8 +7,10 @@ llama.cpp's converter does), `items`, `prefixItems`, `minItems`/`maxItems`, `min
 `maxLength`, `pattern` (regex_grammar.py), integer `minimum`/`maximum`/`exclusiveMinimum`/
 `exclusiveMaximum`, `anyOf`/`oneOf` (as alternatives: exclusivity is not enforced), a
 one-element `allOf`, local `$ref`s (recursive ones too), OpenAPI's `nullable`, and the string
-formats date, time, date-time and uuid. Other formats are annotations (JSON Schema's default),
-as are title, description, default, examples.
+formats date, time, date-time and uuid. Keywords beside `$ref`, `anyOf`/`oneOf` or a one-element
+`allOf` hold too (merged into the referenced schema, or into every alternative); beside
+`enum`/`const` only `type` may stand (it keeps the values of that type). Other formats are
+annotations (JSON Schema's default), as are title, description, default, examples.
 
 A keyword that constrains values in a way the grammar cannot (multipleOf, number bounds, not,
 if/then/else, a lookahead in a pattern, ...) raises SchemaError naming its path, never silently
@@ -75,7 +77,14 @@ REFUSED_KEYWORDS = {
     "contains": "not supported", "minContains": "not supported", "maxContains": "not supported",
     "multipleOf": "not supported",
     "minProperties": "not supported", "maxProperties": "not supported",
+    "$dynamicRef": "not supported", "$dynamicAnchor": "not supported",
+    "$recursiveRef": "not supported", "$recursiveAnchor": "not supported",
 }
+# Keywords that say something about a schema without constraining its values: free beside any
+# other keyword (a constraint beside $ref, anyOf/oneOf, enum or const is applied or refused).
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "example", "$comment", "deprecated",
+                         "readOnly", "writeOnly", "$schema", "$id", "$defs", "definitions", "$anchor",
+                         "discriminator", "externalDocs", "xml", OWN_ROOT})
 _NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
@@ -182,33 +191,51 @@ class _Converter:
         for key, why in REFUSED_KEYWORDS.items():
             if key in schema:
                 raise SchemaError(_join(path, key), why)
+        if schema.get("uniqueItems") is True:
+            raise SchemaError(_join(path, "uniqueItems"), "not supported")
         if OWN_ROOT in schema:  # a document of its own: its $refs resolve against it
             outer, self.root = self.root, schema[OWN_ROOT]
             try:
                 return self.visit(self.root, path, hint)
             finally:
                 self.root = outer
+        nullable = schema.get("nullable") is True
         if "$ref" in schema:
-            return self.ref(schema, path)
+            beside = constraints(schema, ("$ref", "nullable"))
+            if beside:  # both hold: the referenced schema with these keywords too
+                target = resolve_ref(self.root, schema["$ref"], path)
+                try:
+                    merged = both(target, {**beside, **({"nullable": True} if nullable else {})},
+                                  _join(path, "$ref"), "$ref")
+                except _NoValue:
+                    raise SchemaError(_join(path, "$ref"), "the referenced schema and the keywords beside it "
+                                      "allow no value together") from None
+                return self.visit(merged, path, hint)
+            name = self.ref(schema, path)
+            return self.rule(hint, f"{name} | {self.prim('null')}") if nullable else name
         if "allOf" in schema:
             return self.visit(merged_all_of(schema, path), path, hint)
-        nullable = schema.get("nullable") is True
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 alts = schema[key]
                 if not isinstance(alts, list) or not alts:
                     raise SchemaError(_join(path, key), "must be a non-empty array of schemas")
-                names = [self.visit(a, _join(_join(path, key), i), f"{hint}-{i}") for i, a in enumerate(alts)]
+                beside = constraints(schema, (key, "nullable"))
+                names = []
+                for i, a in enumerate(alts):
+                    if beside:  # A and (B or C) is (A and B) or (A and C); a branch the rest rules out goes
+                        try:
+                            a = both(a, beside, _join(_join(path, key), i), key)
+                        except _NoValue:
+                            continue
+                    names.append(self.visit(a, _join(_join(path, key), i), f"{hint}-{i}"))
+                if not names:
+                    raise SchemaError(_join(path, key), "no alternative allows a value of the schema beside it")
                 if nullable:
                     names.append(self.prim("null"))
                 return self.rule(hint, " | ".join(names))
-        if "const" in schema:
-            return self.rule(hint, json_literal(schema["const"]) + " " + self.prim("ws"))
-        if "enum" in schema:
-            values = schema["enum"]
-            if not isinstance(values, list) or not values:
-                raise SchemaError(_join(path, "enum"), "must be a non-empty array")
-            return self.rule(hint, "(" + " | ".join(json_literal(v) for v in values) + ") " + self.prim("ws"))
+        if "const" in schema or "enum" in schema:
+            return self.literals(schema, path, hint)
         types = schema.get("type")
         if types is None:
             types = self.implied_types(schema)
@@ -223,6 +250,23 @@ class _Converter:
             types = [*types, "null"]
         names = [self.typed(schema, t, path, hint if len(types) == 1 else f"{hint}-{t}") for t in types]
         return names[0] if len(names) == 1 else self.rule(hint, " | ".join(names))
+
+    def literals(self, schema: dict, path: str, hint: str) -> str:
+        """`const` or `enum`: its values, those of the schema's `type` where it has one (the only
+        keyword that may stand beside them)."""
+        key = "const" if "const" in schema else "enum"
+        values = [schema["const"]] if key == "const" else schema["enum"]
+        if not isinstance(values, list) or not values:
+            raise SchemaError(_join(path, "enum"), "must be a non-empty array")
+        beside = constraints(schema, ("const", "enum", "type", "nullable"))
+        if beside:
+            raise SchemaError(_join(path, next(iter(beside))), f"not supported beside {key} (only type is)")
+        if "type" in schema:
+            types = type_list(schema["type"], path)
+            values = [v for v in values if any(has_type(v, t) for t in types)]
+            if not values:
+                raise SchemaError(_join(path, key), f"no value of {key} is of the type beside it")
+        return self.rule(hint, "(" + " | ".join(json_literal(v) for v in values) + ") " + self.prim("ws"))
 
     @staticmethod
     def implied_types(schema: dict) -> list[str] | None:
@@ -414,13 +458,75 @@ def merged_all_of(schema: dict, path: str) -> Any:
     if not isinstance(parts, list) or len(parts) != 1:
         raise SchemaError(_join(path, "allOf"), "only a one-element allOf is supported")
     rest = {k: v for k, v in schema.items() if k != "allOf"}
-    return {**rest, **parts[0]} if isinstance(parts[0], dict) else parts[0]
+    try:
+        return both(parts[0], rest, _join(path, "allOf"), "allOf")
+    except _NoValue:
+        raise SchemaError(_join(path, "allOf"), "its schema and the one beside it allow no value together") from None
+
+
+class _NoValue(Exception):
+    """Two schemas that allow no value together (their types do not meet)."""
+
+
+def constraints(schema: dict, handled: tuple[str, ...]) -> dict:
+    """The keywords of `schema` that constrain values, but for those `handled` where it is read."""
+    return {k: v for k, v in schema.items() if k not in handled and k not in ANNOTATIONS and not k.startswith("x-")}
+
+
+def type_list(types: Any, path: str) -> list[str]:
+    out = [types] if isinstance(types, str) else types
+    if not isinstance(out, list) or not out or not all(t in TYPES for t in out):
+        raise SchemaError(_join(path, "type"), f"must be one of {', '.join(TYPES)} or a list of them")
+    return out
+
+
+def has_type(value: Any, t: str) -> bool:
+    """Whether a JSON value (as Python reads it) is of JSON Schema type `t`."""
+    if isinstance(value, bool):
+        return t == "boolean"
+    if isinstance(value, int):
+        return t in ("integer", "number")
+    if isinstance(value, float):
+        return t == "number" or (t == "integer" and value.is_integer())
+    return {str: "string", type(None): "null", list: "array", dict: "object"}.get(type(value)) == t
+
+
+def _meet(t: str, u: str) -> str | None:
+    """The type of the values of both types t and u (None: no value is)."""
+    if t == u:
+        return t
+    return "integer" if {t, u} == {"integer", "number"} else None
+
+
+def both(schema: Any, extra: dict, path: str, what: str) -> Any:
+    """One schema for `schema` and `extra` together (extra's keywords constrain values): their
+    types meet (_NoValue where they do not), and another keyword both set differently is refused."""
+    if schema is True or schema == {}:
+        return dict(extra)
+    if schema is False:
+        raise _NoValue()
+    if not isinstance(schema, dict):
+        raise SchemaError(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+    out = dict(schema)
+    for k, v in extra.items():
+        if k == "type" and "type" in out:
+            met = [m for t in type_list(out["type"], path) for u in type_list(v, path) if (m := _meet(t, u))]
+            if not met:
+                raise _NoValue()
+            out["type"] = list(dict.fromkeys(met))
+        elif k in out and out[k] != v and k not in ANNOTATIONS:
+            raise SchemaError(_join(path, k), f"set both by the schema and beside its {what}: not supported")
+        else:
+            out.setdefault(k, v)
+    return out
 
 
 def resolve_ref(root: Any, ref: Any, path: str) -> Any:
     """The schema a local `$ref` (a JSON pointer, #/...) names in `root`."""
     if not isinstance(ref, str) or not ref.startswith("#"):
         raise SchemaError(_join(path, "$ref"), "only local references (#/...) are supported")
+    if ref != "#" and not ref.startswith("#/"):  # (it was read as "#", the root)
+        raise SchemaError(_join(path, "$ref"), f"{ref!r} names an $anchor: only JSON pointers (#/...) are supported")
     target: Any = root
     for raw in ref[1:].split("/")[1:] if ref != "#" else []:
         part = raw.replace("~1", "/").replace("~0", "~")

@@ -131,6 +131,24 @@ def test_unions_nullable_and_recursive_refs(vocab):
     assert accepts(vocab, wrapped, '"a"')
 
 
+def test_keywords_beside_ref_unions_and_enums_hold_too(vocab):
+    # they were dropped: answers with finish_reason stop broke the schema
+    spread = schema_to_gbnf({"type": "string", "anyOf": [{"maxLength": 3}, {"minLength": 5}]})
+    assert accepts(vocab, spread, '"ab"') and accepts(vocab, spread, '"abcdef"')
+    assert not accepts(vocab, spread, "12") and not accepts(vocab, spread, '"abcd"')
+    met = schema_to_gbnf({"type": ["string", "null"], "anyOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}]})
+    assert accepts(vocab, met, '"ab"') and not accepts(vocab, met, '"abc"') and not accepts(vocab, met, "1")
+    defs = {"a": {"type": "integer"}}
+    bounded = schema_to_gbnf({"$defs": defs, "type": "object", "required": ["v"],
+                              "properties": {"v": {"$ref": "#/$defs/a", "minimum": 5, "maximum": 7, "title": "V"}}})
+    assert accepts(vocab, bounded, '{"v": 6}') and not accepts(vocab, bounded, '{"v": 1}')
+    maybe = schema_to_gbnf({"$defs": defs, "$ref": "#/$defs/a", "nullable": True})
+    assert accepts(vocab, maybe, "null") and accepts(vocab, maybe, "3") and not accepts(vocab, maybe, '"3"')
+    typed = schema_to_gbnf({"type": "string", "enum": ["a", 1], "description": "one of them"})
+    assert accepts(vocab, typed, '"a"') and not accepts(vocab, typed, "1")
+    assert accepts(vocab, schema_to_gbnf({"type": "number", "const": 2}), "2")
+
+
 def test_the_output_ends_at_the_value(vocab):
     for schema in ({"type": "object"}, {"type": "integer"}, {}, {"type": ["string", "null"]}):
         g = schema_to_gbnf(schema)
@@ -151,6 +169,14 @@ def test_the_output_ends_at_the_value(vocab):
     ({"type": "array", "minItems": 3, "maxItems": 2}, "maxItems"),
     ({"type": "string", "minLength": 5000}, "minLength"),
     ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, "allOf"),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+    ({"$defs": {"a": {"$anchor": "foo", "type": "integer"}}, "$ref": "#foo"}, "$ref"),
+    ({"$dynamicRef": "#node"}, "$dynamicRef"),
+    ({"enum": ["a", "bc"], "minLength": 2}, "minLength"),
+    ({"type": "integer", "enum": ["a"]}, "enum"),
+    ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "type": "string"}, "$ref"),
+    ({"$defs": {"a": {"type": "integer", "minimum": 1}}, "$ref": "#/$defs/a", "minimum": 2}, "$ref.minimum"),
+    ({"type": "string", "anyOf": [{"type": "integer"}, {"type": "null"}]}, "anyOf"),
     (False, ""),
     ({"type": "integer", "minimum": 5, "maximum": 4}, ""),
 ])
