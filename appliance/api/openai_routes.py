@@ -107,9 +107,10 @@ class Echo:
 
 
 def completion_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...],
-                        echoed: Echo | None = None) -> CompletionLogprobs:
+                        echoed: Echo | None = None, start: int = 0) -> CompletionLogprobs:
     """OpenAI's completion logprobs; `echoed`: the scored prompt they start with (its first token
-    has no log-probability)."""
+    has no log-probability); `start`: the text offset of their first token (a stream's chunk
+    after others)."""
     tokens: list[str] = []
     logprobs: list[float | None] = []
     tops: list[dict[str, float] | None] = []
@@ -121,7 +122,7 @@ def completion_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...],
         tokens.append(_text(e.token))
         logprobs.append(e.logprob)
         tops.append({_text(t): lp for t, lp in e.top})
-    offsets, pos = [], 0
+    offsets, pos = [], start
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
@@ -418,9 +419,18 @@ class OpenAIRoutes:
         def chunk(choices, usage=None) -> Completion:
             return Completion(cid, created, model, choices, system_fingerprint=FINGERPRINT, usage=usage)
 
+        ends: dict[int, int] = {}  # each choice's text offset after its chunks so far
+
+        def at(i: int, entries, echoed: Echo | None = None) -> CompletionLogprobs:
+            """A chunk's logprobs, their offsets counted from the choice's start."""
+            lp = completion_logprobs(entries, echoed, ends.get(i, 0))
+            if lp.tokens:
+                ends[i] = lp.text_offset[-1] + len(lp.tokens[-1])
+            return lp
+
         def echo(i: int, ev: PromptScored) -> list[Completion]:
             """The echoed prompt's chunk, scored, for each choice of the prompt (its first scores it)."""
-            return [chunk([CompletionChoice(j, echoes[j][0], None, completion_logprobs((), Echo(echoes[j][1], ev.logprobs)))])
+            return [chunk([CompletionChoice(j, echoes[j][0], None, at(j, (), Echo(echoes[j][1], ev.logprobs)))])
                     for j in range(i, i + choices)]
 
         await self._stream(
@@ -428,8 +438,7 @@ class OpenAIRoutes:
             # echo without logprobs: the prompt's text goes first; with them, when it is scored
             first=(lambda i: chunk([CompletionChoice(i, echoes[i][0], None)])) if echoes and not logprobs else None,
             scored=echo if echoes and logprobs else None,
-            delta=lambda i, ev: [chunk([CompletionChoice(i, ev.text, None,
-                                                        completion_logprobs(ev.logprobs) if logprobs else None)])],
+            delta=lambda i, ev: [chunk([CompletionChoice(i, ev.text, None, at(i, ev.logprobs) if logprobs else None)])],
             final=lambda i, reason: [chunk([CompletionChoice(i, "", reason)])],
             usage=lambda u: chunk([], u), per_prompt=choices,
         )

@@ -189,6 +189,11 @@ def test_completion_logprobs(client):
     assert lp.tokens[0] == " Paris" and len(lp.top_logprobs[0]) == 2 and " Paris" in lp.top_logprobs[0]
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     assert all(v <= 0 for v in lp.token_logprobs)
+    # streamed, each chunk's offsets go on from the text before it (every chunk restarted at 0)
+    chunks = [c for c in client.completions.create(model="smollm2-135m", prompt="The capital of France is",
+                                                   temperature=0, max_tokens=6, logprobs=2, stream=True)
+              if c.choices and c.choices[0].logprobs]
+    assert [o for c in chunks for o in c.choices[0].logprobs.text_offset] == lp.text_offset
 
 
 def test_completion_echo_scores_the_prompt(client):
