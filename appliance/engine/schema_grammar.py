@@ -42,7 +42,10 @@ EXPONENT = r'[eE] [-+]? ([0-9]{1,2} | "1" [0-9]{2} | "2" [0-8] [0-9])'
 PRIMITIVES: dict[str, str] = {
     # Bounded whitespace: a small model cannot loop on blanks between two tokens.
     "ws": r'| " " | "\n" [ \t]{0,20}',
-    "char": r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
+    # a \u escape of a UTF-16 surrogate only as a high-low pair: a lone one is no character, and
+    # strict parsers (and UTF-8 encoders) refuse it
+    "char": r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} '
+            r'| [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2}))',
     "string": r'"\"" char* "\"" ws',
     "integer": r'"-"? ("0" | [1-9] [0-9]{0,15}) ws',
     "number": r'"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? (' + EXPONENT + ')? ws',
@@ -51,7 +54,9 @@ PRIMITIVES: dict[str, str] = {
     "value": "object | array | string | number | boolean | null",
     "object": r'"{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws',
     "array": r'"[" ws ( value ("," ws value)* )? "]" ws',
-    "date": r'[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [1-2] [0-9] | "3" [0-1])',
+    # the days each month has (February 29 every year: a grammar does not know leap years)
+    "date": r'[0-9]{4} "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) '
+            r'| ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | [12] [0-9]))',
     "time": r'([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? '
             r'("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
     "date-time": r'date "T" time',

@@ -282,3 +282,21 @@ def test_patterns_a_grammar_cannot_hold_are_refused(pattern):
     with pytest.raises(SchemaError) as e:
         schema_to_gbnf({"type": "string", "pattern": pattern})
     assert e.value.path == "pattern"
+
+
+def test_a_date_has_a_day_its_month_has(vocab):
+    date = schema_to_gbnf({"type": "string", "format": "date"})
+    for good in ("2023-01-31", "2023-04-30", "2024-02-29", "2023-12-31"):
+        assert accepts(vocab, date, f'"{good}"'), good
+    for bad in ("2023-02-30", "2023-02-31", "2023-04-31", "2023-11-31", "2023-13-01", "2023-00-10", "2023-06-00"):
+        assert not accepts(vocab, date, f'"{bad}"'), bad
+
+
+def test_a_surrogate_escape_comes_only_as_a_pair(vocab):
+    # a lone one is no character: strict parsers refuse it, and the reply's UTF-8 encoding failed
+    # on it (a 500 where a tool-enabled answer held one)
+    s = schema_to_gbnf({"type": "string"})
+    for good in ('"\\ud83d\\ude00"', '"\\u00e9 \\uD7FF \\uE000"', '"\\uD83D\\uDE00!"'):
+        assert accepts(vocab, s, good), good
+    for bad in ('"\\ud83d"', '"\\ude00"', '"\\ud83d\\u0041"', '"\\ud83d x"'):
+        assert not accepts(vocab, s, bad), bad
