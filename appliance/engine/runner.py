@@ -1320,7 +1320,9 @@ class ModelRunner:
         if seq.think is not None and seq.think.push(piece.decode("utf-8", "replace")):
             seq.forced = list(seq.req.sampling.think_budget.close)
             self.stats["reasoning_budget_cuts"] += 1
-        text, hit_stop = seq.stream.push(piece)
+        # (a grammar that holds the text, a lazy one once triggered: a stop string in a tool call or
+        # a JSON answer would cut it short of what it must be)
+        text, hit_stop = seq.stream.push(piece, stops=seq.grammar is None or seq.grammar.waiting)
         if per_token:
             seq.pending_logprobs.append((seq.stream.decoded, self._entry(piece, lp, top)))
         if text:

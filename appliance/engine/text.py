@@ -57,10 +57,13 @@ class TextStream:
         self.decoded = 0  # characters the pieces so far decoded to
         self.emitted = 0  # of which given out as safe text (the rest held back, or after a stop)
 
-    def push(self, piece: bytes) -> tuple[str, bool]:
+    def push(self, piece: bytes, stops: bool = True) -> tuple[str, bool]:
+        """Emit-safe text and whether a stop string ended it; `stops` false: text a grammar holds
+        (a tool call, a structured answer), which no stop string cuts (what was held back for one
+        goes out with it)."""
         text = self._utf8.decode(piece)
         self.decoded += len(text)
-        out, hit = self._stops.feed(text)
+        out, hit = self._stops.feed(text) if stops else (self._stops.flush() + text, False)
         self.emitted += len(out)
         return out, hit
 

@@ -259,6 +259,21 @@ def test_a_named_or_required_tool_is_called_with_arguments_that_fit_its_schema(s
     check_call(call)
 
 
+def test_stop_strings_do_not_cut_what_a_grammar_holds(server):
+    # a stop string inside a tool call or a JSON answer ended it there: the call's envelope came
+    # back as content ("{") with finish_reason stop, and the JSON did not parse
+    choice = tool_chat(server, "smollm2-135m", WEATHER, tool_choice="required", parallel_tool_calls=False,
+                       stop=["\n", ",", '"'])
+    assert choice["finish_reason"] == "tool_calls", choice
+    check_call(choice["message"]["tool_calls"][0])
+    answer = chat(server, "smollm2-135m", response_format=PERSON_FORMAT, stop=["}", ",", "\n"])
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    check_person(content(answer))
+    # without a grammar the same stops cut the text as ever
+    plain = chat(server, "smollm2-135m", stop=[" "])
+    assert " " not in content(plain) and plain["choices"][0]["finish_reason"] == "stop"
+
+
 def test_auto_answers_or_calls_and_none_answers_as_without_tools(server):
     for model in MODELS:
         choice = tool_chat(server, model, WEATHER, parallel_tool_calls=False, max_tokens=150)
