@@ -73,8 +73,29 @@ def from_validation(err: msgspec.MsgspecError) -> ApiError:
 
 
 def decoded(decoder: msgspec.json.Decoder, body: bytes):
-    """The request body decoded by `decoder`; a validation error is the 400 naming its field."""
+    """The request body decoded by `decoder`; a validation error is the 400 naming its field.
+    A top-level field sent as null is taken as left out (its default), as OpenAI takes the
+    nullable fields its clients send so (`"temperature": null`)."""
     try:
         return decoder.decode(body)
+    except msgspec.ValidationError as e:
+        if "got `null`" in str(e) and (plain := _without_nulls(body)) is not None:
+            try:
+                return decoder.decode(plain)
+            except msgspec.MsgspecError as again:
+                raise from_validation(again) from None
+        raise from_validation(e) from None
     except msgspec.MsgspecError as e:
         raise from_validation(e) from None
+
+
+def _without_nulls(body: bytes) -> bytes | None:
+    """The JSON object `body` without its top-level null members (None: it is no object, or has
+    none)."""
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.MsgspecError:
+        return None
+    if not isinstance(obj, dict) or None not in obj.values():
+        return None
+    return msgspec.json.encode({k: v for k, v in obj.items() if v is not None})

@@ -312,3 +312,20 @@ def test_an_assistant_refusal_part_is_replayed_as_its_text(client, main_server):
     assert "assistant\nI cannot share secrets.<|im_end|>" in shown
     r = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=4)
     assert r.choices[0].message.content
+
+
+def test_a_nullable_field_sent_as_null_takes_its_default(main_server):
+    # clients that write None as null (LiteLLM, Jackson- or pydantic-based ones) got a 400 for
+    # the fields OpenAI documents as nullable
+    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "presence_penalty": None,
+             "frequency_penalty": None, "store": None, "parallel_tool_calls": None}
+    ask = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "seed": 1}
+    with_nulls = httpx.post(main_server.base + "/v1/chat/completions", json={**ask, **nulls}, timeout=120)
+    without = httpx.post(main_server.base + "/v1/chat/completions", json=ask, timeout=120)
+    assert with_nulls.status_code == 200, with_nulls.text
+    assert with_nulls.json()["choices"][0]["message"] == without.json()["choices"][0]["message"]
+    r = httpx.post(main_server.base + "/v1/completions", timeout=120, json={
+        "model": "smollm2-135m", "prompt": "Hi", "max_tokens": 2, "echo": None, "temperature": None, "n": None})
+    assert r.status_code == 200, r.text
+    r = httpx.post(main_server.base + "/v1/chat/completions", json={**ask, "model": None}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"  # a required field is still required
