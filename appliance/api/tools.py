@@ -83,6 +83,9 @@ def plan(req: ChatRequest, native: NativeFormat | None = None, think_budget: int
                               param=f"tools[{i}].function.name")
         if name in names:
             raise bad_request(f"function name {name!r} is given twice", param=f"tools[{i}].function.name")
+        if not _takes_an_object(tool.function.parameters):  # a call's arguments are an object
+            raise bad_request(f"tools[{i}].function.parameters: a function's parameters must be an object schema "
+                              "(type: object)", param=f"tools[{i}].function.parameters")
         names.append(name)
     named = None
     if choice is None or choice == "auto":
@@ -176,6 +179,17 @@ def _native_plan(req: ChatRequest, native: NativeFormat, mode: str, callable_too
         return ToolPlan(mode, calls_or_reply(gbnf, reply), "", native, native_tools.template_tools(req), reply=True)
     triggers = (native.trigger,) if mode == "auto" and native.trigger is not None else ()
     return ToolPlan(mode, gbnf, "", native, native_tools.template_tools(req), triggers)
+
+
+def _takes_an_object(params: Any) -> bool:
+    """Whether a parameters schema may describe an object: none, {}, or one whose type is or
+    includes object (a type left out: one its keywords make an object's)."""
+    if params is None or params == {} or params is True:
+        return True
+    if not isinstance(params, dict):
+        return False
+    types = params.get("type", "object")
+    return types == "object" or (isinstance(types, list) and "object" in types)
 
 
 def _parameters(tool: Tool) -> Any:

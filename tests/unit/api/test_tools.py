@@ -96,6 +96,9 @@ def test_a_parameters_schema_the_grammar_cannot_hold_is_named_by_its_path_in_eve
         ({"tools": fns(bad, good), "tool_choice": {"type": "function", "function": {"name": "f0"}}},
          "tools[0].function.parameters.properties.x.multipleOf"),
         ({"tools": fns(False)}, "tools[0].function.parameters"),
+        # a call's arguments are an object: a string schema was taken, and no call read back
+        ({"tools": fns(good, {"type": "string"})}, "tools[1].function.parameters"),
+        ({"tools": fns({"type": ["array", "null"]})}, "tools[0].function.parameters"),
     ]
     for body, param in cases:
         try:
