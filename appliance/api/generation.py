@@ -20,7 +20,7 @@ from ..engine import grammar, reasoning
 from ..engine.chat_template import RESERVED
 from ..engine.grammar import GrammarError
 from ..engine.native import Vocab
-from ..engine.sampling import SamplingParams
+from ..engine.sampling import SamplingParams, seed32
 from ..engine.speculative.ngram import PredictionIndex
 from ..engine.schema_grammar import SchemaError, json_object_gbnf, schema_to_gbnf
 from . import legacy_functions, native_tools, tools
@@ -127,7 +127,7 @@ def sampling_params(req: SamplingOptions, n_vocab: int, with_grammar: bool = Tru
         repeat_penalty=req.repeat_penalty,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
-        seed=None if req.seed is None else req.seed & 0xFFFFFFFF,
+        seed=None if req.seed is None else seed32(req.seed),
         logit_bias=bias,
         penalty_last_n=req.repeat_last_n,
         dry_multiplier=req.dry_multiplier,

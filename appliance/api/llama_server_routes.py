@@ -248,6 +248,8 @@ class LlamaServerRoutes:
             if getattr(req, field):
                 raise bad_request(f"{field} is not served here: /v1/completions gives logprobs (and top_logprobs)",
                                   param=field)
+        if req.seed == -1:  # llama-server's "a random seed" (elsewhere -1 is a seed like any other)
+            req = msgspec.structs.replace(req, seed=None)
         params = await request_sampling(req, runner.vocab)
         if req.ignore_eos:
             params = replace(params, logit_bias={**params.logit_bias,

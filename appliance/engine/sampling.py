@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import random
 from dataclasses import dataclass, field, replace
 
@@ -86,11 +87,24 @@ class SamplingParams:
         return self.greedy and not self.logit_bias and self.stateless
 
 
+RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "draw a random seed"
+
+
+def seed32(seed: int, k: int = 0) -> int:
+    """A request's seed (any integer; `k`: its k-th sample) as llama.cpp's 32-bit one, never
+    RANDOM_SEED: a seed of 0..2^32-2 is itself (as llama-server takes it), any other one, and every
+    later sample's, a hash of it, so that no two requests' samples share a seed by arithmetic."""
+    if k == 0 and 0 <= seed < RANDOM_SEED:
+        return seed
+    digest = hashlib.blake2b(seed.to_bytes(16, "little", signed=True) + k.to_bytes(4, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % RANDOM_SEED
+
+
 def with_seed_offset(params: SamplingParams, k: int) -> SamplingParams:
-    """Params for the k-th of several samples of one request: seeded draws differ (seed + k)."""
+    """Params for the k-th of several samples of one request: seeded draws differ (seed32)."""
     if k == 0 or params.seed is None:
         return params
-    return replace(params, seed=(params.seed + k) & 0xFFFFFFFF)
+    return replace(params, seed=seed32(params.seed, k))
 
 
 def build_chain(params: SamplingParams, vocab: lc.llama_vocab_p, n_vocab: int, n_ctx: int,
@@ -121,7 +135,7 @@ def build_chain(params: SamplingParams, vocab: lc.llama_vocab_p, n_vocab: int, n
         last_n = n_ctx if params.dry_penalty_last_n < 0 else params.dry_penalty_last_n
         add(chain, lc.llama_sampler_init_dry(vocab, params.dry_multiplier, params.dry_base, params.dry_allowed_length,
                                              last_n, arr, len(breakers)))
-    seed = (params.seed if params.seed is not None else random.getrandbits(32)) & 0xFFFFFFFF
+    seed = params.seed if params.seed is not None else random.randrange(RANDOM_SEED)
     if params.greedy:
         add(chain, lc.llama_sampler_init_greedy())
         return chain

@@ -329,3 +329,17 @@ def test_a_nullable_field_sent_as_null_takes_its_default(main_server):
     assert r.status_code == 200, r.text
     r = httpx.post(main_server.base + "/v1/chat/completions", json={**ask, "model": None}, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"  # a required field is still required
+
+
+def test_every_seed_repeats_its_answer(main_server):
+    # 2^32-1 (and -1, which wrapped to it) is llama.cpp's "draw a random seed": those answers
+    # changed at every request, and so did a later choice of n that wrapped there
+    def ask(seed: int, n: int = 1) -> list[str]:
+        r = httpx.post(main_server.base + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2-135m", "messages": [{"role": "user", "content": "Write a sentence about dogs."}],
+            "max_tokens": 12, "temperature": 1.0, "seed": seed, "n": n})
+        assert r.status_code == 200, r.text
+        return [c["message"]["content"] for c in r.json()["choices"]]
+
+    for seed, n in ((2**32 - 1, 1), (-1, 1), (-2, 2)):
+        assert ask(seed, n) == ask(seed, n), seed
