@@ -454,7 +454,7 @@ class OpenAIRoutes:
         `per_prompt`: the sequences of each prompt, in order (0: they all have the one prompt),
         so that usage counts each prompt once."""
         opened: set[int] = set()
-        prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per prompt, as its first sequence ended
+        prompt_tokens: dict[int, tuple[int, int]] = {}  # (prompt, cached) per prompt, as its first sequence has it
         completion = 0
         details = (0, 0, 0)
         try:
@@ -478,7 +478,11 @@ class OpenAIRoutes:
                     for out in scored(i, ev) if scored is not None else ():
                         await sse.event(out)
                 elif isinstance(ev, Finished):
-                    prompt_tokens.setdefault(i // per_prompt if per_prompt else 0, (ev.prompt_tokens, ev.cached_tokens))
+                    # each prompt's count as its first sequence has it, as a whole answer counts it
+                    # (the others copied its prompt: their cached count differs), whichever ends first
+                    slot, lead = (i // per_prompt, i % per_prompt == 0) if per_prompt else (0, i == 0)
+                    if lead or slot not in prompt_tokens:
+                        prompt_tokens[slot] = (ev.prompt_tokens, ev.cached_tokens)
                     completion += ev.completion_tokens
                     details = tuple(a + b for a, b in zip(details, _details(ev)))
                     for out in final(i, ev.reason):

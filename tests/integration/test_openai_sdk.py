@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -343,3 +345,17 @@ def test_every_seed_repeats_its_answer(main_server):
 
     for seed, n in ((2**32 - 1, 1), (-1, 1), (-2, 2)):
         assert ask(seed, n) == ask(seed, n), seed
+
+
+def test_streamed_usage_with_n_counts_the_prompt_as_the_whole_answer_does(main_server):
+    # it took the cached count of whichever choice ended first (0 where the whole answer said 96)
+    ask = {"model": "smollm2-135m", "max_tokens": 8, "temperature": 1.0, "seed": 3, "n": 3,
+           "messages": [{"role": "user", "content": "Here is a list: " + ", ".join(f"item {i}" for i in range(60))}]}
+    httpx.post(main_server.base + "/v1/chat/completions", json={**ask, "n": 1}, timeout=120)  # cached for both
+    whole = httpx.post(main_server.base + "/v1/chat/completions", json=ask, timeout=120).json()["usage"]
+    with httpx.stream("POST", main_server.base + "/v1/chat/completions", timeout=120,
+                      json={**ask, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = chunks[-1]["usage"]
+    assert streamed["prompt_tokens"] == whole["prompt_tokens"]
+    assert streamed["prompt_tokens_details"]["cached_tokens"] == whole["prompt_tokens_details"]["cached_tokens"] > 0
