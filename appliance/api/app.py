@@ -109,6 +109,7 @@ class App:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.admin.draining = lambda: self.draining
         self.responses.background = BackgroundResponses(self._background, self._account_background)
+        self._reload_lock = asyncio.Lock()  # reloads one at a time (reload_config)
         self.routes: dict[str, dict[str, Route]] = {
             "/v1/chat/completions": {"POST": Route(self.openai.chat, "key", True),
                                      "GET": Route(self.stored_chats.listed, "key")},
@@ -552,7 +553,13 @@ class App:
         await request.json(200, result)
 
     async def reload_config(self) -> dict:
-        """The reload itself (admin endpoint and SIGHUP); raises ConfigError or KeyFileError."""
+        """The reload itself (admin endpoint and SIGHUP), one at a time: two that overlapped each
+        planned against the old config, and a model both added was loaded twice, one copy
+        orphaned. Raises ConfigError or KeyFileError."""
+        async with self._reload_lock:
+            return await self._reload_config()
+
+    async def _reload_config(self) -> dict:
         new = await asyncio.to_thread(load_config, self.config_path)
         plan = plan_reload(self.config, new)
         self._keyring(plan.config)  # a broken key file refuses the reload before anything changes

@@ -958,8 +958,12 @@ class ModelManager:
                 if runner.state == "unloaded" and self._with_kv_choice(runner.cfg) != runner.cfg:
                     self.runners[name] = self._new_runner(runner.cfg)
             for name in added:
-                self.runners[name] = self._new_runner(config.model(name))
-        boot = [n for n in added if n in self.boot_models()]
+                if name not in self.runners:  # (added once, whatever a caller asks)
+                    self.runners[name] = self._new_runner(config.model(name))
+        # the strategy's boot set as the new config has it: an added model, and one a new pinned
+        # group names that was not loaded (it stayed unloaded, /health degraded, until a request)
+        boot = [n for n in self.boot_models()
+                if n in added or (n in self.runners and self.runners[n].state == "unloaded")]
         for name in boot:
             threading.Thread(target=self._load_quietly, args=(name,), daemon=True).start()
         return added

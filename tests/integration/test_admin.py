@@ -92,3 +92,36 @@ def test_config_reload_applies_live_changes_and_keeps_the_old_config_on_error(se
     assert err["code"] == "invalid_config" and "models[0].n_ctx" in err["message"]
     r = post(srv, "/v1/completions", None, {"model": "b", "prompt": "Hi", "max_tokens": 8})
     assert r.status_code == 200  # still running on the last good config
+
+
+def test_overlapping_reloads_add_a_model_once_and_a_newly_pinned_one_loads(server_factory):
+    # two reloads both planned against the old config: each added the model, one loaded copy was
+    # orphaned (its memory uncounted) and the tracked one stayed unloaded, /health degraded; and
+    # a reload that pinned a configured, unloaded model left it unloaded
+    import asyncio
+
+    srv = server_factory({"model_dir": str(MODELS), "policy": {"strategy": "pinned-group"},
+                          "models": [small("a"), small("c")], "groups": [{"name": "core", "models": ["a"],
+                                                                          "pinned": True}]}, "reload-race")
+    assert httpx.get(srv.base + "/health").json()["models"]["c"]["state"] == "unloaded"
+    cfg = yaml.safe_load(srv.config_path.read_text())
+    cfg["models"].append(small("d"))
+    cfg["groups"] = [{"name": "core", "models": ["a", "c", "d"], "pinned": True}]
+    srv.config_path.write_text(yaml.safe_dump(cfg))
+
+    async def reloads() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            return await asyncio.gather(*[c.post(srv.base + "/v1/admin/config/reload") for _ in range(6)])
+
+    answers = asyncio.run(reloads())
+    assert all(r.status_code == 200 for r in answers)
+    assert sum("models.d (added)" in r.json()["applied"] for r in answers) == 1
+    deadline = time.monotonic() + 60
+    while httpx.get(srv.base + "/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    health = httpx.get(srv.base + "/health").json()
+    assert health["status"] == "ok" and {m["state"] for m in health["models"].values()} == {"ready"}, health
+    loads = [e for e in httpx.get(srv.base + "/v1/admin/scheduling/status").json()["events"]
+             if e["event"] == "load" and e["model"] == "d"]
+    assert len(loads) == 1, loads
+    srv.stop()
