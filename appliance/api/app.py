@@ -244,6 +244,7 @@ class App:
         self.batches.config = config
         self.message_batches.config = config
         self.tokens.config = config
+        self.llama_server.config = config  # (left out, /completion and /infill kept the boot config's limits)
         self.embeddings.config = config
         self.groups.set_config(config)
         self.admin.config = config

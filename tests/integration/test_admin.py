@@ -78,6 +78,8 @@ def test_config_reload_applies_live_changes_and_keeps_the_old_config_on_error(se
     assert body["restart_required"] == ["server.port"]
     r = post(srv, "/v1/completions", None, {"model": "a", "prompt": "Hi", "max_tokens": 50})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = post(srv, "/completion", None, {"model": "a", "prompt": "Hi", "n_predict": 50})  # llama-server's too
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict", r.text
     deadline = time.monotonic() + 60
     while httpx.get(srv.base + "/health").json()["models"]["b"]["state"] != "ready" and time.monotonic() < deadline:
         time.sleep(0.1)
