@@ -32,6 +32,7 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.eie = app
         self._drain_task: asyncio.Task | None = None
+        self._stop_task: asyncio.Task | None = None
 
     @property
     def should_exit(self) -> bool:  # type: ignore[override]
@@ -60,16 +61,30 @@ class Server(uvicorn.Server):
             should_exit = await self.on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """A first SIGTERM drains; a second one, or SIGINT, stops without waiting: the live answers
+        end now with the shutdown error (uvicorn's own exit waited 10 s for their connections, then
+        cut the streams mid-body); one more leaves it to uvicorn."""
         loop = self.eie.loop
-        if sig == signal.SIGTERM and self._drain_task is None and loop is not None and not self.should_exit:
+        if loop is not None and not self.should_exit and self._stop_task is None:
             self._captured_signals.append(sig)
-            loop.call_soon_threadsafe(self._start_drain)
+            loop.call_soon_threadsafe(self._start_drain if sig == signal.SIGTERM and self._drain_task is None
+                                      else self._start_stop)
             return
         super().handle_exit(sig, frame)
 
     def _start_drain(self) -> None:
         if self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self._drain())
+
+    def _start_stop(self) -> None:
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._stop_now())
+
+    async def _stop_now(self) -> None:
+        try:
+            await self.eie.stop_now()
+        finally:
+            self.should_exit = True
 
     async def _drain(self) -> None:
         try:

@@ -612,6 +612,23 @@ class App:
             self.audit.record("lifecycle", event="drain", **result)
         return result
 
+    async def stop_now(self) -> None:
+        """Stop without waiting (a second SIGTERM, SIGINT): refuse new work, end the live answers
+        with the shutdown error now (streams end with it and [DONE]), then give their responses a
+        moment to go out."""
+        self.draining = True
+        batches = asyncio.ensure_future(self.batches.runner.stop())  # its requests run again after the restart
+        live = list(client.Generations.live)
+        for gens in live:
+            gens.abort("shutdown", "the server is stopping now")
+        log.info("stopping now: %d answers ended", len(live))
+        await batches
+        if self.in_flight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), 5)
+            except TimeoutError:
+                pass
+
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             msg = await receive()

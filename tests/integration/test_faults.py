@@ -258,6 +258,27 @@ def test_sigterm_past_the_grace_period_ends_streams_with_an_error_and_exits_0(se
         assert err["error"]["code"] == "shutting_down", events[-3:]
 
 
+@pytest.mark.parametrize("signals", [(signal.SIGINT,), (signal.SIGTERM, signal.SIGTERM)])
+def test_sigint_or_a_second_sigterm_stops_now_and_ends_streams_with_an_error(server_factory, signals):
+    # it waited uvicorn's 10 s for the open connections, then cut the streams mid-body (no error,
+    # no [DONE], a traceback each in the log)
+    srv = _drain_server(server_factory, f"stop-now-{len(signals)}", 300)
+    out, threads = _start_streams(srv, 4, 480)
+    t0 = time.monotonic()
+    for sig in signals:
+        srv.proc.send_signal(sig)
+        time.sleep(0.3)
+    for t in threads:
+        t.join(60)
+    assert srv.proc.wait(60) == 0
+    assert time.monotonic() - t0 < 8
+    assert len(out) == 4
+    for status, events in out:
+        assert status == 200 and events[-1] == "[DONE]", events[-3:]
+        assert json.loads(events[-2])["error"]["code"] == "shutting_down", events[-3:]
+    assert "Exception in ASGI application" not in srv.log_path.read_text()
+
+
 # ---- kill -9 and restart -------------------------------------------------------------------------
 
 def test_kill_9_and_restart_keep_the_kv_disk_tier_and_the_audit_chain(server_factory, tmp_path):
