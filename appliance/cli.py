@@ -12,6 +12,11 @@ from .config import ConfigError, load_config
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import signal
+
+    # (its default action ends the process: a reload sent while the server starts must not;
+    # server.install_signals takes it over)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = load_config(args.config)
     except ConfigError as e:

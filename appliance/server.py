@@ -96,6 +96,8 @@ class Server(uvicorn.Server):
         loop = self.eie.loop
         if loop is not None:
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.eie.reload_on_signal()))
+        else:  # (the config being read is the file's as it is now)
+            log.warning("SIGHUP while the server starts: ignored")
 
 
 def build(app: App, host: str, port: int, log_level: str, wrap: Any = None) -> Server:

@@ -284,6 +284,20 @@ def test_sighup_reloads_the_config_like_the_admin_endpoint(server_factory):
     assert srv.proc.poll() is None
 
 
+def test_a_sighup_while_the_server_starts_does_not_end_it(server_factory):
+    # SIGHUP's default action ended the process (exit 129) until the server's handler was set
+    import signal
+
+    srv = server_factory({"models": [model_entry("a", SMOLLM2, n_ctx=512, threads=1)]}, "sighup-early", wait=False)
+    time.sleep(0.6)  # (past the interpreter's own start, which no handler can cover)
+    for _ in range(4):
+        srv.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.2)
+    srv.wait_settled()
+    assert srv.proc.poll() is None and chat(srv, key=None, max_tokens=4).status_code == 200
+    srv.stop()
+
+
 def test_hash_key_prints_a_key_file_line():
     out = subprocess.run([str(EIE), "hash-key", "bob", "--admin"], input="bob-secret-key\n", capture_output=True,
                          text=True)
