@@ -142,7 +142,7 @@ class GroupRoutes:
         sse = EventStream(request)
 
         async def on_delta(m: MemberResult, text: str, thought: str) -> None:
-            await sse.event(MemberDelta(m.index, m.model, text, thought or None))
+            await sse.event(MemberDelta(m.index, m.answering or m.model, text, thought or None, max(m.attempts, 1)))
 
         async def on_done(m: MemberResult) -> None:
             await sse.event(MemberDone(member_out(m)))

@@ -541,9 +541,12 @@ class GroupFailure(Struct, frozen=True):
 
 class MemberDelta(Struct, frozen=True, omit_defaults=True, tag_field="type", tag="member.delta"):
     index: int
-    model: str
+    model: str  # the model writing it: a replacement's once the member is replaced
     text: str
     reasoning_content: str | None = None
+    # 1, then 2 for a member's second attempt (retry_once, replace_with): its text starts over,
+    # the first attempt's deltas are void
+    attempt: int = 1
 
 
 class MemberDone(Struct, frozen=True, tag_field="type", tag="member.done"):

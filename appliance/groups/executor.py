@@ -43,6 +43,7 @@ class MemberResult:
     replaced_by: str | None = None
     mean_logprob: float | None = None
     refused: PromptError | None = None  # failed on the request itself (its prompt or limits), not the model
+    answering: str | None = None  # the model of its attempt under way (a replacement's, once replaced)
 
     @property
     def ok(self) -> bool:
@@ -145,6 +146,7 @@ class GroupExecutor:
         for m in members:
             m.attempts += 1
             m.refused = None
+            m.answering = model
         try:
             try:
                 runner = await self.resolve(model)

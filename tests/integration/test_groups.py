@@ -433,3 +433,31 @@ def test_a_client_that_hangs_up_on_a_whole_group_answer_is_accounted_499(groups_
     wait_for(lambda: metric(httpx.get(groups_server.base + "/metrics").text, "eie_requests_total",
                             endpoint="/v1/batch/execute", model="core", status="499") >= 1, timeout=10)
     assert 'status="0"' not in httpx.get(groups_server.base + "/metrics").text
+
+
+def _member_stream(srv, group: str, **kw) -> tuple[dict[int, list[dict]], dict[int, dict]]:
+    deltas: dict[int, list[dict]] = {}
+    done: dict[int, dict] = {}
+    with httpx.stream("POST", srv.base + "/v1/batch/execute", timeout=120, json={
+            "group": group, "messages": Q, "temperature": 0, "stream": True, **kw}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                e = json.loads(line[6:])
+                if e["type"] == "member.delta":
+                    deltas.setdefault(e["index"], []).append(e)
+                elif e["type"] == "member.done":
+                    done[e["member"]["index"]] = e["member"]
+    return deltas, done
+
+
+def test_a_retried_or_replaced_members_stream_says_its_attempt_and_model(groups_server):
+    # a retry's or a replacement's text was streamed after the failed attempt's as one text, and
+    # a replacement's deltas named the failed model
+    deltas, done = _member_stream(groups_server, "retry", max_tokens=300, messages=LONG)
+    assert done[1]["attempts"] == 2 and 2 in {d.get("attempt", 1) for d in deltas[1]}  # (1 where it wrote in time)
+    last = "".join(d["text"] for d in deltas[1] if d.get("attempt", 1) == 2)
+    assert last == done[1]["text"] != ""
+    deltas, done = _member_stream(groups_server, "replace", max_tokens=16)
+    assert done[0]["status"] == "replaced"
+    assert {(d["model"], d.get("attempt", 1)) for d in deltas[0]} == {("smollm2-135m-b", 2)}
+    assert "".join(d["text"] for d in deltas[0]) == done[0]["text"]
