@@ -394,8 +394,9 @@ def _new_id() -> str:
 
 
 def _whole_calls(text: str, finish_reason: str) -> list[Begun] | None:
-    """The answer's calls where it is a whole object of them (None: it is not)."""
-    if finish_reason != "stop":
+    """The answer's calls where it is a whole object of them (None: it is not); one whose closing
+    brace was the max_tokens-th token is whole all the same."""
+    if finish_reason not in ("stop", "length"):
         return None
     try:
         obj = json.loads(text)

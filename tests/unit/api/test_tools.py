@@ -48,6 +48,9 @@ def test_answers_are_read_back_whole_or_cut():
     assert tools.read_answer('{\n "response": "It is cold and wi', "length") == ("It is cold and wi", None, "length")
     assert tools.read_answer('{"tool_calls": [{"name": "w", "argu', "length") == (
         '{"tool_calls": [{"name": "w", "argu', None, "length")
+    # calls whose closing brace was the max_tokens-th token are whole (they came back as content)
+    content, calls, reason = tools.read_answer('{"tool_calls": [{"name": "w", "arguments": {"city": "Oslo"}}]}', "length")
+    assert content is None and reason == "tool_calls" and calls[0].function.name == "w"
 
 
 def test_a_streamed_direct_answer_goes_out_decoded_as_it_comes():
