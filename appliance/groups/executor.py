@@ -198,7 +198,11 @@ class GroupExecutor:
                     m.error = None
                 elif isinstance(ev, Failed):
                     m.text = "".join(parts[i])
-                    _fail(m, "timeout" if ev.kind == "timeout" else "failed", ev.message, t0)
+                    why = ev.message
+                    if ev.kind == "timeout" and until < call.deadline:  # the member's own bound, not the request's
+                        key = "member_timeout_ms" if model in group.member_timeout_ms else "timeout_ms"
+                        why = f"the group's {key} for {model} ({group.timeout_s(model) * 1000:.0f} ms) passed"
+                    _fail(m, "timeout" if ev.kind == "timeout" else "failed", why, t0)
         except asyncio.CancelledError:
             gens.cancel()
             raise
