@@ -54,9 +54,12 @@ PRIMITIVES: dict[str, str] = {
     "value": "object | array | string | number | boolean | null",
     "object": r'"{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws',
     "array": r'"[" ws ( value ("," ws value)* )? "]" ws',
-    # the days each month has (February 29 every year: a grammar does not know leap years)
+    # the days each month has; February 29 only in leap years (Gregorian: the year's last two
+    # digits a multiple of 4 other than 00, or 00 after a first two that are)
     "date": r'[0-9]{4} "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) '
-            r'| ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | [12] [0-9]))',
+            r'| ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])) '
+            r'| ([0-9]{2} ("0" [48] | [2468] [048] | [13579] [26]) '
+            r'| ("0" [48] | [2468] [048] | [13579] [26] | "00") "00") "-02-29"',
     "time": r'([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? '
             r'("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
     "date-time": r'date "T" time',
@@ -244,13 +247,7 @@ class _Converter:
         types = schema.get("type")
         if types is None:
             types = self.implied_types(schema)
-        if isinstance(types, str):
-            types = [types]
-        if not isinstance(types, list) or not types:
-            raise SchemaError(_join(path, "type"), f"must be one of {', '.join(TYPES)} or a list of them")
-        for t in types:
-            if t not in TYPES:
-                raise SchemaError(_join(path, "type"), f"{t!r} is not one of {', '.join(TYPES)}")
+        types = type_list(types, path)
         if nullable and "null" not in types:
             types = [*types, "null"]
         names = [self.typed(schema, t, path, hint if len(types) == 1 else f"{hint}-{t}") for t in types]
@@ -274,7 +271,7 @@ class _Converter:
         return self.rule(hint, "(" + " | ".join(json_literal(v) for v in values) + ") " + self.prim("ws"))
 
     @staticmethod
-    def implied_types(schema: dict) -> list[str] | None:
+    def implied_types(schema: dict) -> list[str]:
         if "properties" in schema or "additionalProperties" in schema or "required" in schema:
             return ["object"]
         if "items" in schema or "prefixItems" in schema:
@@ -479,9 +476,13 @@ def constraints(schema: dict, handled: tuple[str, ...]) -> dict:
 
 
 def type_list(types: Any, path: str) -> list[str]:
+    """A schema's `type` as a list of JSON Schema types, or a SchemaError at `path`.type."""
     out = [types] if isinstance(types, str) else types
-    if not isinstance(out, list) or not out or not all(t in TYPES for t in out):
+    if not isinstance(out, list) or not out:
         raise SchemaError(_join(path, "type"), f"must be one of {', '.join(TYPES)} or a list of them")
+    for t in out:
+        if t not in TYPES:
+            raise SchemaError(_join(path, "type"), f"{t!r} is not one of {', '.join(TYPES)}")
     return out
 
 

@@ -292,6 +292,19 @@ def test_a_date_has_a_day_its_month_has(vocab):
         assert not accepts(vocab, date, f'"{bad}"'), bad
 
 
+def test_february_29_only_in_leap_years(vocab):
+    import calendar
+    date = schema_to_gbnf({"type": "string", "format": "date"})
+    years = [0, 4, 100, 400, 1900, 1996, 2000, 2023, 2024, 2100, 2400, 2800, 9996, 9999] + list(range(1901, 1913))
+    for year in years:
+        day = f"{year:04d}-02-29"
+        assert accepts(vocab, date, f'"{day}"') == calendar.isleap(year), day
+        assert accepts(vocab, date, f'"{year:04d}-02-28"'), year
+    with_time = schema_to_gbnf({"type": "string", "format": "date-time"})
+    assert accepts(vocab, with_time, '"2024-02-29T12:00:00Z"')
+    assert not accepts(vocab, with_time, '"2023-02-29T12:00:00Z"')
+
+
 def test_a_surrogate_escape_comes_only_as_a_pair(vocab):
     # a lone one is no character: strict parsers refuse it, and the reply's UTF-8 encoding failed
     # on it (a 500 where a tool-enabled answer held one)
