@@ -51,6 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     supervisor = Supervisor(manager, lambda: server.started)  # systemd notify + watchdog, if asked for
     server = build(app, host, port, args.log_level, supervisor.wrap)
+    server.on_stopping = supervisor.stopping
     install_signals(server)
     supervisor.start()
     try:
@@ -86,6 +87,27 @@ def _file_problems(config) -> list[str]:
             check(f"models[{i}].lora[{j}].path", config.adapter_path(a))
         for j, c in enumerate(m.control_vectors):
             check(f"models[{i}].control_vectors[{j}].path", config.adapter_path(c))
+    return out
+
+
+def _start_problems(config) -> list[str]:
+    """What else `serve` refuses to start with, by key path: the key file, the audit trail's path,
+    the strategy's plugin (loaded and its init run, as serve does, then shut down)."""
+    from .api.auth import KeyFileError, read_key_file
+    from .policy import PluginError, make_policy
+
+    out = []
+    if (keys := config.key_file()) is not None:
+        try:
+            read_key_file(keys)
+        except KeyFileError as e:
+            out.append(f"server.api_key_file: {e}")
+    if (audit := config.audit_path()) is not None and audit.is_dir():
+        out.append(f"audit.path: {audit} is a directory; name the trail's file")
+    try:
+        make_policy(config).close()
+    except PluginError as e:
+        out.append(str(e) if str(e).startswith("policy.") else f"policy.strategy: {e}")
     return out
 
 
@@ -202,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:
             print(str(e), file=sys.stderr)
             return 2
-        if missing := _file_problems(config):
+        if missing := _file_problems(config) + _start_problems(config):
             print(f"{args.config}: {len(missing)} problem(s)", file=sys.stderr)
             for p in missing:
                 print(f"  {p}", file=sys.stderr)

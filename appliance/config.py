@@ -11,7 +11,7 @@ import os
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Callable, Literal, get_args
 
 import msgspec
 import yaml
@@ -691,12 +691,14 @@ def _cross_checks(raw: dict[str, Any], problems: list[str]) -> None:
             problems.append(f"models[{i}].pooling: {_got(m.get('pooling'))} pools an embedding model's token states; "
                             f"set models[{i}].embedding: true, or leave pooling out")
         _lora_checks(i, m, problems)
-        n_batch, n_ctx = m.get("n_batch"), m.get("n_ctx", 4096)
-        if isinstance(n_batch, int) and isinstance(n_ctx, int) and n_batch > n_ctx * m.get("n_parallel", 4):
-            problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * m.get('n_parallel', 4)})")
-    served = {m.get("name") for m in models if isinstance(m, dict)} | _adapter_name_checks(models, problems)
+        n_batch, n_ctx, n_parallel = m.get("n_batch"), m.get("n_ctx", 4096), m.get("n_parallel", 4)
+        # (each one's own type and range are checked apart: a bad one is named there, not here)
+        if (all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (n_batch, n_ctx, n_parallel))
+                and n_batch > n_ctx * n_parallel):
+            problems.append(f"models[{i}].n_batch: must not exceed n_ctx * n_parallel ({n_ctx * n_parallel})")
+    served = _model_names(models) | _adapter_name_checks(models, problems)
     _group_checks(raw, served,
-                  {m.get("name") for m in models if isinstance(m, dict) and m.get("embedding") is True}, problems)
+                  _model_names(models, lambda m: m.get("embedding") is True), problems)
     vram = raw.get("vram")
     if isinstance(vram, dict):
         low, critical = vram.get("low_watermark", 85.0), vram.get("critical_watermark", 95.0)
@@ -728,10 +730,16 @@ def _lora_checks(i: int, m: dict[str, Any], problems: list[str]) -> None:
                         f"({layers[1]}); give [first, last]")
 
 
+def _model_names(models: list[Any], which: Callable[[dict], bool] = lambda _m: True) -> set[str]:
+    """The names of the models `which` picks, where they are strings (another type is reported
+    where the model is checked, and would not go in a set)."""
+    return {m["name"] for m in models if isinstance(m, dict) and isinstance(m.get("name"), str) and which(m)}
+
+
 def _adapter_name_checks(models: list[Any], problems: list[str]) -> set[str]:
     """An adapter is asked by its name where a model's goes: the names of models and adapters
     differ. Returns the adapters' names."""
-    model_names = {m.get("name") for m in models if isinstance(m, dict)}
+    model_names = _model_names(models)
     seen: dict[str, str] = {}
     for i, m in enumerate(models):
         adapters = m.get("lora") if isinstance(m, dict) else None
@@ -868,6 +876,33 @@ def _group_checks(raw: dict[str, Any], model_names: set[Any], embedders: set[Any
             for m in overrides:
                 if m not in members:
                     problems.append(f"{at}.member_timeout_ms.{m}: {_got(m)} is not a member of this group")
+    _pool_checks(raw, groups, problems)
+
+
+def _pool_checks(raw: dict[str, Any], groups: list[Any], problems: list[str]) -> None:
+    """Under group isolation, the groups' memory pools: a model is charged to one pool, and the
+    pools fit in vram.budget_mb where it is set."""
+    vram, policy = _mapping(raw.get("vram")), _mapping(raw.get("policy"))
+    if vram.get("group_isolation") is not True and policy.get("strategy") != "multi-group":
+        return
+    pooled: dict[str, int] = {}
+    total = 0
+    for i, g in enumerate(groups):
+        budget = g.get("budget_mb") if isinstance(g, dict) else None
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0:
+            continue
+        total += budget
+        for j, m in enumerate(g.get("models") if isinstance(g.get("models"), list) else []):
+            if not isinstance(m, str):
+                continue
+            if m in pooled and pooled[m] != i:
+                problems.append(f"groups[{i}].models[{j}]: {m!r} is in groups[{pooled[m]}]'s memory pool already "
+                                "(budget_mb); a model is charged to one pool, so it may be in one group with a budget")
+            pooled.setdefault(m, i)
+    device = vram.get("budget_mb")
+    if isinstance(device, (int, float)) and not isinstance(device, bool) and total > device:
+        problems.append(f"groups: the groups' budget_mb add up to {total:g} MiB, more than vram.budget_mb ({device:g}); "
+                        "the pools share the device's budget")
 
 
 _SCHEMA = mi.type_info(Config)
@@ -889,6 +924,25 @@ def parse_config(raw: Any, source: str = "config", source_dir: str = ".") -> Con
         raise ConfigError([str(e)], source) from e
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last: a
+    repeated `server:` section dropped the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (also on line {seen[key]})", key_node.start_mark)
+                seen[key] = line
+            except TypeError:  # an unhashable key: the constructor says so below
+                pass
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config file."""
     p = Path(path)
@@ -897,7 +951,7 @@ def load_config(path: str | Path) -> Config:
     except OSError as e:
         raise ConfigError([f"cannot read config file: {e.strerror or e}"], str(p)) from e
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise ConfigError([f"invalid YAML: {e}"], str(p)) from e
     return parse_config(raw, str(p), str(p.resolve().parent))

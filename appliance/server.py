@@ -13,7 +13,7 @@ import asyncio
 import logging
 import signal
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
@@ -33,6 +33,8 @@ class Server(uvicorn.Server):
         self.eie = app
         self._drain_task: asyncio.Task | None = None
         self._stop_task: asyncio.Task | None = None
+        # told when the shutdown begins (why, the longest it may take): systemd's STOPPING=1
+        self.on_stopping: Callable[[str, float], None] = lambda _why, _longest_s: None
 
     @property
     def should_exit(self) -> bool:  # type: ignore[override]
@@ -74,10 +76,13 @@ class Server(uvicorn.Server):
 
     def _start_drain(self) -> None:
         if self._drain_task is None:
+            grace = self.eie.config.server.drain_grace_s
+            self.on_stopping(f"draining: {self.eie.in_flight} requests in flight, up to {grace:g}s", grace)
             self._drain_task = asyncio.ensure_future(self._drain())
 
     def _start_stop(self) -> None:
         if self._stop_task is None:
+            self.on_stopping("stopping now", 0.0)
             self._stop_task = asyncio.ensure_future(self._stop_now())
 
     async def _stop_now(self) -> None:

@@ -106,6 +106,7 @@ class Supervisor:
         self.poll_s = poll_s
         self.ready = False
         self._stop = threading.Event()
+        self._stopping = threading.Event()  # STOPPING=1 went out
         self._threads: list[threading.Thread] = []
         self.enabled = bool(self.env.get("NOTIFY_SOCKET"))
 
@@ -133,9 +134,20 @@ class Supervisor:
             self._threads.append(t)
             t.start()
 
-    def close(self) -> None:
+    def stopping(self, why: str, longest_s: float) -> None:
+        """The shutdown begins (SIGTERM's drain, or a stop now): STOPPING=1 at once, as sd_notify
+        has it, and the time it may take (`longest_s`) asked for, past the unit's TimeoutStopSec
+        (systemd honours EXTEND_TIMEOUT_USEC while stopping); start-up notices end."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
         if self.enabled:
+            self.send(f"STOPPING=1\nSTATUS={why}\nEXTEND_TIMEOUT_USEC={int((longest_s + 15) * 1e6)}")
+
+    def close(self) -> None:
+        if self.enabled and not self._stopping.is_set():
             self.send("STOPPING=1\nSTATUS=stopping")
+        self._stopping.set()
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
@@ -156,7 +168,7 @@ class Supervisor:
     def _startup(self) -> None:
         extend_us = int(max(30.0, 10 * self.poll_s) * 1e6)  # renewed well before it runs out
         last_status, last_extend = "", 0.0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._stopping.is_set():
             done, status = self.status_line()
             if done and self.listening():
                 self.send(f"READY=1\nSTATUS={status}")

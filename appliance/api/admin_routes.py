@@ -108,8 +108,9 @@ class AdminRoutes:
         """Each model's memory (measured, estimated, KV) and each budget's use, for vram_status."""
         models: list[dict] = []
         budgets: dict[str, dict] = {}
-        for name, r in self.manager.runners.items():
-            b = r.loaded.buffers if r.loaded else None
+        for name, r in list(self.manager.runners.items()):
+            loaded = r.loaded  # (once: an unload meanwhile leaves this one's numbers)
+            b = loaded.buffers if loaded else None
             est = self.manager.estimate_for(name)
             budget = self.manager.budget(name)
             budgets[budget.scope] = {
@@ -139,7 +140,7 @@ class AdminRoutes:
                 **self.manager.kv_status(name),
                 "n_ctx": r.cfg.n_ctx,
                 "n_parallel": r.cfg.n_parallel,
-                "n_ctx_total": r.loaded.n_ctx_total if r.loaded else 0,
+                "n_ctx_total": loaded.n_ctx_total if loaded else 0,
             })
         return models, budgets
 
@@ -308,21 +309,34 @@ class AdminRoutes:
         """GGUF files in model_dir (only inside it), with what loading each would take."""
         base = self.config.model_base()
         sub = request.query("path") or "."
-        target = (base / sub).resolve()
-        if not target.is_relative_to(base):
+        try:
+            target = (base / sub).resolve()
+            inside, is_dir = target.is_relative_to(base), target.is_dir()
+        except (ValueError, OSError) as e:  # a NUL byte, a name past the file system's length
+            raise ApiError(400, f"path {sub[:100]!r} is not a directory name: {e}", param="path") from None
+        if not inside:
             raise ApiError(400, f"path {sub!r} is outside model_dir", param="path", code="path_outside_model_dir")
-        if not target.is_dir():
+        if not is_dir:
             raise ApiError(404, f"no directory {sub!r} in model_dir", param="path", code="not_found")
         names: dict[Path, list[str]] = {}  # a file may be configured under several names
         for m in self.config.models:
             names.setdefault(self.config.model_path(m), []).append(m.name)
         configured = {path: listed[0] for path, listed in names.items()}
+
+        def files() -> list[tuple[Path, int]]:  # (a walk of a large tree: off the event loop)
+            out = []
+            for path in sorted(target.rglob("*.gguf")):
+                try:
+                    real = path.resolve()
+                    if real.is_relative_to(base) and real.is_file():  # a link out of model_dir is not offered
+                        out.append((real, real.stat().st_size))
+                except OSError:
+                    continue  # gone meanwhile, or unreadable
+            return out
+
         found = []
-        for path in sorted(target.rglob("*.gguf")):
-            real = path.resolve()
-            if not real.is_relative_to(base) or not real.is_file():
-                continue  # a link out of model_dir is not offered
-            entry = {"path": str(real.relative_to(base)), "size_bytes": real.stat().st_size,
+        for real, size in await asyncio.to_thread(files):
+            entry = {"path": str(real.relative_to(base)), "size_bytes": size,
                      "configured_as": configured.get(real), "configured_names": names.get(real, [])}
             try:
                 shape = await asyncio.to_thread(shape_of, real)

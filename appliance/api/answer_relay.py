@@ -69,7 +69,9 @@ async def relay(request: Request, gens: Generations, shape: AnswerShape, writer:
     """Stream `writer`'s events (`framing` makes each one bytes), or answer its whole result. A
     failure before the first token keeps its HTTP status; after it, the writer says it in-band."""
     sse = EventStream(request, content_type=content_type) if stream else None
-    reader = None if shape.plain else shape.reader(writer.streams_calls and stream)
+    # a writer that streams calls reads a whole answer as its stream would (an answer cut short
+    # inside its calls ends with them, not with their JSON as text)
+    reader = None if shape.plain else shape.reader(writer.streams_calls)
     started = False
 
     async def send(events: list[Event]) -> None:

@@ -65,9 +65,12 @@ class Route:
     limited: bool = False  # counts against the per-key rate and concurrency limits
     accounted: bool = True  # audited and drained (probes and scrapes are not)
     error_body: Callable[[ApiError], bytes] = ApiError.body  # the error envelope its clients read
+    # Anthropic's clients read it too (they send anthropic-version): their errors in their envelope,
+    # the auth and limit refusals before the handler included
+    anthropic_too: bool = False
 
 
-_QUIET = {"/health", "/metrics", "/openapi.json"}
+_QUIET = {"/health", "/metrics", "/openapi.json", "/"}
 
 
 class App:
@@ -124,8 +127,8 @@ class App:
             "/lora-adapters": {"GET": Route(self.llama_server.lora_adapters, "key"),
                                "POST": Route(self.llama_server.set_lora_adapters, "admin")},
             "/apply-template": {"POST": Route(self.llama_server.apply_template, "key")},
-            "/v1/models": {"GET": Route(self.openai.models, "key")},
-            "/v1/models/{model_id}": {"GET": Route(self.openai.model, "key")},
+            "/v1/models": {"GET": Route(self.openai.models, "key", anthropic_too=True)},
+            "/v1/models/{model_id}": {"GET": Route(self.openai.model, "key", anthropic_too=True)},
             "/v1/responses": {"POST": Route(self.responses.create, "key", True)},
             "/v1/responses/input_tokens": {"POST": Route(self.responses.input_tokens, "key")},
             "/v1/messages": {"POST": Route(self.anthropic.messages, "key", True, error_body=anthropic_error)},
@@ -167,6 +170,8 @@ class App:
             "/v1/batch/execute": {"POST": Route(self.groups.batch, "key", True)},
             "/v1/chain/execute": {"POST": Route(self.groups.chain, "key", True)},
             "/health": {"GET": Route(self.admin.health, "open", accounted=False)},
+            # Ollama's heartbeat (its CLI asks HEAD / before anything else)
+            "/": {"GET": Route(self.root, "open", accounted=False)},
             "/metrics": {"GET": Route(self.serve_metrics, "metrics", accounted=False)},
             "/openapi.json": {"GET": Route(self.serve_openapi, "open", accounted=False)},
             "/v1/admin/vram/status": {"GET": Route(self.admin.vram_status, "admin")},
@@ -261,13 +266,22 @@ class App:
                                    scope["path"])
         rid = info.id.encode()
 
+        send_failed = asyncio.Event()
+        head = scope["method"] == "HEAD"
+
         async def send_tagged(msg: dict[str, Any]) -> None:
             if msg["type"] == "http.response.start":
                 info.status = msg["status"]
                 msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
+            elif msg["type"] == "http.response.body":
+                if not msg.get("more_body", False):  # (an end written after its client went: not its answer)
+                    info.completed = not request.disconnected.is_set()
+                if head:
+                    msg = {**msg, "body": b""}
             try:
                 await send(msg)
             except OSError as e:  # the connection is gone: told apart from the server's own I/O errors
+                send_failed.set()
                 raise ClientGone(str(e)) from e
 
         if self.audit is not None and self.audit.include_content:
@@ -279,7 +293,8 @@ class App:
         counted = contextlib.ExitStack()  # holds the in-flight count while the request is served
         try:
             route = self._route(request)
-            request.error_body = route.error_body
+            request.error_body = (anthropic_error if route.anthropic_too and request.header("anthropic-version")
+                                  is not None else route.error_body)
             if "eie.internal_key" in scope:  # a batch's request, made inside the server as its key (call_internal)
                 info.key_id = scope["eie.internal_key"]
                 await route.handler(request)
@@ -324,6 +339,8 @@ class App:
                 self.limits.release(request.limit_holder)
             counted.close()
             info.release_holds()
+            if (request.disconnected.is_set() or send_failed.is_set()) and not info.completed:  # gone before its end
+                info.status, info.error_code = 499, info.error_code or "client_disconnected"
             self._account(info, request, route)
             context.current.reset(token)
 
@@ -399,8 +416,10 @@ class App:
         if methods is None:
             raise ApiError(404, f"no such endpoint: {request.method} {request.path}", code="not_found")
         route = methods.get(request.method)
+        if route is None and request.method == "HEAD":  # GET's answer without its body (RFC 9110 9.3.2)
+            route = methods.get("GET")
         if route is None:
-            allow = ", ".join(sorted(methods)).encode()
+            allow = ", ".join(sorted({*methods, *(("HEAD",) if "GET" in methods else ())})).encode()
             raise ApiError(405, f"method {request.method} is not allowed on {request.path}",
                            code="method_not_allowed", headers=[(b"allow", allow)])
         return route
@@ -475,7 +494,7 @@ class App:
             return
         info.add_model(gens.runner.name)
         kind = type(ev).__name__
-        if kind == "Finished":
+        if kind in ("Finished", "Failed"):  # (a sequence cut short counts what it did)
             info.completion_tokens += ev.completion_tokens
             if i == 0 or info.prompt_tokens == 0:
                 info.prompt_tokens += ev.prompt_tokens
@@ -484,7 +503,7 @@ class App:
 
     def _account(self, info: context.RequestInfo, request: Request, route: Route | None) -> None:
         known = route is not None
-        endpoint = (request.template or request.path.rstrip("/")) if known else "other"
+        endpoint = (request.template or request.path.rstrip("/") or "/") if known else "other"
         try:
             self.metrics.observe_request(info, endpoint)
         except Exception:
@@ -535,6 +554,9 @@ class App:
         body = await run_probe(self.metrics.render)  # device probes stay off the loop
         await request.respond(200, body, CONTENT_TYPE.encode())
 
+    async def root(self, request: Request) -> None:
+        await request.respond(200, b"Ollama is running", b"text/plain; charset=utf-8")
+
     async def serve_openapi(self, request: Request) -> None:
         await request.json(200, openapi.build(self.config.server.metrics_auth, [m.name for m in self.config.models],
                                               [(g.name, g.type) for g in self.config.groups]))
@@ -582,6 +604,10 @@ class App:
             log.error("SIGHUP reload failed; the running config is unchanged: %s", e)
             if self.audit is not None:
                 self.audit.record("admin", path="reload", outcome="invalid_config")
+        except Exception:  # (a bug in the reload: said, not an unretrieved task exception)
+            log.exception("SIGHUP reload failed")
+            if self.audit is not None:
+                self.audit.record("admin", path="reload", outcome="internal")
 
     async def drain(self, grace_s: float) -> dict:
         """Refuse new work (503 draining), let in-flight requests finish for up to `grace_s`,
@@ -665,7 +691,9 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
-_CONTENT_KEYS = ("prompt", "messages")
+# the request fields that are its prompt, in every API's spelling (the Responses API's input and
+# instructions, Anthropic's system, a fill-in-the-middle's suffix)
+_CONTENT_KEYS = ("prompt", "messages", "input", "instructions", "system", "suffix")
 
 
 def _admin_action(body: bytes, include_content: bool) -> dict:

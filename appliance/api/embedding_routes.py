@@ -139,6 +139,10 @@ class EmbeddingRoutes:
         results = [RerankResult(i, scores[i], RerankDocument(texts[i]) if req.return_documents else None) for i in order]
         await request.json(200, RerankResponse(req.model, results, self._usage(prompts)))
 
+    async def runner(self, model: str) -> ModelRunner:
+        """An embedding model's runner, loaded first where the strategy loads on demand."""
+        return await self._runner(model, rerank=False)
+
     async def _runner(self, model: str, rerank: bool) -> ModelRunner:
         runner = await resolve_runner(self.manager, model)
         if not runner.cfg.embedding:

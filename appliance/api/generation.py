@@ -78,9 +78,11 @@ async def resolve_runner(manager: ModelManager, name: str, sse: Request | None =
         runner = await manager.ready_runner(name)
         req = context.info()
         if req is not None:
+            if not req.keep_alive_said:  # a request without keep_alive: the strategy's again (Ollama's too)
+                manager.ask_keep_alive(runner.base.name if isinstance(runner, AdaptedRunner) else runner.name, None)
             req.add_model(runner.name)
             if not req.ended:
-                req.releases.append(manager.hold(runner.base.name if isinstance(runner, AdaptedRunner) else runner.name))
+                req.releases.append(manager.hold_runner(runner))
         return runner
     except KeyError:
         raise ApiError(404, f"model '{name}' does not exist", param="model", code="model_not_found") from None

@@ -55,22 +55,32 @@ def _usage(result: GroupResult) -> Usage:
                  completion_tokens_details=CompletionTokensDetails(reasoning) if reasoning else None)
 
 
+def _author(group: GroupConfig, result: GroupResult) -> MemberResult | None:
+    """The member whose answer is a one-answer group's: a fanout's selected one, a chain's last
+    that answered."""
+    if group.type == "fanout":
+        return next((m for m in result.members if result.selected and m.index == result.selected.index), None)
+    return next((m for m in reversed(result.members) if m.ok), None)
+
+
 def _answers(group: GroupConfig, result: GroupResult) -> list[tuple[int, str, str | None, str]]:
     """(choice index, text, reasoning, finish reason) of each choice the group's answer has."""
     if group.type == "parallel":
         return [(m.index, m.text, m.reasoning, m.finish_reason or "stop") for m in result.members if m.ok]
-    if group.type == "fanout":  # the selected member's
-        by = next((m for m in result.members if result.selected and m.index == result.selected.index), None)
-    else:  # the chain's last member that answered
-        by = next((m for m in reversed(result.members) if m.ok), None)
+    by = _author(group, result)
     return [(0, result.output or "", by.reasoning if by else None, (by.finish_reason if by else None) or "stop")]
 
 
-def _ending(result: GroupResult, reason: str) -> Ending:
-    """A group answer's end as answer_relay's writers take it: the members' tokens summed."""
+def _ending(group: GroupConfig, result: GroupResult, reason: str) -> Ending:
+    """A group answer's end as answer_relay's writers take it: the members' tokens summed, the stop
+    string that ended its answer, and the first token any member generated (its tokens' timings
+    count from there)."""
     usage = _usage(result)
     reasoning = usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details else 0
-    return Ending(Parts(None, None, None, reason), usage.prompt_tokens, 0, usage.completion_tokens, reasoning, None)
+    by = _author(group, result)
+    firsts = [m.first_token_at for m in result.members if m.ok and m.first_token_at is not None]
+    return Ending(Parts(None, None, None, reason), usage.prompt_tokens, 0, usage.completion_tokens, reasoning,
+                  by.stop_string if by is not None else None, min(firsts) if firsts else None)
 
 
 def _group_failed(result: GroupResult) -> ApiError:
@@ -121,7 +131,7 @@ class GroupChat:
             await relay_failure(sse, writer_for(0), _group_failed(result), framing)
             return
         _, text, thought, reason = _answers(group, result)[0]
-        ending = _ending(result, reason)
+        ending = _ending(group, result, reason)
         await relay_whole(request, writer_for(ending.prompt_tokens), thought, text, ending, stream, framing,
                           content_type, sse)
 
@@ -179,8 +189,14 @@ class _GroupStream:
 
     async def _text(self, index: int, text: str, thought: str | None) -> None:
         if index not in self.opened:
-            self.opened.add(index)
-            await self.sse.event(self._chunk([ChatChunkChoice(index, Delta(role="assistant", content=""))]))
+            # a parallel group's choices open together, in order: the OpenAI SDK's stream helper
+            # takes a choice's index as its place in the list it has so far (an index 1 first
+            # was an IndexError there)
+            opening = range(len(self.group.models)) if self.group.type == "parallel" else (index,)
+            for i in opening:
+                if i not in self.opened:
+                    self.opened.add(i)
+                    await self.sse.event(self._chunk([ChatChunkChoice(i, Delta(role="assistant", content=""))]))
         if text or thought:
             await self.sse.event(self._chunk([ChatChunkChoice(index, Delta(content=text or None,
                                                                            reasoning_content=thought or None))]))
@@ -215,6 +231,8 @@ class _GroupStream:
                     if index not in self.finished:
                         await self._text(index, text, thought)
                         await self._finish(index, reason)
+                for index in sorted(self.opened - self.finished):  # a failed member's choice ends empty
+                    await self._finish(index, "stop")
             if self.include_usage and not result.failed:
                 await self.sse.event(self._chunk([], _usage(result)))
             if self.keep is not None and not result.failed:
@@ -272,7 +290,7 @@ class _LiveAnswer:
                 writer = await self._started()
                 if not streamed:  # a chain cut short before its last member: its output at the end
                     await self._send(writer.push(thought or "", text, []))
-                await self._send(writer.finish(_ending(result, reason)))
+                await self._send(writer.finish(_ending(self.group, result, reason)))
             await self.sse.close()
         except OSError:
             return  # the client went away; the executor's sequences were cancelled with its tasks

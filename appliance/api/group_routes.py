@@ -55,11 +55,16 @@ def failure_body(result: GroupResult) -> ErrorBody:
     if (refused := result.refusal()) is not None:
         return ErrorBody(f"group '{result.group}': {result.error}", "invalid_request_error", refused.param,
                          refused.code)
+    if result.past_deadline():
+        return ErrorBody(f"group '{result.group}': the request's deadline passed: {result.error}", "timeout", None,
+                         "deadline_exceeded")
     return ErrorBody(f"group '{result.group}' failed: {result.error}", "upstream_error", None, "group_failed")
 
 
 def failure_status(result: GroupResult) -> int:
-    return 400 if result.refusal() is not None else 502
+    if result.refusal() is not None:
+        return 400
+    return 504 if result.past_deadline() else 502
 
 
 class GroupRoutes:
@@ -71,7 +76,8 @@ class GroupRoutes:
     def set_config(self, config: Config) -> None:
         self.config = config
         limits = config.server.limits
-        self.executor = GroupExecutor(self.manager.ready_runner, limits.max_tokens, limits.max_prompt_tokens)
+        self.executor = GroupExecutor(self.manager.ready_runner, limits.max_tokens, limits.max_prompt_tokens,
+                                      hold=lambda runner: self.manager.hold_runner(runner))
 
     async def batch(self, request: Request) -> None:
         await self._execute(request, ("parallel", "fanout"), "/v1/chain/execute")

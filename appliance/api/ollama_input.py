@@ -37,7 +37,8 @@ def chat_request(req: OllamaChatRequest) -> ChatRequest:
         calls = [ToolCall(id=f"call_{i}_{k}", function=FunctionCall(c.function.name,
                                                                      json.dumps(c.function.arguments, ensure_ascii=False)))
                  for k, c in enumerate(m.tool_calls or [])]
-        messages.append(ChatMessage(m.role, m.content if m.content or not calls else None, tool_calls=calls or None,
+        content = m.content or ""  # (null: as Go reads it)
+        messages.append(ChatMessage(m.role, content if content or not calls else None, tool_calls=calls or None,
                                     name=m.tool_name if m.role == "tool" else None))
     tools = [Tool("function", FunctionDef(t.function.name, t.function.description, t.function.parameters))
              for t in req.tools or []]
@@ -85,6 +86,9 @@ def _chat(req: OllamaChatRequest | OllamaGenerateRequest, messages: list[ChatMes
                 "frequency_penalty", "repeat_last_n", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta"):
         if getattr(opts, key) is not None:
             sampling[key] = getattr(opts, key)
+    if isinstance(sampling.get("stop"), (str, list)):  # an empty stop string is skipped, as Ollama does
+        stops = [s for s in ([sampling["stop"]] if isinstance(sampling["stop"], str) else sampling["stop"]) if s]
+        sampling["stop"] = stops or None
     if opts.num_predict == 0:
         raise bad_request("num_predict 0 asks for no answer", param="options.num_predict")
     kwargs = effort = None

@@ -10,11 +10,13 @@ where the strategy loads on demand and may unload the model (engine/manager.py a
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from .. import __version__
 from ..config import Config, GroupConfig
@@ -22,13 +24,14 @@ from ..engine import gguf_header, reasoning
 from ..engine.manager import ModelBusy, ModelManager, PolicyRefused
 from ..engine.prefix import file_sha256
 from ..engine.runner import ModelRunner
+from ..observability import context
 from ..resources import file_facts
 from . import ollama_input
 from .answer_relay import NDJSON, json_line, relay_chat
 from .chat_answer import AnswerShape
-from .embedding_routes import EmbeddingRoutes
+from .embedding_routes import EmbeddingRoutes, normalised
 from .group_chat import GroupChat
-from .errors import ApiError, bad_request, decoded
+from .errors import ApiError, bad_request, decoded, with_param_renamed
 from .generation import (
     chat_answer_plan,
     errors_renamed,
@@ -57,15 +60,25 @@ from .ollama_schemas import (
     OllamaVersion,
 )
 
-_chat = msgspec.json.Decoder(OllamaChatRequest)
-_generate = msgspec.json.Decoder(OllamaGenerateRequest)
+# Not strict: Ollama reads its options' numbers as float64, so an integer option may come as 5.0
+_chat = msgspec.json.Decoder(OllamaChatRequest, strict=False)
+_generate = msgspec.json.Decoder(OllamaGenerateRequest, strict=False)
 _embed = msgspec.json.Decoder(OllamaEmbedRequest)
 _model = msgspec.json.Decoder(OllamaModelRequest)
 _metadata: dict[tuple, dict[str, str]] = {}  # per file version: an unloaded model's GGUF metadata
 
 
+_PROMPT_IS_INPUT = ((re.compile(r"^input(\[0\])?$"), "prompt"),)  # /api/embeddings' one input
+NEVER = "9999-12-31T23:59:59Z"  # an expiry that does not come
+
+
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+    """A time.time() as Ollama writes times; one past what a date can say (a keep_alive of 1e12
+    seconds: "forever" as a big number) is NEVER."""
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):
+        return NEVER
 
 
 def quantization(metadata: dict[str, str]) -> str:
@@ -102,6 +115,8 @@ class OllamaRoutes:
         is Ollama's way to unload a model now: True when that was asked, and done or due once the
         model's requests finish."""
         seconds = ollama_input.keep_alive_seconds(value)
+        if (info := context.info()) is not None:
+            info.keep_alive_said = True
         if name not in self.manager.runners:
             return False  # a group, or unknown (the generation route says so)
         if not (only_that and seconds == 0):
@@ -153,8 +168,16 @@ class OllamaRoutes:
                 await request.json(200, OllamaAnswer(model=req.model, created_at=now(), response="", done=True,
                                                      done_reason="unload"))
                 return
-            runner = await generation_runner(self.manager, req.model)
-            if not req.prompt:
+            if (group := self._one_answer_group(req.model)) is not None and req.prompt:
+                if req.raw or req.suffix:
+                    raise bad_request(f"{'raw' if req.raw else 'suffix'} is per model: it cannot be sent to the "
+                                      f"group {group.name!r}", param="raw" if req.raw else "suffix")
+                writer = OllamaEvents(req.model, False, False)  # (made now: its durations count from here)
+                await self.groups.relay_answer(request, ollama_input.generate_request(req), group,
+                                               lambda _: writer, req.stream, framing=json_line, content_type=NDJSON)
+                return
+            runner = await generation_runner(self.manager, req.model) if group is None else None
+            if runner is None or not req.prompt:  # Ollama's way to load a model (a group's: at once)
                 await request.json(200, OllamaAnswer(model=req.model, created_at=now(), response="", done=True,
                                                      done_reason="load"))
                 return
@@ -176,6 +199,13 @@ class OllamaRoutes:
 
     async def _generate(self, request: Request, runner: ModelRunner, chat, prompt: list[int], params,
                         shape: AnswerShape, stream: bool, chat_answer: bool) -> None:
+        # num_predict is Ollama's most tokens to predict, not a demand: past the context's room
+        # (or the server's max_tokens) the answer ends there, done_reason "length"
+        most = runner.n_ctx - len(prompt)
+        if self.config.server.limits.max_tokens is not None:
+            most = min(most, self.config.server.limits.max_tokens)
+        if chat.max_completion_tokens is not None and most >= 1 and chat.max_completion_tokens > most:
+            chat = msgspec.structs.replace(chat, max_completion_tokens=most)
         writer = OllamaEvents(chat.model, chat_answer, bool(chat.logprobs))
         await relay_chat(request, self.config, runner, chat, prompt, params, shape, writer, stream,
                          "messages" if chat_answer else "prompt", framing=json_line, content_type=NDJSON)
@@ -185,23 +215,33 @@ class OllamaRoutes:
     async def embed(self, request: Request) -> None:
         req: OllamaEmbedRequest = await self._body(request, _embed)
         t0 = time.monotonic_ns()
-        texts = [req.input] if isinstance(req.input, str) else req.input
-        if not texts or not all(texts):
+        name = self._name(req.model)
+        if isinstance(req.input, list) and not all(req.input):
             raise bad_request("input must be a non-empty string or list of non-empty strings", param="input")
-        await self._keep_alive(self._name(req.model), req.keep_alive, only_that=False)
-        vectors, prompts = await self.embeddings.vectors(self._name(req.model), req.input, req.dimensions,
-                                                         truncate=req.truncate)
+        vectors, prompts = await self._embedded(name, req.input, req.keep_alive, req.truncate)
+        if req.dimensions is not None:  # Ollama's: the first ones, normalised again (more: as they are)
+            vectors = normalised([v[: req.dimensions] for v in vectors])
         await request.json(200, OllamaEmbeddings(model=req.model, embeddings=[v.tolist() for v in vectors],
-                                           total_duration=time.monotonic_ns() - t0, load_duration=0,
-                                           prompt_eval_count=sum(len(p) for p in prompts)))
+                                                 total_duration=time.monotonic_ns() - t0, load_duration=0,
+                                                 prompt_eval_count=sum(len(p) for p in prompts)))
 
     async def embeddings_legacy(self, request: Request) -> None:
         """/api/embeddings: one prompt, one vector."""
         req: OllamaEmbedRequest = await self._body(request, _embed)
-        if not req.prompt:
-            raise bad_request("prompt must be a non-empty string", param="prompt")
-        vectors, _ = await self.embeddings.vectors(self._name(req.model), [req.prompt], None)
-        await request.json(200, OllamaLegacyEmbedding(vectors[0].tolist()))
+        with errors_renamed(lambda e: with_param_renamed(e, _PROMPT_IS_INPUT)):
+            vectors, _ = await self._embedded(self._name(req.model), req.prompt or "", req.keep_alive, truncate=False)
+        await request.json(200, OllamaLegacyEmbedding(vectors[0].tolist() if vectors else []))
+
+    async def _embedded(self, name: str, inputs: str | list[str], keep_alive: object, truncate: bool
+                        ) -> tuple[list[np.ndarray], list[list[int]]]:
+        """The vectors of `inputs`, with the request's keep_alive taken first; no input is Ollama's
+        way to load the model (or, with keep_alive 0, to unload it): no vectors."""
+        if await self._keep_alive(name, keep_alive, only_that=not inputs):
+            return [], []
+        if not inputs:
+            await self.embeddings.runner(name)
+            return [], []
+        return await self.embeddings.vectors(name, inputs, None, truncate=truncate)
 
     # ---- models ----------------------------------------------------------------------------
 
@@ -247,8 +287,7 @@ class OllamaRoutes:
             for group in self.config.groups if self.groups is not None else ():
                 if group.type != "parallel":  # one answer: /api/chat takes it as a model
                     out.append(OllamaListedModel(name=group.name, model=group.name, modified_at=_iso(0), size=0,
-                                                 digest="", details=OllamaModelDetails(family="group",
-                                                                                       families=list(group.models))))
+                                                 digest="", details=_group_details(group)))
             return out
 
         await request.json(200, OllamaModelList(await asyncio.to_thread(listed)))
@@ -256,13 +295,14 @@ class OllamaRoutes:
     async def ps(self, request: Request) -> None:
         def running() -> list[OllamaRunningModel]:
             out = []
-            for name, runner in self.manager.runners.items():
-                if runner.state != "ready" or runner.loaded is None:
+            for name, runner in list(self.manager.runners.items()):
+                loaded = runner.loaded  # (once: an unload meanwhile leaves this one's numbers)
+                if runner.state != "ready" or loaded is None:
                     continue
                 details, _, digest, modified = self._facts(name, runner)
-                b = runner.loaded.buffers
+                b = loaded.buffers
                 at = self.manager.idle_unload_at(name)
-                expires = _iso(at) if at is not None else "9999-12-31T23:59:59Z"  # pinned, or kept: never
+                expires = _iso(at) if at is not None else NEVER  # pinned, or kept: never
                 out.append(OllamaRunningModel(name=name, model=name, modified_at=modified,
                                               size=self.manager.measured(runner), digest=digest, details=details,
                                               expires_at=expires, size_vram=b.device, context_length=runner.n_ctx))
@@ -270,9 +310,20 @@ class OllamaRoutes:
 
         await request.json(200, OllamaRunningList(await asyncio.to_thread(running)))
 
+    def _one_answer_group(self, name: str) -> GroupConfig | None:
+        """The group `name` where /api/tags lists it: one that answers once (not parallel)."""
+        group = self.config.group(name) if self.groups is not None else None
+        return group if group is not None and group.type != "parallel" else None
+
     async def show(self, request: Request) -> None:
         req: OllamaModelRequest = await self._body(request, _model)
         name = self._name(req.model or req.name or "")
+        if (group := self._one_answer_group(name)) is not None:  # (listed by /api/tags: shown too)
+            await request.json(200, OllamaShownModel(
+                license="", modelfile="", parameters="", template="", details=_group_details(group),
+                model_info={"eie.group.type": group.type, "eie.group.models": list(group.models)},
+                capabilities=["completion"], modified_at=_iso(0)))
+            return
         base = self.manager.config.base_of(name)  # a LoRA adapter shows its model's facts
         runner = self.manager.runners.get(base)
         if runner is None:
@@ -297,6 +348,10 @@ class OllamaRoutes:
     async def refused(self, request: Request) -> None:
         raise ApiError(400, f"{request.path} is not available: this appliance serves the models its config names "
                             "(models[]); add or remove them there", code="fixed_model_set")
+
+
+def _group_details(group: GroupConfig) -> OllamaModelDetails:
+    return OllamaModelDetails(family="group", families=list(group.models))
 
 
 def _number(value: str):

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from .schemas import ChatTokenLogprob, LastN, Penalty, Probability, StopList, Temperature
+from .schemas import ChatTokenLogprob, LastN, Penalty, Probability, Temperature
 
 
 class OllamaOptions(Struct, frozen=True, kw_only=True):
@@ -19,7 +19,8 @@ class OllamaOptions(Struct, frozen=True, kw_only=True):
     top_k: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
     min_p: Probability | None = None
     seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
-    stop: Annotated[str, Meta(min_length=1, max_length=512)] | StopList | None = None
+    # Ollama caps neither the stop strings nor their number, and skips an empty one
+    stop: Annotated[str, Meta(max_length=512)] | list[Annotated[str, Meta(max_length=512)]] | None = None
     num_predict: Annotated[int, Meta(ge=-2, le=1_048_576)] | None = None  # -1: no limit, -2: fill the context
     repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
     presence_penalty: Penalty | None = None
@@ -42,7 +43,7 @@ class OllamaToolCall(Struct, frozen=True):
 
 class OllamaMessage(Struct, frozen=True, omit_defaults=True):
     role: str  # system | user | assistant | tool
-    content: str = ""
+    content: str | None = ""  # (null: "", as Go reads it; an assistant turn that only calls tools)
     thinking: str | None = None
     images: list[Any] | None = None
     tool_calls: list[OllamaToolCall] | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import math
 import time
 import uuid
@@ -112,28 +113,27 @@ def completion_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...],
     has no log-probability); `start`: the text offset of their first token (a stream's chunk
     after others)."""
     tokens: list[str] = []
+    pieces: list[bytes] = []
     logprobs: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     if echoed is not None:
         tokens.append(_text(echoed.first))
+        pieces.append(echoed.first)
         logprobs.append(None)
         tops.append(None)
     for e in (*echoed.scored, *entries) if echoed is not None else entries:
         tokens.append(_text(e.token))
+        pieces.append(e.token)
         logprobs.append(e.logprob)
         tops.append({_text(t): lp for t, lp in e.top})
-    offsets, pos = [], start
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
+    # offsets into the text, which holds a character split across tokens once (each piece shows
+    # it as U+FFFD): the whole characters before each token
+    offsets, whole = [], 0
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")  # (a split character counts once whole)
+    for piece in pieces:
+        offsets.append(start + whole)
+        whole += len(decoder.decode(piece))
     return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)
-
-
-def _anthropic_errors(request: Request) -> None:
-    """This request's errors in Anthropic's envelope (its client sent anthropic-version)."""
-    from .anthropic_output import error_body  # (it imports this module's logprob helpers, through answer_relay)
-
-    request.error_body = error_body
 
 
 class OpenAIRoutes:
@@ -149,8 +149,8 @@ class OpenAIRoutes:
         if request.header("anthropic-version") is None:
             await request.json(200, ModelList(cards + [self._group_card(g) for g in self.config.groups]))
             return
-        # Anthropic's SDKs (they send anthropic-version) read the list in their form, paged
-        _anthropic_errors(request)
+        # Anthropic's SDKs (they send anthropic-version) read the list in their form, paged (and
+        # their errors in theirs: the app's route says so)
         models = [self._anthropic_card(c) for c in cards]
         page, more = id_page(models, [m.id for m in models], request, "model")
         await request.json(200, AnthropicModelList(page, page[0].id if page else None, page[-1].id if page else None,
@@ -161,8 +161,6 @@ class OpenAIRoutes:
         form when anthropic-version is sent (models only, as in the list)."""
         name = request.path_params["model_id"]
         anthropic = request.header("anthropic-version") is not None
-        if anthropic:
-            _anthropic_errors(request)
         base = self.manager.config.base_of(name)
         runner = self.manager.runners.get(base)
         card = next((c for c in self._cards(base, runner) if c.id == name), None) if runner is not None else None

@@ -148,6 +148,8 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/chain/execute", "Run a sequential model group", s.GroupRequest, s.GroupExecution, tag="groups"),
     Op("get", "/health", "Readiness: 200 ok; 503 loading, degraded or draining", auth="open", tag="operations"),
     Op("get", "/metrics", "Prometheus metrics (text format)", auth="metrics", tag="operations"),
+    Op("get", "/", "Ollama's heartbeat: 200 \"Ollama is running\" (its CLI asks HEAD / first)", auth="open",
+       tag="operations"),
     Op("get", "/openapi.json", "This document", auth="open", tag="operations"),
     Op("get", "/v1/admin/vram/status", "Memory per device, model and budget", auth="admin", tag="admin"),
     Op("get", "/v1/admin/scheduling/status", "Strategy, queues, groups, counters, events", auth="admin", tag="admin"),
@@ -223,7 +225,7 @@ def build(metrics_auth: str = "open", models: list[str] | None = None,
                 media["example"] = examples.get(op.path, examples.get(op.request))
             entry["requestBody"] = {"required": True, "content": {"application/json": media}}
         ok: dict[str, Any] = {"description": "success"}
-        if op.path == "/metrics":
+        if op.path in ("/metrics", "/"):
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
         else:
             schema = by_type[op.response] if op.response is not None else {"type": "object"}

@@ -21,13 +21,19 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     plan = ReloadPlan(config=old)
     server = old.server
     for key in ("limits", "responses", "api_keys", "admin_keys", "api_key_file", "metrics_auth", "drain_grace_s",
-                "stream_keepalive_s"):
+                "stream_keepalive_s", "files"):
         if getattr(old.server, key) != getattr(new.server, key):
             server = structs.replace(server, **{key: getattr(new.server, key)})
             plan.applied.append(f"server.{key}")
     for key in ("host", "port", "state_dir", "cache_dir"):
         if getattr(old.server, key) != getattr(new.server, key):
             plan.restart_required.append(f"server.{key}")
+    if old.server.batches.concurrent_requests != new.server.batches.concurrent_requests:  # read per batch step
+        server = structs.replace(server, batches=structs.replace(
+            server.batches, concurrent_requests=new.server.batches.concurrent_requests))
+        plan.applied.append("server.batches.concurrent_requests")
+    if old.server.batches.preempt != new.server.batches.preempt:  # each runner takes it when it is made
+        plan.restart_required.append("server.batches.preempt")
     if old.server.responses.persist != new.server.responses.persist:
         plan.restart_required.append("server.responses.persist")
         server = structs.replace(server, responses=structs.replace(server.responses,
@@ -44,6 +50,11 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     old_by_name = {m.name: m for m in old.models}
     new_by_name = {m.name: m for m in new.models}
     for name, m in new_by_name.items():
+        if name not in old_by_name and old.model_dir != new.model_dir:
+            # its files are under the new model_dir, which takes a restart (running with the old
+            # one, it would load another file or none)
+            plan.restart_required.append(f"models.{name} (added under the new model_dir)")
+            continue
         if name not in old_by_name:
             models.append(m)
             plan.added_models.append(name)

@@ -95,6 +95,8 @@ class BackgroundResponses:
         post = context.info()
         info = context.RequestInfo(base.id, "POST", "/v1/responses", key_id=post.key_id if post else None,
                                    background=True)
+        if post is not None and post.content is not None:  # (audit.include_content: its answer too)
+            info.content = {}
         token = context.current.set(info)  # (this task's own context: the taps count its tokens here)
         info.status = 500
         try:

@@ -385,6 +385,8 @@ class AnswerReader(CallReader):
             return None, self.settle(whole), "tool_calls"
         if self.sent_calls is not None:
             return None, self.sent_calls, finish_reason
+        if self.streamer is not None and finish_reason != "stop" and _opens_calls(self.text) is not False:
+            return None, None, finish_reason  # cut short before its first call's name was whole: no call, no text
         content, _, reason = read_answer(self.text, finish_reason, self.reply)
         return (content[self.sent :] if content is not None else None), None, reason
 

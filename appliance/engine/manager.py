@@ -454,9 +454,7 @@ class ModelManager:
         self.wait_booted(timeout=120)
         for r in self.runners.values():
             r.stop()
-        close = getattr(self.policy, "close", None)
-        if close:
-            close()
+        self.policy.close()
 
     # ---- memory ----------------------------------------------------------------------------
 
@@ -555,6 +553,8 @@ class ModelManager:
         else:
             total = memory.compute_device().total_bytes
             capacity, scope = max(0, total - vram.reserve_mb * MIB), "device"
+        if scope == "device" and self._isolated:  # the group pools come out of the device's budget
+            capacity = max(0, capacity - sum(g.budget_mb * MIB for g in self.config.groups if g.budget_mb))
         return Budget(capacity, int(capacity * vram.low_watermark / 100), int(capacity * vram.critical_watermark / 100),
                       scope)
 
@@ -588,11 +588,23 @@ class ModelManager:
         if not self.gpu:  # saved prefixes are a cache: they leave RAM before any model goes
             self._spill(budget, fits, exclude=name)
         while not fits():
-            victim = self.policy.choose_eviction(self._candidates(budget, name), name)
+            victim = self._choose_victim(budget, name)
             if victim is None:
                 return False
             self._unload(victim, f"evicted by {self.policy.name} to make room for {name}")
         return True
+
+    def _choose_victim(self, budget: Budget, for_model: str) -> str | None:
+        """The idle model the strategy evicts next for `for_model` ("" for the low watermark), or
+        None: an answer that is not one of the candidates offered (a plugin's: a model not loaded,
+        or one in use) evicts nothing."""
+        candidates = self._candidates(budget, for_model)
+        victim = self.policy.choose_eviction(candidates, for_model)
+        if victim is not None and victim not in {c.name for c in candidates}:
+            log.warning("strategy %s chose %r to evict, which is not an idle candidate (%s): nothing evicted",
+                        self.policy.name, victim, ", ".join(c.name for c in candidates) or "none")
+            return None
+        return victim
 
     def _make_room(self, name: str, need: int) -> None:
         if not self._evict_for(name, need):
@@ -739,6 +751,10 @@ class ModelManager:
         reason = self.policy.refuse_unload(name)
         if reason:
             raise PolicyRefused(reason)
+        # a model loading is unloaded once its load ends (it was left loaded, the unload a 200)
+        loading = self._loading.get(name)
+        if loading is not None and not loading.wait(self.config.policy.load_timeout_s):
+            raise ModelBusy(f"model {name!r} is still loading")
         # a request whose answer just went out may still be ending (its context saved for the next
         # turn, its hold released once its response is sent): give it a moment, not a 409
         settle = time.monotonic() + UNLOAD_SETTLE_S
@@ -803,11 +819,15 @@ class ModelManager:
                         del self._holds[name]
         return release
 
+    def hold_runner(self, runner: ModelRunner) -> Callable[[], None]:
+        """hold() the model a runner ready_runner gave serves (an adapter's: its base model)."""
+        return self.hold(runner.base.name if isinstance(runner, AdaptedRunner) else runner.name)
+
     def _in_use(self, name: str) -> bool:
         """Whether requests use the model: running, queued, or held by a request that took it and
         may still be making its prompt (unloading it then fails that request)."""
         r = self.runners[name]
-        return bool(r.running() or r.queue_depth() or self._holds.get(name))
+        return bool(r.answering() or r.queue_depth() or self._holds.get(name))
 
     def _idle_since(self, name: str, now: float) -> float:
         """When `name` was last asked for or last finished a sequence (monotonic)."""
@@ -911,7 +931,7 @@ class ModelManager:
                         limit = self.policy.on_memory_pressure("low", self._candidates(budget, ""))
                         evicted = 0
                         while self.used(budget) > budget.low and (limit is None or evicted < limit):
-                            victim = self.policy.choose_eviction(self._candidates(budget, ""), "")
+                            victim = self._choose_victim(budget, "")
                             if victim is None:
                                 break
                             self._unload(victim, "evicted above the low watermark")
@@ -960,10 +980,12 @@ class ModelManager:
             for name in added:
                 if name not in self.runners:  # (added once, whatever a caller asks)
                     self.runners[name] = self._new_runner(config.model(name))
-        # the strategy's boot set as the new config has it: an added model, and one a new pinned
-        # group names that was not loaded (it stayed unloaded, /health degraded, until a request)
+        # the strategy's boot set as the new config has it: an added model, one a new pinned group
+        # names that was not loaded (it stayed unloaded, /health degraded, until a request), and
+        # one whose load failed (refused for memory before the budget grew, say: under
+        # fixed-appliance nothing but a restart loaded it again)
         boot = [n for n in self.boot_models()
-                if n in added or (n in self.runners and self.runners[n].state == "unloaded")]
+                if n in added or (n in self.runners and self.runners[n].state in ("unloaded", "failed"))]
         for name in boot:
             threading.Thread(target=self._load_quietly, args=(name,), daemon=True).start()
         return added

@@ -16,7 +16,7 @@ import heapq
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -122,6 +122,10 @@ class Finished:
 class Failed:
     kind: str  # "timeout" | "internal" | "cancelled" | "shutdown"
     message: str
+    # what the sequence had prefilled and generated when it ended (usage a request that went
+    # away, or failed half-way, is accounted)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 Event = TextDelta | PromptScored | Finished | Failed
@@ -190,11 +194,13 @@ class _Sequence:
         "park_declined",
         "deadline",
         "since",
+        "answered",
     )
 
     def __init__(self, req: GenerationRequest, sink: Sink):
         self.req = req
         self.sink = sink
+        self.answered = False  # its final event went out (it may still be saving its conversation)
         self.background = priority.background.get()  # (read where the request is made: engine/priority.py)
         # Its KV state while it is parked (out of its slot, for an interactive request: priority.py),
         # empty where it had none yet; None while it is not parked.
@@ -581,6 +587,12 @@ class ModelRunner:
 
     def running(self) -> int:
         return len(self._active)
+
+    def answering(self) -> int:
+        """Sequences whose answer has not gone out yet (running() less those only saving their
+        conversation for the prefix cache: an unload may wait for that, it loses no answer)."""
+        with self._cond:
+            return sum(1 for s in self._active if not s.answered)
 
     def background_counts(self) -> dict[str, int]:
         """Background sequences (a batch's: engine/priority.py) running, waiting (never run yet)
@@ -987,9 +999,13 @@ class ModelRunner:
 
     def _finish(self, seq: _Sequence, event: Event) -> None:
         self._flush(seq)
+        if isinstance(event, Failed):
+            event = replace(event, prompt_tokens=min(seq.n_prefilled, len(seq.req.prompt)),
+                                        completion_tokens=seq.n_generated)
         save = (self.prefix is not None and isinstance(event, Finished) and seq.req.save_conversation
                 and self.cfg.kv_cache.prefix.save_on_finish and not seq.migrated)
         if save:
+            seq.answered = True
             seq.sink(event)  # the answer goes out first; the save below is off its path
             try:
                 self._save_conversation(seq)

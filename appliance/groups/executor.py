@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from ..config import GroupConfig
 from ..engine.manager import InsufficientMemory, PolicyRefused
@@ -21,6 +22,7 @@ from ..engine.runner import (
 )
 from ..engine.sampling import SamplingParams, with_seed_offset
 from ..engine import reasoning
+from ..policy import PluginError
 from . import select as selection
 
 OK_STATES = ("ok", "replaced")
@@ -44,6 +46,9 @@ class MemberResult:
     mean_logprob: float | None = None
     refused: PromptError | None = None  # failed on the request itself (its prompt or limits), not the model
     answering: str | None = None  # the model of its attempt under way (a replacement's, once replaced)
+    stop_string: str | None = None  # the request's stop string that ended its answer
+    past_deadline: bool = False  # it timed out on the request's deadline, not its own bound
+    first_token_at: float | None = None  # time.monotonic() of its answer's first token
 
     @property
     def ok(self) -> bool:
@@ -67,6 +72,7 @@ class GroupResult:
     selected: Selected | None = None
     failed: bool = False  # strict fallback: the request as a whole failed
     error: str | None = None
+    fallback: str = "strict"  # the group's: strict, partial, retry_once or replace_with
 
     def refusal(self) -> PromptError | None:
         """The request's own fault (a 400), where the group failed with no answer and every member
@@ -75,6 +81,11 @@ class GroupResult:
         if not self.failed or not ran or any(m.ok or m.refused is None for m in ran):
             return None
         return ran[0].refused
+
+    def past_deadline(self) -> bool:
+        """Whether the group failed because the request's deadline passed for every member that ran."""
+        ran = [m for m in self.members if m.attempts]
+        return self.failed and bool(ran) and all(m.past_deadline for m in ran)
 
     def prompt_tokens(self) -> int:
         """The prompt tokens its members took: a fanout's samples on one model share one prefill
@@ -117,9 +128,13 @@ async def _noop_done(_m: MemberResult) -> None:
 
 class GroupExecutor:
     def __init__(self, resolve: Callable[[str], Awaitable[ModelRunner]], max_tokens_cap: int | None = None,
-                 max_prompt_tokens: int | None = None):
-        """`resolve` returns a model's ready runner (loading it if the strategy does so) or raises."""
+                 max_prompt_tokens: int | None = None,
+                 hold: Callable[[ModelRunner], Callable[[], None]] = lambda _runner: lambda: None):
+        """`resolve` returns a model's ready runner (loading it if the strategy does so) or raises;
+        `hold` marks its model in use until the release it returns is called (no eviction for a
+        sibling member's load takes it from under an attempt)."""
         self.resolve = resolve
+        self.hold = hold
         self.max_tokens_cap = max_tokens_cap
         self.max_prompt_tokens = max_prompt_tokens
 
@@ -146,33 +161,59 @@ class GroupExecutor:
         for m in members:
             m.attempts += 1
             m.refused = None
+            m.past_deadline = False
             m.answering = model
+        until = min(call.deadline, t0 + group.timeout_s(model))
+        release = None
+
+        async def taken() -> tuple[ModelRunner, Callable[[], None]]:
+            runner = await self.resolve(model)
+            return runner, self.hold(runner)  # (at once: no sibling's load evicts it in between)
+
         try:
             try:
-                runner = await self.resolve(model)
+                # the member's bound holds while its model loads too
+                left = until - time.monotonic()
+                runner, release = await asyncio.wait_for(taken(), None if math.isinf(left) else max(0.0, left))
             except KeyError:
                 raise NotReady(f"model {model!r} is not configured") from None
             except NotReady as e:
                 raise NotReady(f"model {model!r} is not available: {e}") from None
+            except TimeoutError:
+                if time.monotonic() < until - 0.05:  # (the loop's timer may fire a hair early)
+                    raise  # the load's own bound (policy.load_timeout_s)
+                for m in members:
+                    _fail(m, "timeout", self._timeout_reason(group, call, model, until) + " while the model loaded", t0)
+                    m.past_deadline = until >= call.deadline
+                return
             budget = reasoning.budget_tokens(runner.cfg, call.thinking_budget_tokens, call.reasoning_effort)
             variables = {**reasoning.budget_kwargs(runner.template.source, budget), **runner.cfg.chat_template_kwargs,
                          **reasoning.effort_kwargs(call.reasoning_effort)}
             prompt = await asyncio.to_thread(render_chat, runner, call.messages, None, variables)
             max_tokens = fit_max_tokens(runner.n_ctx, len(prompt), call.max_tokens, None, self.max_tokens_cap, "messages",
                                         self.max_prompt_tokens)
-            until = min(call.deadline, t0 + group.timeout_s(model))
             sampling = reasoning.with_budget(runner, prompt, call.sampling, budget)
+            # each member a sample of its own: seeded draws differ between members (a model listed
+            # twice), a sequential member's as its model would answer alone
             reqs = [
-                GenerationRequest(prompt, max_tokens, with_seed_offset(sampling, k), call.stop, until, logprobs=True)
-                for k in range(len(members))
+                GenerationRequest(prompt, max_tokens,
+                                  with_seed_offset(sampling, 0 if group.type == "sequential" else m.index),
+                                  call.stop, until, logprobs=True)
+                for m in members
             ]
             gens = Generations(runner, reqs)
             gens.start()
-        except (NotReady, QueueFull, PromptError, PolicyRefused, InsufficientMemory, TimeoutError) as e:
+        except (NotReady, QueueFull, PromptError, PolicyRefused, InsufficientMemory, TimeoutError, PluginError) as e:
+            if release is not None:
+                release()
             for m in members:
                 _fail(m, "failed", _describe(e), t0)
                 m.refused = e if isinstance(e, PromptError) else None
             return
+        except BaseException:
+            if release is not None:
+                release()
+            raise
         think, inside = reasoning.for_answer(runner, call.reasoning_format, prompt)
         splitters = [reasoning.Splitter(inside, think) if think else None for _ in members]
         parts: list[list[str]] = [[] for _ in members]
@@ -194,21 +235,30 @@ class GroupExecutor:
                     m.status, m.text, m.finish_reason = "ok", whole, ev.reason
                     m.prompt_tokens, m.completion_tokens, m.mean_logprob = ev.prompt_tokens, ev.completion_tokens, ev.mean_logprob
                     m.reasoning_tokens = ev.reasoning_tokens
+                    m.stop_string, m.first_token_at = ev.stop_string, ev.first_token_at
                     m.latency_ms = (time.monotonic() - t0) * 1000
                     m.error = None
                 elif isinstance(ev, Failed):
                     m.text = "".join(parts[i])
                     why = ev.message
                     if ev.kind == "timeout" and until < call.deadline:  # the member's own bound, not the request's
-                        key = "member_timeout_ms" if model in group.member_timeout_ms else "timeout_ms"
-                        why = f"the group's {key} for {model} ({group.timeout_s(model) * 1000:.0f} ms) passed"
+                        why = self._timeout_reason(group, call, model, until)
                     _fail(m, "timeout" if ev.kind == "timeout" else "failed", why, t0)
+                    m.past_deadline = ev.kind == "timeout" and until >= call.deadline
         except asyncio.CancelledError:
             gens.cancel()
             raise
         finally:
             if gens.pending:
                 gens.cancel()
+            release()
+
+    @staticmethod
+    def _timeout_reason(group: GroupConfig, call: GroupCall, model: str, until: float) -> str:
+        if until >= call.deadline:
+            return "the request's deadline passed"
+        key = "member_timeout_ms" if model in group.member_timeout_ms else "timeout_ms"
+        return f"the group's {key} for {model} ({group.timeout_s(model) * 1000:.0f} ms) passed"
 
     async def _member(
         self, model: str, members: list[MemberResult], call: GroupCall, group: GroupConfig, on_delta: DeltaHook
@@ -229,8 +279,8 @@ class GroupExecutor:
             if m.ok:
                 m.status, m.replaced_by = "replaced", backup
                 m.error = f"{m.model} {status}: {error}"
-            else:
-                m.error = f"{m.model} {status}: {error}; replacement {backup} {m.status}: {m.error}"
+            else:  # (the group's error names the member's model before it)
+                m.error = f"{error}; replacement {backup} {m.status}: {m.error}"
 
     # ---- group types -----------------------------------------------------------------------
 
@@ -241,7 +291,7 @@ class GroupExecutor:
             await self._member(m.model, [m], call, group, on_delta)
             await on_done(m)
 
-        await asyncio.gather(*(one(m) for m in members))
+        await _all(one(m) for m in members)
         return self._finish(group, members)
 
     async def _fanout(self, group: GroupConfig, call: GroupCall, on_delta: DeltaHook, on_done: DoneHook) -> GroupResult:
@@ -260,21 +310,22 @@ class GroupExecutor:
             if any(m.ok for m in batch):
                 first_done.set()
 
-        tasks = [asyncio.ensure_future(one(model, batch)) for model, batch in by_model]
         if group.select == "first":
+            tasks = [asyncio.ensure_future(one(model, batch)) for model, batch in by_model]
             waiter = asyncio.ensure_future(first_done.wait())
-            await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            if not first_done.is_set():
-                await asyncio.gather(*tasks)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            waiter.cancel()
+            try:
+                await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                if not first_done.is_set():
+                    await asyncio.gather(*tasks)
+            finally:  # the others are not needed (or the request went away): they stop
+                for t in (*tasks, waiter):
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             for m in members:
                 if m.attempts and not m.ok and m.status == "skipped":
                     m.error = "not needed: an earlier answer was selected"
         else:
-            await asyncio.gather(*tasks)
+            await _all(one(model, batch) for model, batch in by_model)
         result = self._finish(group, members)
         if not result.failed:
             result.selected = await self._select(group, call, members)
@@ -315,7 +366,7 @@ class GroupExecutor:
         ran = [m for m in members if m.attempts]
         failed = [m for m in ran if not m.ok]
         result = GroupResult(group.name, group.type, complete=ok >= required and (group.type != "sequential" or not failed),
-                             members=members)
+                             members=members, fallback="replace_with" if group.replacement else str(group.fallback))
         if group.type == "fanout" and group.select == "first":
             result.complete = ok >= 1
         if failed and (group.fallback == "strict" or ok == 0):  # no answer at all fails under any fallback
@@ -339,7 +390,8 @@ class GroupExecutor:
             picked = await self._judge(group.select[6:], call, valid)
             if picked is not None:
                 return picked
-        i, reason = selection.consensus([m.text for m in valid])
+        # (quadratic in the answers and their lengths: off the event loop)
+        i, reason = await asyncio.to_thread(selection.consensus, [m.text for m in valid])
         if group.select.startswith("judge:"):
             reason = f"judge gave no valid choice; {reason}"
         return Selected(valid[i].index, valid[i].model, reason)
@@ -357,6 +409,18 @@ class GroupExecutor:
         if k is None:
             return None
         return Selected(valid[k].index, valid[k].model, f"judge {judge} chose answer {k + 1}: {verdict.text.strip()!r}")
+
+
+async def _all(coros: Iterable[Awaitable[None]]) -> None:
+    """Await them all; where one raises (or this is cancelled), the others are cancelled, not
+    left running for nobody (asyncio.gather leaves them)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _fail(m: MemberResult, status: str, error: str, t0: float) -> None:

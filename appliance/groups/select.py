@@ -21,7 +21,9 @@ def final_answer(text: str) -> str:
 
 
 def similarity(a: str, b: str) -> float:
-    return SequenceMatcher(None, a, b, autojunk=False).ratio()
+    """How alike two answers are, word by word (0..1): words, not characters, keep the quadratic
+    matcher within reach on long answers."""
+    return SequenceMatcher(None, a.split(), b.split(), autojunk=False).ratio()
 
 
 def consensus(texts: list[str]) -> tuple[int, str]:
@@ -38,10 +40,14 @@ def consensus(texts: list[str]) -> tuple[int, str]:
         (best, n), *rest = counts.most_common()
         if n >= 2 and (not rest or rest[0][1] < n):
             return answers.index(best), f"majority: {n} of {len(texts)} answers agree on {best!r}"
-    means = []
-    for i, t in enumerate(texts):
-        others = [similarity(t, u) for j, u in enumerate(texts) if j != i]
-        means.append(sum(others) / len(others))
+    n = len(texts)
+    totals = [0.0] * n
+    for i in range(n):
+        for j in range(i + 1, n):  # each pair once
+            sim = similarity(texts[i], texts[j])
+            totals[i] += sim
+            totals[j] += sim
+    means = [t / (n - 1) for t in totals]
     best_i = max(range(len(texts)), key=lambda i: (means[i], -i))
     return best_i, f"no majority; medoid by text similarity (mean similarity {means[best_i]:.2f})"
 

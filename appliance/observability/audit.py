@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,8 +50,20 @@ def chain_files(path: Path) -> list[Path]:
     return files
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def valid_record(rec: Any) -> bool:
+    """Whether a decoded line has a record's chain fields, of their types (a line edited to
+    another shape is no record: verify reports it, and a new chain does not link to it)."""
+    return (isinstance(rec, dict) and type(rec.get("seq")) is int and rec["seq"] >= 0
+            and isinstance(rec.get("prev"), str) and _HEX64.fullmatch(rec["prev"]) is not None
+            and isinstance(rec.get("hash"), str) and _HEX64.fullmatch(rec["hash"]) is not None)
+
+
 def _last_record(path: Path) -> dict[str, Any] | None:
-    """The last whole record of a file (a torn last line is ignored)."""
+    """The last whole, valid record of a file (a torn last line, or one that is no record, is
+    passed over)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -62,9 +75,12 @@ def _last_record(path: Path) -> dict[str, Any] | None:
     for line in reversed(lines):
         if line.strip():
             try:
-                return json.loads(line)
+                rec = json.loads(line)
             except ValueError:
                 continue
+            if valid_record(rec):
+                return rec
+            log.warning("audit trail %s: a last line that is no audit record, passed over: %.80r", path, line)
     return None
 
 
@@ -139,6 +155,9 @@ class AuditTrail:
             except OSError as e:  # the service keeps running; the gap shows as an error count
                 self.errors += 1
                 log.error("audit trail write failed: %s", e)
+            except Exception:  # (never the writer's end: every later record would be lost unseen)
+                self.errors += 1
+                log.exception("audit trail write failed")
 
     def _write(self, fields: dict[str, Any]) -> None:
         rec = {"seq": self._seq, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "prev": self._prev,
@@ -183,6 +202,9 @@ def verify(path: Path) -> Verdict:
     """Check the chain of a trail file and its rotated predecessors; each problem names file and line."""
     verdict = Verdict()
     # A rotated file (<path>.N) is checked alone; the live file with the rotated ones before it.
+    if path.is_dir():
+        verdict.problems.append(f"{path}: a directory, not an audit trail file")
+        return verdict
     files = [path] if path.suffix[1:].isdigit() and path.exists() else chain_files(path)
     if not files:
         verdict.problems.append(f"{path}: no such file")
@@ -200,8 +222,10 @@ def verify(path: Path) -> Verdict:
             where = f"{f}:{lineno}"
             try:
                 rec = json.loads(raw)
+                if not valid_record(rec):
+                    raise ValueError("no record")
                 seq, prev, h = rec["seq"], rec["prev"], rec["hash"]
-            except (ValueError, KeyError, TypeError):
+            except ValueError:
                 if torn and lineno == len(lines):
                     verdict.notes.append(f"{where}: torn last line (an interrupted write), ignored")
                 else:

@@ -33,6 +33,8 @@ class RequestInfo:
     releases: list[Callable[[], None]] = field(default_factory=list)
     ended: bool = False
     background: bool = False  # a background response's work, after its POST answered
+    completed: bool = False  # the response's last body part went out
+    keep_alive_said: bool = False  # an Ollama request took its keep_alive (or its absence) for its model
 
     def add_model(self, name: str) -> None:
         if name not in self.models:

@@ -8,8 +8,10 @@ import ctypes
 import importlib
 import json
 import logging
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ..config import Config
 from ..shared_library import open_library
@@ -78,10 +80,17 @@ class CPluginStrategy(GenericStrategy):
                 f"policy.strategy: {lib_path} has ABI version {self._p.abi_version}; this EIE needs {ABI_VERSION}"
             )
         self.name = f"plugin:{(self._p.name or b'?').decode()}"
+        # eie_policy.h promises callbacks one at a time; ctypes lets go of the GIL in them, and
+        # loads (one thread each), the janitor and evictions call from threads of their own
+        self._one_at_a_time = threading.Lock()
         if self._p.init:
-            rc = self._p.init(json.dumps(config.policy.plugin_options).encode())
+            rc = self._call(self._p.init, json.dumps(config.policy.plugin_options).encode())
             if rc != 0:
                 raise PluginError(f"policy.strategy: plugin {self.name} init failed with {rc}")
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        with self._one_at_a_time:
+            return fn(*args)
 
     @staticmethod
     def _infos(candidates: list[Candidate]) -> ctypes.Array:
@@ -95,7 +104,7 @@ class CPluginStrategy(GenericStrategy):
         return arr
 
     def refuse_load(self, name: str) -> str | None:
-        if self._p.on_request and self._p.on_request(name.encode()) != 0:
+        if self._p.on_request and self._call(self._p.on_request, name.encode()) != 0:
             return f"policy {self.name} refused to load {name!r}"
         return super().refuse_load(name)
 
@@ -103,7 +112,7 @@ class CPluginStrategy(GenericStrategy):
         if not self._p.on_memory_pressure:
             return super().on_memory_pressure(level, candidates)
         code = {"low": 1, "critical": 2}[level]
-        n = self._p.on_memory_pressure(code, self._infos(candidates), len(candidates))
+        n = self._call(self._p.on_memory_pressure, code, self._infos(candidates), len(candidates))
         return None if n < 0 else n
 
     def choose_eviction(self, candidates: list[Candidate], for_model: str) -> str | None:
@@ -111,12 +120,12 @@ class CPluginStrategy(GenericStrategy):
             return super().choose_eviction(candidates, for_model)
         if not candidates:
             return None
-        i = self._p.choose_eviction(self._infos(candidates), len(candidates), for_model.encode())
+        i = self._call(self._p.choose_eviction, self._infos(candidates), len(candidates), for_model.encode())
         return candidates[i].name if 0 <= i < len(candidates) else None
 
     def close(self) -> None:
         if self._p.shutdown:
-            self._p.shutdown()
+            self._call(self._p.shutdown)
 
 
 class PythonPluginStrategy(GenericStrategy):

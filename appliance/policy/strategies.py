@@ -50,6 +50,9 @@ class GenericStrategy:
             return f"policy {self.name}: {name!r} belongs to a pinned group and is never unloaded"
         return None
 
+    def close(self) -> None:
+        """Let go of what the strategy holds (a plugin's library or object); nothing here."""
+
     def keep_alive_s(self, name: str) -> float | None:
         """Idle seconds before unloading; None: never for idleness."""
         if self.pinned(name):

@@ -56,6 +56,9 @@ def test_discover_lists_gguf_files_only_inside_model_dir(admin_server):
     for bad in ("..", "../..", "/etc", "../models/../.."):
         r = get(admin_server, f"/v1/admin/models/discover?path={bad}", ADMIN)
         assert r.status_code == 400 and r.json()["error"]["code"] == "path_outside_model_dir", bad
+    for bad in ("%00", "a" * 300):  # (500s: an embedded NUL, a name too long for the file system)
+        r = get(admin_server, f"/v1/admin/models/discover?path={bad}", ADMIN)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "path", r.text
 
 
 def test_config_reload_applies_live_changes_and_keeps_the_old_config_on_error(server_factory):

@@ -248,3 +248,13 @@ def test_keys_and_unknown_models(server, client):
     with pytest.raises(anthropic.BadRequestError) as e:
         client.models.list(after_id="nope")
     assert e.value.body["error"]["param"] == "after_id"
+    # a refused key on the models routes too (it came in OpenAI's envelope, a 401 typed
+    # invalid_request_error)
+    for path in ("/v1/models", "/v1/models/smol"):
+        r = httpx.get(server.base + path, headers={"x-api-key": "wrong-key-here", "anthropic-version": "2023-06-01"})
+        assert r.status_code == 401 and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.base, api_key="wrong-key-here").models.list()
+    r = httpx.get(server.base + "/v1/models", headers={"x-api-key": "wrong-key-here"})  # OpenAI's clients: theirs
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

@@ -104,7 +104,7 @@ def test_404_unknown_model_and_endpoint(strict_server):
     r = post(strict_server, "/v1/nothing", chat())
     assert r.status_code == 404
     r = httpx.delete(strict_server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "POST"}
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
 
 
 def test_413_body_too_large(strict_server):

@@ -60,6 +60,8 @@ def groups_server(server_factory, tmp_path_factory):
                 {"name": "judge", "models": ["smollm2-135m", "smollm2-135m-b"], "type": "fanout",
                  "select": "judge:smollm2-135m"},
                 {"name": "first", "models": ["smollm2-135m", "gemma3-270m"], "type": "fanout", "select": "first"},
+                {"name": "twice", "models": ["smollm2-135m", "smollm2-135m"], "type": "parallel"},
+                {"name": "partial-late", "models": ["corrupt", "smollm2-135m"], "fallback": "partial"},
             ],
         },
         "groups",
@@ -350,6 +352,15 @@ def test_ollama_clients_ask_a_chain_or_a_fanout_as_a_model(groups_server):
     assert listed["chain"]["details"]["family"] == "group" and "vote" in listed and "core" not in listed
     r = httpx.post(groups_server.base + "/api/chat", json={**body, "model": "core", "stream": False})
     assert r.status_code == 400 and r.json()["param"] == "model"
+    # what /api/tags lists, /api/show shows and /api/generate answers (both were 404s)
+    shown = ok(httpx.post(groups_server.base + "/api/show", json={"model": "chain"}))
+    assert shown["details"]["family"] == "group" and shown["model_info"]["eie.group.models"] == listed["chain"]["details"]["families"]
+    ask = {"model": "chain", "prompt": Q[0]["content"], "stream": False, "options": body["options"]}
+    generated = ok(httpx.post(groups_server.base + "/api/generate", json=ask, timeout=120))
+    assert generated["response"] == chain["output"] and generated["done_reason"] == "stop"
+    assert generated["total_duration"] > generated["eval_duration"] > 1e6  # (not the ~40 µs of a writer made last)
+    r = httpx.post(groups_server.base + "/api/generate", json={**ask, "raw": True})
+    assert r.status_code == 400 and r.json()["param"] == "raw"
 
 
 def test_the_responses_and_messages_apis_ask_a_chain_as_a_model(groups_server):
@@ -411,6 +422,7 @@ def _cancelled(srv) -> float:
     ("/v1/batch/execute", {"group": "core"}),
     ("/v1/chain/execute", {"group": "chain-strict"}),
     ("/v1/chat/completions", {"model": "chain-strict"}),
+    ("/v1/batch/execute", {"group": "first"}),  # (a fanout taking the first answer kept generating)
 ])
 def test_a_client_that_hangs_up_on_a_group_stream_cancels_its_members(groups_server, path, body):
     # a stream's writes to a gone client raise nothing: the members generated to max_tokens, each
@@ -462,3 +474,111 @@ def test_a_retried_or_replaced_members_stream_says_its_attempt_and_model(groups_
     assert done[0]["status"] == "replaced"
     assert {(d["model"], d.get("attempt", 1)) for d in deltas[0]} == {("smollm2-135m-b", 2)}
     assert "".join(d["text"] for d in deltas[0]) == done[0]["text"]
+
+
+def test_a_model_listed_twice_samples_two_seeded_answers(groups_server):
+    # every member is a sample of the group: with a seed the two were the same draw
+    r = run(groups_server, "twice", max_tokens=12, temperature=1.5, seed=77)
+    first, second = (m["text"] for m in ok(r)["members"])
+    assert first and second and first != second
+    again = [m["text"] for m in ok(run(groups_server, "twice", max_tokens=12, temperature=1.5, seed=77))["members"]]
+    assert again == [first, second]  # a seed still repeats its answers
+
+
+def _estimate_mib(entry: dict) -> float:
+    from pathlib import Path
+
+    from appliance.config import parse_config
+    from appliance.engine.manager import shape_of
+    from appliance.resources.estimate import estimate
+    cfg = parse_config({"models": [entry]}).models[0]
+    return estimate(shape_of(Path(entry["path"])), cfg).total / (1024 * 1024)
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(server_factory):
+    """generic, with a budget that holds one of its two models, not both."""
+    small = {"n_ctx": 512, "n_parallel": 1, "n_batch": 64}
+    smol, gemma = model_entry("smol", SMOLLM2, **small), model_entry("gemma", GEMMA3, **small)
+    room = _estimate_mib(gemma) + 0.5 * _estimate_mib(smol)
+    return server_factory({
+        "policy": {"strategy": "generic", "keep_alive_s": 300},
+        "vram": {"budget_mb": round(room / 0.95)},
+        "models": [smol, gemma],
+        "groups": [
+            {"name": "chain", "models": ["smol", "gemma"], "type": "sequential"},
+            {"name": "par", "models": ["smol", "gemma"], "fallback": "partial"},
+            {"name": "quick", "models": ["gemma"], "timeout_ms": 50},
+        ],
+    }, "one-at-a-time")
+
+
+def _states(srv) -> dict[str, str]:
+    return {n: m["state"] for n, m in httpx.get(srv.base + "/health").json()["models"].items()}
+
+
+def _only(srv, model: str) -> None:
+    other = {"smol": "gemma", "gemma": "smol"}[model]
+    httpx.post(srv.base + "/v1/admin/models/unload", json={"model": other}, timeout=60)
+    assert httpx.post(srv.base + "/v1/admin/models/load", json={"model": model}, timeout=120).status_code == 200
+    assert _states(srv) == {model: "ready", other: "unloaded"}
+
+
+def test_a_chain_whose_members_take_turns_in_memory_completes(one_at_a_time):
+    # the member that answered is evictable for the next one's load (its sequence was still
+    # saving its conversation for the prefix cache: "no idle model can be evicted", every time)
+    _only(one_at_a_time, "smol")
+    r = run(one_at_a_time, "chain", path="/v1/chain/execute", max_tokens=6)
+    body = ok(r)
+    assert body["complete"] and [m["status"] for m in body["members"]] == ["ok", "ok"], body
+    assert _states(one_at_a_time) == {"smol": "unloaded", "gemma": "ready"}
+
+
+def test_a_parallel_member_is_not_evicted_by_its_siblings_load(one_at_a_time):
+    # the member that took its model holds it: the sibling's load is refused, instead of evicting
+    # it from under its answer ("the model was unloaded")
+    _only(one_at_a_time, "smol")
+    # (an answer long enough to be under way when gemma's load looks for room)
+    smol, gemma = ok(run(one_at_a_time, "par", max_tokens=200, messages=LONG))["members"]
+    assert smol["status"] == "ok", smol
+    assert gemma["status"] == "failed" and "budget" in gemma["error"], gemma
+
+
+def test_a_member_timeout_bounds_its_models_load(one_at_a_time):
+    _only(one_at_a_time, "smol")
+    r = run(one_at_a_time, "quick", max_tokens=6)
+    assert r.status_code == 502, r.text
+    (member,) = r.json()["result"]["members"]
+    assert member["status"] == "timeout" and "while the model loaded" in member["error"], member
+
+
+def test_a_groups_one_answer_says_its_stop_sequence_and_times_its_tokens(groups_server):
+    solo = chat(groups_server, "smollm2-135m", LONG[0]["content"], max_tokens=24)
+    stop = solo.split()[3]  # a word the (greedy, shared) answer holds
+    message = ok(httpx.post(groups_server.base + "/v1/messages", timeout=120, json={
+        "model": "vote", "messages": LONG, "max_tokens": 24, "temperature": 0, "stop_sequences": [stop]}))
+    # (it said end_turn, no stop_sequence, where the model alone says which one ended it)
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", stop), message
+    assert message["content"][0]["text"] == solo[:solo.index(stop)]
+    # Ollama's durations: the tokens' from the first one (eval_duration was ~50 µs: clients showed
+    # hundreds of thousands of tokens a second)
+    whole = ok(httpx.post(groups_server.base + "/api/chat", timeout=120, json={
+        "model": "vote", "messages": LONG, "stream": False, "options": {"temperature": 0, "num_predict": 16}}))
+    assert whole["eval_count"] == 4 * 16
+    assert whole["eval_duration"] > 0 and whole["eval_count"] / (whole["eval_duration"] / 1e9) < 5000, whole
+    assert whole["prompt_eval_duration"] < whole["total_duration"]
+
+
+@pytest.mark.parametrize("group", ["partial-late", "core"])
+def test_the_openai_sdks_stream_helper_reads_a_parallel_groups_stream(groups_server, group):
+    # choices open together in index order (the helper raised IndexError where index 1 came
+    # first: a first member that failed, or a later one that wrote first)
+    client = openai.OpenAI(base_url=groups_server.base + "/v1", api_key="x", max_retries=0)
+    with client.chat.completions.stream(model=group, messages=Q, max_tokens=8, temperature=0) as stream:
+        for _ in stream:
+            pass
+        final = stream.current_completion_snapshot  # (get_final_completion refuses a length cut)
+    members = len(final.choices)
+    assert members == (2 if group == "partial-late" else 3)
+    answered = [c for c in final.choices if c.message.content]
+    assert len(answered) == members - (group == "partial-late")

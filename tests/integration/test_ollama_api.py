@@ -27,6 +27,7 @@ def server(server_factory):
         model_entry("smol", SMOLLM2, n_parallel=2),
         model_entry("emb", SMOLLM2, n_ctx=512, n_parallel=1, embedding=True),
         model_entry("qwen3-style", SMOLLM2, n_parallel=1, chat_template=QWEN3_STYLE),
+        model_entry("short", SMOLLM2, n_ctx=256, n_parallel=1),
     ]}, "ollama")
 
 
@@ -163,7 +164,7 @@ def test_think(server, client):
 
 def test_models_listed_shown_and_running(server, client):
     listed = {m.model: m for m in client.list().models}
-    assert set(listed) == {"smol", "emb", "qwen3-style"}
+    assert set(listed) == {"smol", "emb", "qwen3-style", "short"}
     smol = listed["smol"]
     assert smol.size == SMOLLM2.stat().st_size and len(smol.digest) == 64
     assert (smol.details.format, smol.details.family, smol.details.parameter_size,
@@ -173,7 +174,7 @@ def test_models_listed_shown_and_running(server, client):
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 8192
     assert client.show("emb").capabilities == ["embedding"]
     running = {m.model: m for m in client.ps().models}
-    assert set(running) == {"smol", "emb", "qwen3-style"} and running["smol"].context_length == 2048
+    assert set(running) == {"smol", "emb", "qwen3-style", "short"} and running["smol"].context_length == 2048
     assert running["smol"].size > smol.size // 2
     assert httpx.get(server.base + "/api/version").json()["version"]
 
@@ -215,3 +216,64 @@ def test_a_model_load_and_the_refusals(server, client):
         assert isinstance(r.json()["error"], str)
     r = httpx.post(server.base + "/api/generate", json={"model": "smol", "prompt": "x", "suffix": "y"})
     assert r.status_code == 400 and r.json()["param"] == "suffix"
+
+
+def test_num_predict_is_a_most_not_a_demand(server, client):
+    # past the context's room the answer ends at the context (done_reason length), as Ollama's
+    # does; it was a 400 for every request of a client whose num_predict passed n_ctx
+    options = {"num_predict": 4096, "temperature": 0}
+    got = client.generate(model="short", prompt="1, 2, 3, 4, 5, 6,", raw=True, options=options)
+    assert got.done_reason == "length" and got.prompt_eval_count + got.eval_count == 256, got
+    story = [{"role": "user", "content": "Write a long story about the sea."}]
+    answer = client.chat(model="short", messages=story, options=options)
+    assert answer.done_reason == "length" and answer.prompt_eval_count + answer.eval_count == 256
+
+
+def test_an_answer_cut_short_in_its_calls_keeps_the_whole_ones_asked_whole_too(server, client):
+    # SmolLM2 writes call after call until num_predict cuts one: the stream carried the closed
+    # ones; the whole answer was their JSON envelope as the message's text
+    ask = {"model": "smol", "messages": [{"role": "user", "content": "Say hello in JSON"}], "tools": WEATHER,
+           "options": {"temperature": 0, "num_predict": 60}}
+    whole = client.chat(**ask)
+    streamed = list(client.chat(**ask, stream=True))
+    assert whole.done_reason == "length" and whole.message.content == "", whole
+    calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+    assert calls and calls == [(c.function.name, c.function.arguments) for p in streamed
+                               for c in p.message.tool_calls or []]
+    message = httpx.post(server.base + "/v1/messages", timeout=120, json={
+        "model": "smol", "messages": ask["messages"], "max_tokens": 60, "temperature": 0,
+        "tools": [{"name": "get_weather", "description": "The weather in a city",
+                   "input_schema": WEATHER[0]["function"]["parameters"]}]}).json()
+    assert message["stop_reason"] == "max_tokens" and message["content"], message
+    assert all(b["type"] == "tool_use" for b in message["content"]), message
+
+
+def test_head_is_get_without_a_body_and_the_root_is_ollamas_heartbeat(server):
+    # the ollama CLI asks HEAD / first, load balancers HEAD /health: both were 404 or 405
+    root = httpx.get(server.base + "/")
+    assert root.status_code == 200 and root.text == "Ollama is running"
+    for path in ("/", "/health", "/api/tags", "/api/version", "/v1/models"):
+        head, get = httpx.head(server.base + path), httpx.get(server.base + path)
+        assert head.status_code == get.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+    r = httpx.head(server.base + "/api/chat")  # a POST route: 405 naming what it takes
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+def test_bodies_ollama_takes_are_taken(server):
+    # integer options as JSON floats (Ollama reads numbers as float64), a null content on an
+    # assistant turn that only calls tools, more than 16 stop strings and an empty one: all 400s
+    base = {"model": "smol", "stream": False}
+    r = httpx.post(server.base + "/api/generate", timeout=120, json={
+        **base, "prompt": "Hi", "options": {"num_predict": 3.0, "seed": 42.0, "top_k": 40.0, "temperature": 0}})
+    assert r.status_code == 200 and r.json()["eval_count"] <= 3, r.text
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "get_weather",
+                                                                                   "arguments": {"city": "Paris"}}}]},
+               {"role": "tool", "content": "22 C", "tool_name": "get_weather"}]
+    stops = [f"never-{i}" for i in range(20)] + [""]
+    r = httpx.post(server.base + "/api/chat", timeout=120, json={
+        **base, "messages": history, "tools": WEATHER, "options": {"num_predict": 4, "stop": stops, "temperature": 0}})
+    assert r.status_code == 200 and r.json()["done"], r.text
+    r = httpx.post(server.base + "/api/generate", json={**base, "prompt": "Hi", "options": {"num_predict": 3.5}})
+    assert r.status_code == 400 and r.json()["param"] == "options.num_predict", r.text

@@ -10,6 +10,7 @@ import time
 from datetime import datetime, timezone
 
 import httpx
+import numpy as np
 import ollama
 import pytest
 
@@ -22,7 +23,9 @@ OPTIONS = {"temperature": 0, "num_predict": 4}
 @pytest.fixture(scope="module")
 def server(server_factory):
     return server_factory({"policy": {"strategy": "generic", "keep_alive_s": 600},
-                           "models": [model_entry("smol", SMOLLM2, n_parallel=1)]}, "keep-alive")
+                           "models": [model_entry("smol", SMOLLM2, n_parallel=1),
+                                      model_entry("emb", SMOLLM2, n_ctx=512, n_parallel=1, embedding=True)]},
+                          "keep-alive")
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +103,54 @@ def test_a_fixed_appliance_keeps_its_models(server_factory):
     r = httpx.post(srv.base + "/api/generate", json={"model": "smol", "keep_alive": 0}, timeout=60)
     assert r.status_code == 409 and "never unloads" in r.json()["error"], r.text
     assert expires_in(client) > 365 * 86400
+
+
+def test_an_embedding_model_loads_and_unloads_the_ollama_way(server, client):
+    # no input is Ollama's load (and, with keep_alive 0, its unload) on both embedding routes:
+    # both were 400s, so an embedding model could not be unloaded the Ollama way
+    def emb_state(want: str) -> None:
+        end = time.monotonic() + 10
+        while state(server, "emb") != want:
+            assert time.monotonic() < end, f"emb still {state(server, 'emb')}, not {want}"
+            time.sleep(0.1)
+
+    r = httpx.post(server.base + "/api/embed", json={"model": "emb"}, timeout=120)
+    assert r.status_code == 200 and r.json()["embeddings"] == [], r.text
+    emb_state("ready")
+    r = httpx.post(server.base + "/api/embed", json={"model": "emb", "keep_alive": 0}, timeout=60)
+    assert r.status_code == 200 and r.json()["embeddings"] == [], r.text
+    emb_state("unloaded")
+    r = httpx.post(server.base + "/api/embeddings", json={"model": "emb", "prompt": ""}, timeout=120)
+    assert r.status_code == 200 and r.json() == {"embedding": []}, r.text
+    emb_state("ready")
+    # /api/embeddings takes its keep_alive too
+    client.embeddings(model="emb", prompt="hello", keep_alive="30s")
+    assert 20 < expires_in(client, "emb") <= 30
+    # dimensions: the first ones, normalised again, as Ollama's (a 400 before)
+    full = np.array(client.embed(model="emb", input="hello").embeddings[0])
+    cut = np.array(client.embed(model="emb", input="hello", dimensions=64).embeddings[0])
+    assert cut.shape == (64,) and np.allclose(cut, full[:64] / np.linalg.norm(full[:64]), atol=1e-6)
+
+
+def test_a_keep_alive_past_any_date_is_forever_and_ps_still_answers(server, client):
+    # "forever" as a big number: /api/ps was a 500 for every client (the expiry's date overflowed)
+    r = httpx.post(server.base + "/api/generate", json={"model": "smol", "keep_alive": 1e12}, timeout=120)
+    assert r.status_code == 200, r.text
+    ps = httpx.get(server.base + "/api/ps", timeout=30)
+    assert ps.status_code == 200, ps.text
+    smol = next(m for m in ps.json()["models"] if m["name"] == "smol")
+    assert smol["expires_at"] == "9999-12-31T23:59:59Z"
+    client.chat(model="smol", messages=ASK, options=OPTIONS)  # the strategy's keep-alive again
+
+
+def test_a_request_of_another_api_goes_back_to_the_strategys_keep_alive(server, client):
+    # an Ollama keep_alive 0 held for every later request of every API: each OpenAI request
+    # unloaded the model after it (Ollama's own OpenAI routes take the default again)
+    client.chat(model="smol", messages=ASK, options=OPTIONS, keep_alive=0)
+    wait_state(server, "unloaded", within_s=5)
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=120, json={
+        "model": "smol", "messages": ASK, "max_tokens": 2})
+    assert r.status_code == 200
+    time.sleep(1.5)
+    assert state(server) == "ready"
+    assert 580 < expires_in(client) <= 600

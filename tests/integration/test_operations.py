@@ -126,6 +126,18 @@ def test_a_client_that_hangs_up_has_every_cancelled_sequence_counted(ops):
     assert cancelled(scrape()) - cancelled(before) == 4
     ttft = "eie_time_to_first_token_seconds_count"
     assert metric(after, ttft, model="a") - metric(before, ttft, model="a") == 4
+    # logged and audited as the client going away, with what was made for it (they said 200 ok
+    # and 0 tokens: a client could make any answer look free by hanging up before its end)
+    def hung_up() -> list[dict] | None:
+        recs = [json.loads(x) for x in audit_path(ops).read_text().splitlines()]
+        gone = [r for r in recs if r["kind"] == "request" and r.get("status") == 499]
+        return gone[-2:] if len(gone) >= 2 else None
+
+    for rec in wait_for(hung_up, 10):
+        assert rec["outcome"] == "client_disconnected" and rec["prompt_tokens"] > 0, rec
+        assert rec["completion_tokens"] >= 2, rec
+    assert metric(scrape(), "eie_generated_tokens_total", model="a") - metric(before, "eie_generated_tokens_total",
+                                                                              model="a") >= 8
 
 
 def test_request_ids_are_echoed_or_made_and_logged_as_json(ops):
@@ -260,6 +272,26 @@ def test_audit_include_content_records_prompt_and_answer(server_factory):
     assert rec["content"]["messages"] == [{"role": "user", "content": "Tell me about owls"}]
     assert rec["content"]["output"] == {"a[0]": answer}
     assert rec["key_id"] is None  # no keys configured: open
+    # every API's prompt fields: the Responses API's input and instructions, Anthropic's system
+    # (left out), and a background response's answer (it had none)
+    httpx.post(srv.base + "/v1/responses", timeout=60, json={
+        "model": "a", "instructions": "SYS-RESP", "input": "U-RESP", "max_output_tokens": 3})
+    httpx.post(srv.base + "/v1/messages", timeout=60, json={
+        "model": "a", "system": "SYS-ANTH", "messages": [{"role": "user", "content": "U-ANTH"}], "max_tokens": 3})
+    queued = httpx.post(srv.base + "/v1/responses", timeout=60, json={
+        "model": "a", "input": "U-BG", "max_output_tokens": 3, "background": True}).json()
+
+    def recorded() -> dict[str, dict] | None:
+        recs = [json.loads(x) for x in path.read_text().splitlines() if '"kind":"request"' in x]
+        by = {r["request_id"]: r for r in recs}
+        return by if queued["id"] in by and "/v1/messages" in str(recs) else None
+
+    by = wait_for(recorded)
+    assert any(r.get("path") == "/v1/responses" and r["content"].get("input") == "U-RESP"
+               and r["content"].get("instructions") == "SYS-RESP" for r in by.values()), by
+    messages = next(r for r in by.values() if r.get("path") == "/v1/messages")
+    assert messages["content"]["system"] == "SYS-ANTH"
+    assert by[queued["id"]]["content"]["output"]  # its answer, made in the background
 
 
 def test_sighup_reloads_the_config_like_the_admin_endpoint(server_factory):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from appliance.config import parse_config
 from appliance.engine.manager import shape_of
@@ -164,6 +165,15 @@ def test_a_boot_load_refused_for_memory_counts_as_a_failed_load(server_factory):
 
     assert metric(httpx.get(srv.base + "/metrics").text, "eie_model_load_failures_total", model=failed) == 1
     assert any(e["event"] == "load_failed" and e["model"] == failed for e in events(srv))
+    # a reload that makes room loads it (fixed-appliance loads nothing later: it stayed failed,
+    # /health degraded, until a restart)
+    cfg = yaml.safe_load(srv.config_path.read_text())
+    cfg["vram"]["budget_mb"] = budget_mb(3 * estimate_mib(smol("a")))
+    srv.config_path.write_text(yaml.safe_dump(cfg))
+    r = httpx.post(srv.base + "/v1/admin/config/reload", timeout=60)
+    assert r.status_code == 200 and "vram" in r.json()["applied"], r.text
+    assert srv.wait_settled()["status"] == "ok"
+    assert states(srv) == {"a": "ready", "b": "ready"}
 
 
 def test_fixed_appliance_refuses_load_and_unload(server_factory):
@@ -260,6 +270,29 @@ def test_plugin_can_decline_pressure_evictions(server_factory):
     assert ask(srv, "b").status_code == 200
     time.sleep(1.5)  # several janitor passes
     assert states(srv) == {"a": "ready", "b": "ready"}
+
+
+def test_a_plugins_bad_answers_fail_one_member_or_one_load_and_nothing_else(server_factory):
+    srv = server_factory({
+        "policy": {"strategy": "plugin:mru_policy:Wayward", "plugin_options": {"raise_for": "boom", "evict": "ghost"}},
+        "vram": {"budget_mb": budget_mb(1.5 * estimate_mib(smol("a")))},  # one of them, not two
+        "models": [smol("a"), smol("b"), smol("boom"), smol("ghost")],
+        "groups": [{"name": "par", "models": ["a", "boom"], "fallback": "partial"}],
+    }, "wayward", env={"PYTHONPATH": str(PLUGINS)})
+    # a plugin that raises while a member loads fails that member, as any load failure does (it
+    # was a bare 500 for the group, and the other member generated on for nobody)
+    r = httpx.post(srv.base + "/v1/batch/execute", timeout=120, json={
+        "group": "par", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    a, boom = r.json()["members"]
+    assert a["status"] == "ok" and boom["status"] == "failed" and "raised in refuse_load" in boom["error"]
+    # an eviction answer that is no idle candidate (ghost is not loaded) evicts nothing: a 507,
+    # where the manager looped on it for good, holding its lock
+    r = httpx.post(srv.base + "/v1/completions", timeout=30,
+                   json={"model": "b", "prompt": "Hello", "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 507, r.text
+    assert states(srv)["a"] == "ready" and ask(srv, "a").status_code == 200
+    assert "not an idle candidate" in srv.log()
 
 
 def test_a_plugin_that_raises_is_reported_and_the_server_keeps_serving(server_factory):

@@ -31,6 +31,12 @@ def test_eie_serve_speaks_sd_notify(server_factory, tmp_path):
         assert 2 <= len(pings) <= 6, pings  # every 0.5 s
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(30) == 0
-        sock.wait_for("STOPPING=1", 5)
+        # as the drain begins (it came once the process was on its way out), with the time the
+        # drain may take asked for past the unit's TimeoutStopSec
+        stopping = sock.wait_for("STOPPING=1", 5)
+        assert "STATUS=draining: 0 requests in flight, up to 20s" in stopping, stopping
+        assert "EXTEND_TIMEOUT_USEC=35000000" in stopping, stopping
+        sock.drain()
+        assert sum("STOPPING=1" in m for m in sock.messages) == 1  # once
     finally:
         sock.close()

@@ -32,3 +32,19 @@ def test_check_config_names_each_model_file_that_is_missing_or_no_gguf(tmp_path,
     assert "models[2].lora[0].path: " in err and "models[3]" not in err
     config.write_text(f"models:\n  - {{name: d, path: {SMOLLM2}}}\n")
     assert main(["check-config", str(config)]) == 0 and "ok" in capsys.readouterr().out
+
+
+def test_check_config_finds_what_serve_would_not_start_with(tmp_path, capsys, real_models):
+    # a key file missing or unreadable, an audit path that is a directory, a plugin that does not
+    # load: check-config said ok, serve refused to start
+    (tmp_path / "bad.keys").write_text("garbage\n")
+    config = tmp_path / "c.yaml"
+    for lines, needle in (("server: {api_key_file: missing.keys}", "server.api_key_file: cannot read key file"),
+                          ("server: {api_key_file: bad.keys}", "server.api_key_file: "),
+                          (f"audit: {{path: {tmp_path}}}", "audit.path: "),
+                          ("policy: {strategy: 'plugin:nonexistent.so'}", "policy.strategy: cannot load plugin"),
+                          ("policy: {strategy: 'plugin:no_such_module:X'}", "policy.strategy: cannot import")):
+        config.write_text(f"{lines}\nmodels:\n  - {{name: d, path: {SMOLLM2}}}\n")
+        assert main(["check-config", str(config)]) == 2, lines
+        err = capsys.readouterr().err
+        assert "1 problem(s)" in err and needle in err, (lines, err)

@@ -60,6 +60,35 @@ def test_each_mistake_is_reported_by_key_path(raw, expected):
     assert any(p.startswith(expected) for p in found), found
 
 
+@pytest.mark.parametrize("name", [["smol"], {"a": 1}])
+def test_a_model_name_of_another_type_is_named_not_a_crash(name):
+    found = problems({"models": [{**GOOD_MODEL, "name": name}],
+                      "groups": [{"name": "g", "models": [name, "m"]}]})
+    assert any(p.startswith("models[0].name: expected string") for p in found), found
+
+
+@pytest.mark.parametrize("n_parallel", ["x", None, [1], True])
+def test_a_bad_n_parallel_beside_n_batch_is_named_not_a_crash(n_parallel):
+    found = problems({"models": [{**GOOD_MODEL, "n_batch": 64, "n_parallel": n_parallel}]})
+    assert any(p.startswith("models[0].n_parallel: expected int >= 1") for p in found), found
+    assert not any(p.startswith("models[0].n_batch") for p in found), found
+
+
+def test_group_pools_charge_a_model_once_and_fit_the_device_budget():
+    models = [{**GOOD_MODEL, "name": "a"}, {**GOOD_MODEL, "name": "b"}]
+    raw = {"models": models, "policy": {"strategy": "multi-group"}, "vram": {"budget_mb": 300},
+           "groups": [{"name": "ga", "models": ["a"], "budget_mb": 290, "pinned": True},
+                      {"name": "gb", "models": ["b", "a"], "budget_mb": 400}]}
+    found = problems(raw)
+    assert any(p.startswith("groups[1].models[1]: 'a' is in groups[0]'s memory pool already") for p in found), found
+    assert any(p.startswith("groups: the groups' budget_mb add up to 690 MiB, more than vram.budget_mb (300)")
+               for p in found), found
+    # without isolation the budgets are not pools: nothing to check
+    parse_config({**raw, "policy": {"strategy": "generic"}})
+    parse_config({**raw, "vram": {"budget_mb": 700, "group_isolation": True}, "policy": {"strategy": "generic"},
+                  "groups": [raw["groups"][0], {**raw["groups"][1], "models": ["b"]}]})
+
+
 def test_all_problems_are_reported_at_once():
     raw = {
         "models": [{"name": "a", "path": "", "n_ctx": "big", "threads": -1}, {"name": "a", "path": "b"}],
@@ -72,6 +101,17 @@ def test_all_problems_are_reported_at_once():
 
 def test_top_level_must_be_a_mapping():
     assert problems(["models"]) == ['(top level): expected a mapping, got ["models"]']
+
+
+def test_a_key_given_twice_is_refused_with_its_lines(tmp_path):
+    # (PyYAML keeps the last: a repeated server section dropped the first, state_dir and all)
+    path = tmp_path / "dup.yaml"
+    path.write_text("server: {state_dir: /srv/eie}\nmodels:\n  - {name: m, path: m.gguf}\nserver: {port: 8081}\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'server' \(also on line 1\)"):
+        load_config(path)
+    path.write_text("models:\n  - {name: m, path: m.gguf, n_ctx: 512, n_ctx: 4096}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'n_ctx'"):
+        load_config(path)
 
 
 def test_yaml_syntax_error_and_missing_file(tmp_path):

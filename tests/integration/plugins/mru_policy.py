@@ -9,6 +9,7 @@ class MostRecentFirst:
         if options.get("explode"):
             raise RuntimeError("plugin init exploded on purpose")
         self.refuse_prefix = options.get("refuse_prefix", "")
+        self.options = options
 
     def refuse_load(self, name: str) -> str | None:
         if self.refuse_prefix and name.startswith(self.refuse_prefix):
@@ -31,3 +32,16 @@ class NeverUnderPressure(MostRecentFirst):
 class RaisesOnRequest(MostRecentFirst):
     def refuse_load(self, name: str) -> str | None:
         raise ValueError("plugin bug")
+
+
+class Wayward(MostRecentFirst):
+    """Raises in refuse_load for models named `raise_for`, and names `evict` (a model that is not
+    among the candidates) as every eviction."""
+
+    def refuse_load(self, name: str) -> str | None:
+        if name == self.options["raise_for"]:
+            raise RuntimeError(f"plugin bug loading {name}")
+        return None
+
+    def choose_eviction(self, candidates, for_model: str) -> str | None:
+        return self.options["evict"]

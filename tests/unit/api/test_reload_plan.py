@@ -53,3 +53,27 @@ def test_lora_scales_apply_live_and_adapters_added_or_removed_wait_for_a_restart
         raw = [a if isinstance(a, dict) else {"name": a.name, "path": a.path, "scale": a.scale} for a in changed]
         plan = plan_reload(old, parse_config(_models(lora=raw)))
         assert plan.restart_required == ["models.m"] and plan.config.model("m") == old.model("m"), raw
+
+
+def test_file_caps_and_batch_concurrency_apply_live_and_preemption_waits():
+    # (they fell through both lists: a reload said nothing had changed and kept the old caps)
+    old = parse_config(_config())
+    new = parse_config({**_config(), "server": {"files": {"max_mb": 1, "max_file_mb": 1},
+                                                "batches": {"concurrent_requests": 5, "preempt": False}}})
+    plan = plan_reload(old, new)
+    assert plan.applied == ["server.files", "server.batches.concurrent_requests"]
+    assert plan.restart_required == ["server.batches.preempt"]
+    server = plan.config.server
+    assert (server.files.max_mb, server.files.max_file_mb, server.batches.concurrent_requests) == (1, 1, 5)
+    assert server.batches.preempt is True
+
+
+def test_a_model_added_under_a_new_model_dir_waits_for_the_restart(tmp_path):
+    # run with the old model_dir, its relative path named another file (or none)
+    old = parse_config({"model_dir": str(tmp_path / "a"), **_models()})
+    new = {"model_dir": str(tmp_path / "b"), "models": _models()["models"] + [{"name": "o", "path": "o.gguf"}]}
+    plan = plan_reload(old, parse_config(new))
+    assert plan.added_models == [] and plan.config.model("o") is None
+    assert {"models.o (added under the new model_dir)", "model_dir"} <= set(plan.restart_required)
+    plan = plan_reload(old, parse_config({**new, "model_dir": str(tmp_path / "a")}))
+    assert plan.added_models == ["o"] and plan.restart_required == []

@@ -53,6 +53,18 @@ def test_answers_are_read_back_whole_or_cut():
     assert content is None and reason == "tool_calls" and calls[0].function.name == "w"
 
 
+@pytest.mark.parametrize("cut", ['{"tool_calls": [{"name": "get_wea', '{"tool_', '{"'])
+def test_calls_cut_before_a_name_is_whole_are_no_text_where_calls_stream(cut):
+    # a reader whose API streams calls (Ollama, Anthropic, Responses) ends such an answer with no
+    # call and no text, as its stream does; it was the envelope's JSON as the answer's text
+    reader = tools.AnswerReader(stream_calls=True)
+    assert reader.push(cut) == ""
+    assert reader.finish("length") == (None, None, "length")
+    whole = tools.AnswerReader()  # OpenAI chat asked whole: the text as it is
+    whole.push(cut)
+    assert whole.finish("length") == (cut, None, "length")
+
+
 def test_a_streamed_direct_answer_goes_out_decoded_as_it_comes():
     text = '{"response": "caf\\u00e9 \\ud83d\\ude00 \\"ok\\"\\n"}'
     reader, out = tools.AnswerReader(), []

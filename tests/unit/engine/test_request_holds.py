@@ -67,3 +67,37 @@ def test_a_taken_model_is_neither_unloaded_nor_evicted_until_its_request_ends(re
         asyncio.run(scenario())
     finally:
         manager.stop()
+
+
+def test_an_unload_asked_while_the_model_loads_unloads_it_once_loaded(real_models):
+    # (it answered at once and left the model loading: loaded, and resident, after a 200)
+    config = parse_config({"policy": {"strategy": "generic"},
+                           "models": [model_entry(NAME, SMOLLM2, n_parallel=1, threads=1)]})
+    manager = ModelManager(config, CoreBudget(1))
+    manager.start()
+    try:
+        load = threading.Thread(target=manager.load, args=(NAME,))
+        load.start()
+        while manager.runners[NAME].state != "loading":
+            time.sleep(0.001)
+        manager.unload(NAME)
+        load.join()
+        assert manager.runners[NAME].state == "unloaded"
+    finally:
+        manager.stop()
+
+
+def test_under_isolation_the_device_pool_is_what_the_group_pools_leave(real_models):
+    # models in no budgeted group had the whole device budget on top of the pools: 583 MiB
+    # resident under a 500 MiB budget
+    models = [model_entry(n, SMOLLM2, n_parallel=1, threads=1) for n in ("a", "b", "c")]
+    config = parse_config({"policy": {"strategy": "generic"}, "models": models,
+                           "vram": {"budget_mb": 1000, "group_isolation": True},
+                           "groups": [{"name": "ga", "models": ["a"], "budget_mb": 300},
+                                      {"name": "gb", "models": ["b"], "budget_mb": 200}]})
+    manager = ModelManager(config, CoreBudget(1))
+    try:
+        assert manager.budget("a").capacity == 300 << 20 and manager.budget("b").capacity == 200 << 20
+        assert (manager.budget("c").scope, manager.budget("c").capacity) == ("device", 500 << 20)
+    finally:
+        manager.stop()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +129,38 @@ def test_cli_verify_exit_codes(tmp_path, capsys):
     assert main(["audit", "verify", str(path)]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and f"{path}:2" in out
+
+
+@pytest.mark.parametrize("line", ['{"seq": 9014, "hash": null}', '{"seq": 5, "hash": 7}', "[1]",
+                                  '{"seq": "x", "hash": "a"}', "{}"])
+def test_a_last_line_that_is_no_record_neither_stops_the_start_nor_the_writer(tmp_path, line):
+    # one appended line of JSON that is no record kept the server from starting (a traceback),
+    # killed the writer thread for the run (every later record lost, no error counted) or
+    # restarted the chain at seq 0 mid-file
+    path = tmp_path / "audit.log"
+    write(path, 3)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    trail = AuditTrail(path)
+    trail.record("request", request_id="after")
+    trail.close()
+    assert trail.errors == 0
+    recs = [json.loads(x) for x in lines(path)]
+    assert recs[-1]["request_id"] == "after" and recs[-1]["seq"] == 3 and recs[-1]["prev"] == recs[2]["hash"]
+    v = verify(path)  # the line is reported where it is, the chain around it holds
+    assert v.problems == [f"{path}:4: not a valid audit record"], v.problems
+
+
+@pytest.mark.parametrize(("field", "value"), [("seq", "2"), ("seq", None), ("prev", 12345), ("prev", "é" * 64),
+                                              ("hash", True)])
+def test_verify_reports_a_field_edited_to_another_type(tmp_path, field, value):
+    path = tmp_path / "audit.log"
+    write(path, 4)
+    ls = lines(path)
+    rec = json.loads(ls[2])
+    rec[field] = value
+    ls[2] = json.dumps(rec)
+    path.write_text("\n".join(ls) + "\n")
+    v = verify(path)  # (a traceback before)
+    assert f"{path}:3: not a valid audit record" in v.problems, v.problems
+    assert not verify(tmp_path).ok and "a directory" in verify(tmp_path).problems[0]

@@ -63,15 +63,20 @@ def test_requests_and_groups_are_counted_with_their_labels():
     m.observe_request(info, "/v1/batch/execute")  # once, under the group's name
     m.observe_request(RequestInfo("s", "POST", "/v1/chat/completions", status=200, models=["b"]), "/v1/chat/completions")
     member = lambda status, attempts=1: SimpleNamespace(status=status, attempts=attempts)  # noqa: E731
-    m.observe_group("g", SimpleNamespace(failed=False, complete=False,
-                                         members=[member("ok"), member("replaced"), member("ok", 2)]))
+    # each member run again counts under the group's fallback: a replacement that failed too is
+    # still replace_with (it was counted as retry_once)
+    m.observe_group("g", SimpleNamespace(failed=False, complete=False, fallback="replace_with",
+                                         members=[member("ok"), member("replaced", 2), member("failed", 2)]))
+    m.observe_group("r", SimpleNamespace(failed=False, complete=True, fallback="retry_once",
+                                         members=[member("ok"), member("ok", 2)]))
     v = values(m)
     assert v[("eie_requests_total", (("endpoint", "/v1/batch/execute"), ("model", "g"), ("status", "200")))] == 1
     assert ("eie_requests_total", (("endpoint", "/v1/batch/execute"), ("model", "b"), ("status", "200"))) not in v
     assert v[("eie_requests_total", (("endpoint", "/v1/chat/completions"), ("model", "b"), ("status", "200")))] == 1
     assert v[("eie_group_executions_total", (("group", "g"), ("outcome", "partial")))] == 1
-    assert v[("eie_group_fallbacks_total", (("fallback", "replace_with"), ("group", "g")))] == 1
-    assert v[("eie_group_fallbacks_total", (("fallback", "retry_once"), ("group", "g")))] == 1
+    assert v[("eie_group_fallbacks_total", (("fallback", "replace_with"), ("group", "g")))] == 2
+    assert ("eie_group_fallbacks_total", (("fallback", "retry_once"), ("group", "g"))) not in v
+    assert v[("eie_group_fallbacks_total", (("fallback", "retry_once"), ("group", "r")))] == 1
 
 
 def test_process_families_are_exported():
