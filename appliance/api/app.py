@@ -266,10 +266,11 @@ class App:
                                    scope["path"])
         rid = info.id.encode()
 
-        send_failed = asyncio.Event()
+        send_failed = False
         head = scope["method"] == "HEAD"
 
         async def send_tagged(msg: dict[str, Any]) -> None:
+            nonlocal send_failed
             if msg["type"] == "http.response.start":
                 info.status = msg["status"]
                 msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
@@ -281,7 +282,7 @@ class App:
             try:
                 await send(msg)
             except OSError as e:  # the connection is gone: told apart from the server's own I/O errors
-                send_failed.set()
+                send_failed = True
                 raise ClientGone(str(e)) from e
 
         if self.audit is not None and self.audit.include_content:
@@ -339,7 +340,7 @@ class App:
                 self.limits.release(request.limit_holder)
             counted.close()
             info.release_holds()
-            if (request.disconnected.is_set() or send_failed.is_set()) and not info.completed:  # gone before its end
+            if (request.disconnected.is_set() or send_failed) and not info.completed:  # gone before its end
                 info.status, info.error_code = 499, info.error_code or "client_disconnected"
             self._account(info, request, route)
             context.current.reset(token)

@@ -19,6 +19,8 @@ import time
 import uuid
 from typing import Callable
 
+import msgspec
+
 from ..config import GroupConfig
 from ..groups.executor import GroupCall, GroupResult, MemberResult
 from .answer_relay import AnswerWriter, Ending, Event, named_event, relay_failure, relay_whole
@@ -95,6 +97,11 @@ class GroupChat:
     async def _call(self, req: ChatRequest, group: GroupConfig) -> GroupCall:
         """The group call a chat request makes; a field that is per model is a 400 naming it."""
         refuse_unsupported(req)
+        if req.chat_template_kwargs and set(req.chat_template_kwargs) == {"enable_thinking"} and not req.reasoning_effort:
+            # thinking on or off (Ollama's think, Anthropic's thinking) is every member's own switch:
+            # off is effort none, on each member's default
+            off = req.chat_template_kwargs["enable_thinking"] is False
+            req = msgspec.structs.replace(req, chat_template_kwargs=None, reasoning_effort="none" if off else None)
         for field in _PER_MODEL:
             if getattr(req, field):
                 raise bad_request(f"{field} is per model: it cannot be sent to the group {group.name!r}", param=field)

@@ -75,11 +75,12 @@ _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-def _usage(outs_prompt: int, completion: int, cached: int, details: tuple[int, int, int] = (0, 0, 0)) -> Usage:
+def _usage(outs_prompt: int, completion: int, cached: int, details: tuple[int, int, int] = (0, 0, 0),
+           predicted: bool = False) -> Usage:
     """`details`: reasoning, accepted and rejected prediction tokens (completion_tokens_details
-    where any is not 0)."""
+    where any is not 0, or where the request sent a prediction: OpenAI's always has them then)."""
     return Usage(outs_prompt, completion, outs_prompt + completion, PromptTokensDetails(cached),
-                 CompletionTokensDetails(*details) if any(details) else None)
+                 CompletionTokensDetails(*details) if any(details) or predicted else None)
 
 
 def _details(ev: Finished | Outcome) -> tuple[int, int, int]:
@@ -249,8 +250,10 @@ class OpenAIRoutes:
             for i in range(req.n)
         ])
         await self._run(request, gens, req.stream, req.stream_options and req.stream_options.include_usage,
-                        lambda *a: self._chat_stream(*a, shape=shape, legacy=legacy, keep=keep),
-                        lambda *a: _kept(self._chat_response(*a, shape=shape, legacy=legacy), keep), req.model,
+                        lambda *a: self._chat_stream(*a, shape=shape, legacy=legacy, keep=keep,
+                                                     predicted=req.prediction is not None),
+                        lambda *a: _kept(self._chat_response(*a, shape=shape, legacy=legacy,
+                                                             predicted=req.prediction is not None), keep), req.model,
                         top is not None)
 
     async def _completions(self, request: Request) -> None:
@@ -304,7 +307,7 @@ class OpenAIRoutes:
 
     @staticmethod
     def _chat_response(outs, model: str, logprobs: bool, shape: AnswerShape = AnswerShape(),
-                       legacy: bool = False) -> ChatCompletion:
+                       legacy: bool = False, predicted: bool = False) -> ChatCompletion:
         """`legacy`: the request sent the deprecated functions, and gets its call as function_call."""
         choices = []
         for i, o in enumerate(outs):
@@ -317,12 +320,12 @@ class OpenAIRoutes:
         completion = sum(o.completion_tokens for o in outs)
         details = tuple(map(sum, zip(*map(_details, outs))))
         return ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, choices,
-                              _usage(outs[0].prompt_tokens, completion, outs[0].cached_tokens, details),
+                              _usage(outs[0].prompt_tokens, completion, outs[0].cached_tokens, details, predicted),
                               system_fingerprint=FINGERPRINT)
 
     async def _chat_stream(self, request: Request, gens: Generations, include_usage: bool, model: str,
                            logprobs: bool, shape: AnswerShape = AnswerShape(), legacy: bool = False,
-                           keep: Keep | None = None) -> None:
+                           keep: Keep | None = None, predicted: bool = False) -> None:
         """`keep`: the answer, whole, is stored once every choice has ended (before [DONE])."""
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -330,7 +333,7 @@ class OpenAIRoutes:
         outcomes = Outcomes(len(gens.requests)) if keep is not None else None
 
         def whole() -> None:
-            answer = self._chat_response(outcomes.result(), model, logprobs, shape, legacy)
+            answer = self._chat_response(outcomes.result(), model, logprobs, shape, legacy, predicted)
             keep(msgspec.structs.replace(answer, id=cid, created=created))
         readers: dict[int, AnswerReader] = {}  # each choice's, unless the text goes out as it is
 
@@ -386,6 +389,7 @@ class OpenAIRoutes:
             first=lambda i: chunk([ChatChunkChoice(i, Delta(role="assistant", content=""))]),
             delta=delta, final=final, usage=lambda u: chunk([], u),
             seen=outcomes.add if outcomes is not None else None, done=whole if keep is not None else None,
+            predicted=predicted,
         )
 
     # ---- completions -----------------------------------------------------------------------
@@ -446,7 +450,7 @@ class OpenAIRoutes:
     @staticmethod
     async def _stream(sse: EventStream, gens: Generations, include_usage: bool, *, first, delta, final, usage,
                       scored=None, seen: Callable[[int, object], None] | None = None,
-                      done: Callable[[], None] | None = None, per_prompt: int = 0) -> None:
+                      done: Callable[[], None] | None = None, per_prompt: int = 0, predicted: bool = False) -> None:
         """Relay events as SSE; a failure before the first byte keeps its HTTP status. `seen`
         sees every event; `done` runs once every sequence has ended well, before [DONE].
         `per_prompt`: the sequences of each prompt, in order (0: they all have the one prompt),
@@ -488,7 +492,7 @@ class OpenAIRoutes:
             else:
                 if include_usage:
                     prompt, cached = map(sum, zip(*prompt_tokens.values())) if prompt_tokens else (0, 0)
-                    await sse.event(usage(_usage(prompt, completion, cached, details)))
+                    await sse.event(usage(_usage(prompt, completion, cached, details, predicted)))
                 if done is not None:
                     done()
             await sse.raw(b"data: [DONE]\n\n")

@@ -361,6 +361,14 @@ def test_ollama_clients_ask_a_chain_or_a_fanout_as_a_model(groups_server):
     assert generated["total_duration"] > generated["eval_duration"] > 1e6  # (not the ~40 µs of a writer made last)
     r = httpx.post(groups_server.base + "/api/generate", json={**ask, "raw": True})
     assert r.status_code == 400 and r.json()["param"] == "raw"
+    # think on or off (Home Assistant sends think: false on every request) is each member's switch
+    # (a 400 naming chat_template_kwargs, a field neither request has)
+    for think in (False, True):
+        r = httpx.post(groups_server.base + "/api/chat", timeout=120, json={**body, "stream": False, "think": think})
+        assert r.status_code == 200 and r.json()["message"]["content"], r.text
+    r = httpx.post(groups_server.base + "/v1/messages", timeout=120, json={
+        "model": "chain", "messages": Q, "max_tokens": 8, "thinking": {"type": "disabled"}})
+    assert r.status_code == 200, r.text
 
 
 def test_the_responses_and_messages_apis_ask_a_chain_as_a_model(groups_server):

@@ -87,7 +87,11 @@ def test_streamed_and_several_choices(server):
 def test_a_model_that_does_not_speculate_ignores_the_prediction(server):
     answer = chat(server, "plain")["choices"][0]["message"]["content"]
     got = chat(server, "plain", prediction={"type": "content", "content": answer})
-    assert got["choices"][0]["message"]["content"] == answer and "completion_tokens_details" not in got["usage"]
+    assert got["choices"][0]["message"]["content"] == answer
+    # OpenAI's usage has the counts whenever a prediction was sent (they came and went)
+    assert got["usage"]["completion_tokens_details"] == {
+        "reasoning_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+    assert "completion_tokens_details" not in chat(server, "plain")["usage"]
 
 
 @pytest.mark.parametrize("prediction,param", [
