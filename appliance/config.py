@@ -328,6 +328,9 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True):
     # Where it keeps what can be rebuilt (the KV disk tier); default $EIE_CACHE_DIR,
     # $CACHE_DIRECTORY (systemd's CacheDirectory) or ~/.cache/eie.
     cache_dir: str | None = None
+    # Browser pages (their origins, as `https://chat.example`, or "*") that may call the APIs:
+    # CORS headers and preflight answers for them (none: browsers refuse cross-origin calls).
+    cors_origins: list[Annotated[str, Meta(min_length=1, max_length=512)]] = []
 
 
 class AuditConfig(Struct, frozen=True, forbid_unknown_fields=True):

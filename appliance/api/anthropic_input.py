@@ -42,8 +42,13 @@ def messages(req: MessagesRequest) -> list[ChatMessage]:
     """Chat messages for the request's system prompt and messages: an assistant's tool_use blocks
     are its tool calls, a user's tool_result blocks are tool messages (before the user's text)."""
     out = [ChatMessage("system", system)] if (system := system_text(req.system)) else []
+    called: set[str] = set()  # the tool_use ids of the turns so far
     for i, message in enumerate(req.messages):
         where = f"messages[{i}].content"
+        last_assistant = i == len(req.messages) - 1 and message.role == "assistant"
+        if not message.content and not last_assistant:  # (Anthropic's: only a prefill may be empty)
+            raise bad_request("a message's content must not be empty (only a final assistant message may be)",
+                              param=where)
         if isinstance(message.content, str):
             out.append(ChatMessage(message.role, message.content))
             continue
@@ -57,10 +62,18 @@ def messages(req: MessagesRequest) -> list[ChatMessage]:
                     raise bad_request("a text block needs its text as a string", param=f"{at}.text")
                 texts.append(block["text"])
             elif kind == "tool_use" and message.role == "assistant":
+                arguments = block.get("input", {})
+                if not isinstance(arguments, dict):
+                    raise bad_request("a tool_use block's input must be an object", param=f"{at}.input")
                 calls.append(ToolCall(id=_string(block, "id", at), function=FunctionCall(
-                    _string(block, "name", at), json.dumps(block.get("input") or {}, ensure_ascii=False))))
+                    _string(block, "name", at), json.dumps(arguments, ensure_ascii=False))))
+                called.add(calls[-1].id)
             elif kind == "tool_result" and message.role == "user":
-                out.append(ChatMessage("tool", _result_text(block, at), tool_call_id=_string(block, "tool_use_id", at)))
+                tool_use_id = _string(block, "tool_use_id", at)
+                if tool_use_id not in called:  # (a result attached to no call: the model saw another conversation)
+                    raise bad_request(f"tool_result {tool_use_id!r} answers no tool_use of an earlier assistant turn",
+                                      param=f"{at}.tool_use_id")
+                out.append(ChatMessage("tool", _result_text(block, at), tool_call_id=tool_use_id))
             elif kind in _SKIPPED and message.role == "assistant":
                 continue
             else:
@@ -105,6 +118,8 @@ def chat_request(req: MessagesRequest) -> ChatRequest:
             raise bad_request("thinking.type must be enabled, disabled or adaptive", param="thinking.type")
         kwargs = {"enable_thinking": req.thinking.type != "disabled", **(kwargs or {})}
         budget = req.thinking.budget_tokens if req.thinking.type == "enabled" else None
+        if req.thinking.type == "enabled" and budget is None:
+            raise bad_request("thinking.budget_tokens is required with thinking enabled", param="thinking.budget_tokens")
         if budget is not None and (budget < 0 or req.max_tokens is not None and budget >= req.max_tokens):
             raise bad_request(f"thinking.budget_tokens must be at least 0 and less than max_tokens ({req.max_tokens})",
                               param="thinking.budget_tokens")
@@ -135,6 +150,8 @@ def _tools(req: MessagesRequest) -> list[Tool] | None:
         if tool.type not in (None, "custom"):
             raise bad_request(f"tool type {tool.type!r} is not available on this server (client tools only)",
                               param=f"tools[{i}].type")
+        if not isinstance(tool.input_schema, dict):
+            raise bad_request("a tool needs its input_schema (a JSON Schema object)", param=f"tools[{i}].input_schema")
         out.append(Tool("function", FunctionDef(tool.name, tool.description, tool.input_schema)))
     return out
 

@@ -60,7 +60,7 @@ class MessagesRequest(SamplingKnobs, frozen=True, kw_only=True):
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
     output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
-    metadata: Any = None
+    metadata: dict[str, Any] | None = None  # (user_id)
     service_tier: str | None = None
     # EIE's extensions, as on chat requests
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None

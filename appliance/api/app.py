@@ -268,12 +268,17 @@ class App:
 
         send_failed = False
         head = scope["method"] == "HEAD"
+        cors = cors_origin(self.config.server.cors_origins, _header(scope, b"origin"))
+        if cors is not None and scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method"):
+            await _preflight(send, cors, _header(scope, b"access-control-request-headers"))
+            return
 
         async def send_tagged(msg: dict[str, Any]) -> None:
             nonlocal send_failed
             if msg["type"] == "http.response.start":
                 info.status = msg["status"]
-                msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
+                msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid),
+                                          *(cors_headers(cors) if cors is not None else ())]}
             elif msg["type"] == "http.response.body":
                 if not msg.get("more_body", False):  # (an end written after its client went: not its answer)
                     info.completed = not request.disconnected.is_set()
@@ -683,6 +688,31 @@ class App:
                 client.remove_tap(self._tap)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def cors_origin(allowed: list[str], origin: str | None) -> str | None:
+    """The Access-Control-Allow-Origin a request from `origin` gets (None: no CORS headers)."""
+    if origin is None or not allowed:
+        return None
+    if "*" in allowed:
+        return "*"
+    return origin if origin in allowed else None
+
+
+def cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin.encode()), (b"vary", b"origin"),
+            (b"access-control-expose-headers", b"x-request-id, retry-after")]
+
+
+async def _preflight(send: Send, origin: str, asked_headers: str | None) -> None:
+    """A browser's preflight (OPTIONS with Access-Control-Request-Method) from an allowed origin:
+    204 with what may be sent (the headers it asked for, or the APIs' own)."""
+    headers = asked_headers or "authorization, content-type, x-api-key, anthropic-version, x-request-id"
+    await send({"type": "http.response.start", "status": 204, "headers": [
+        *cors_headers(origin), (b"access-control-allow-methods", b"GET, HEAD, POST, DELETE, OPTIONS"),
+        (b"access-control-allow-headers", headers.encode("latin-1", "replace")),
+        (b"access-control-max-age", b"600"), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

@@ -21,7 +21,7 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     plan = ReloadPlan(config=old)
     server = old.server
     for key in ("limits", "responses", "api_keys", "admin_keys", "api_key_file", "metrics_auth", "drain_grace_s",
-                "stream_keepalive_s", "files"):
+                "stream_keepalive_s", "files", "cors_origins"):
         if getattr(old.server, key) != getattr(new.server, key):
             server = structs.replace(server, **{key: getattr(new.server, key)})
             plan.applied.append(f"server.{key}")

@@ -186,6 +186,20 @@ def test_stop_sequences_and_max_tokens(client):
      "output_config.format.schema.properties.n.multipleOf"),
     ({"max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    # what Anthropic refuses and was answered as another conversation
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": ""}]}, "messages[0].content"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": []}]}, "messages[0].content"),
+    ({"max_tokens": 8, "messages": [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                                                              "input": [1, 2]}]}]},
+     "messages[1].content[0].input"),
+    ({"max_tokens": 8, "messages": [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                                                              "input": {}}]},
+                                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "other",
+                                                                  "content": "x"}]}]},
+     "messages[2].content[0].tool_use_id"),
+    ({"max_tokens": 8, "messages": ASK, "tools": [{"name": "f"}]}, "tools[0].input_schema"),
+    ({"max_tokens": 8, "messages": ASK, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({"max_tokens": 8, "messages": ASK, "metadata": "x"}, "metadata"),
 ])
 def test_bad_requests_get_anthropics_envelope_naming_the_field(server, body, param):
     r = httpx.post(server.base + "/v1/messages", headers={"x-api-key": KEY}, json={"model": "smol", **body})

@@ -26,7 +26,8 @@ def strict_server(server_factory, tmp_path_factory):
         dst.write(src.read(1 << 20))
     return server_factory(
         {
-            "server": {"api_keys": [KEY], "limits": {"max_body_bytes": 8192, "max_tokens": 512}},
+            "server": {"api_keys": [KEY], "limits": {"max_body_bytes": 8192, "max_tokens": 512},
+                       "cors_origins": ["https://chat.example"]},
             "models": [
                 model_entry("smollm2-135m", SMOLLM2, n_parallel=1, max_queue=0, n_ctx=512),
                 model_entry("broken", broken),
@@ -308,3 +309,22 @@ def test_400_for_bad_logprob_requests(strict_server):
     assert r.status_code == 400 and envelope(r)["param"] == "top_logprobs"
     r = post(strict_server, "/v1/completions", {"model": "smollm2-135m", "prompt": "Hi", "logprobs": 9})
     assert r.status_code == 400 and envelope(r)["param"] == "logprobs"
+
+
+def test_an_allowed_browser_origin_gets_cors_headers_and_its_preflight_answered(strict_server):
+    origin = {"Origin": "https://chat.example"}
+    pre = httpx.options(strict_server.base + "/v1/chat/completions", headers={
+        **origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"})
+    assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "https://chat.example"
+    assert "POST" in pre.headers["access-control-allow-methods"]
+    assert pre.headers["access-control-allow-headers"] == "authorization, content-type"
+    ok = httpx.get(strict_server.base + "/v1/models", headers={**origin, "Authorization": f"Bearer {KEY}"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://chat.example"
+    refused = httpx.get(strict_server.base + "/v1/models", headers=origin)  # a browser reads the 401 too
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "https://chat.example"
+    other = {"Origin": "https://elsewhere.example"}
+    assert "access-control-allow-origin" not in httpx.get(strict_server.base + "/v1/models", headers={
+        **other, "Authorization": f"Bearer {KEY}"}).headers
+    pre = httpx.options(strict_server.base + "/v1/chat/completions", headers={
+        **other, "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 405 and "access-control-allow-origin" not in pre.headers

@@ -77,3 +77,8 @@ def test_a_model_added_under_a_new_model_dir_waits_for_the_restart(tmp_path):
     assert {"models.o (added under the new model_dir)", "model_dir"} <= set(plan.restart_required)
     plan = plan_reload(old, parse_config({**new, "model_dir": str(tmp_path / "a")}))
     assert plan.added_models == ["o"] and plan.restart_required == []
+
+
+def test_cors_origins_apply_live():
+    plan = plan_reload(parse_config(_config()), parse_config({**_config(), "server": {"cors_origins": ["*"]}}))
+    assert plan.applied == ["server.cors_origins"] and plan.config.server.cors_origins == ["*"]
