@@ -242,7 +242,8 @@ class ModelManager:
             max_defer_s=WRITE_MAX_DEFER_S,
             prune_after_s=disk.prune_after_days * 86400,
         )
-        return PrefixCache(store, rot, loaded.args.n_seq_max, loaded.swa_window, (loaded.type_k, loaded.type_v))
+        return PrefixCache(store, rot, loaded.args.n_seq_max, loaded.swa_window, (loaded.type_k, loaded.type_v),
+                           n_swa=loaded.n_swa)
 
     def _with_kv_choice(self, cfg: ModelConfig) -> ModelConfig:
         """The model's config with `kv_cache.mode: auto` replaced by the current choice."""

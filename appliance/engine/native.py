@@ -221,6 +221,11 @@ class LoadedModel:
     control: control_vector.ControlVector | None = None
 
     @property
+    def n_swa(self) -> int:
+        """The model's sliding window (0: none), whatever its cache keeps."""
+        return max(0, lc.llama_model_n_swa(self.model))
+
+    @property
     def swa_window(self) -> int:
         """The attention window of the model's sliding-window layers when their cache keeps only
         the window (plus a batch) and may reuse cells that fall out of it; 0 when it keeps them all."""

@@ -87,7 +87,7 @@ class PrefixCache:
     """Saves and restores prompt prefixes of one runner's context."""
 
     def __init__(self, store: PrefixStore, rot: tuple[int, int], n_stream: int, swa_window: int = 0,
-                 types: tuple[str, str] = ("f16", "f16")):
+                 types: tuple[str, str] = ("f16", "f16"), n_swa: int = 0):
         self.store = store
         self.block = store.block
         self.rot = rot
@@ -95,6 +95,10 @@ class PrefixCache:
         # The context's sliding window when its cache reuses cells that leave it (LoadedModel.swa_window):
         # a longer entry past it cannot be cut back to the blocks that matched.
         self.swa_window = swa_window
+        # The model's sliding window (llama_model_n_swa), whatever its cache keeps: llama.cpp's
+        # llama_state_seq_get_data leaves out the window layers' cells that fell out of the window
+        # of the sequence's last position (llama_kv_cache::state_write), in `full` mode too.
+        self.n_swa = n_swa
         self._loaded_types = types
         self._root = store.identity
 
@@ -132,7 +136,8 @@ class PrefixCache:
             cells = kv_state.cell_count(parsed)
             if cells < n_tokens:
                 raise kv_state.StateFormatError("the state holds fewer cells than its key says")
-            if self.swa_window and n_tokens < cells > self.swa_window:
+            window = self.n_swa or self.swa_window
+            if window and n_tokens < cells > window:  # its window layers lack cells the cut needs
                 self.store.stats["window_misses"] += 1
                 return 0, None
             # a state of the disk tier may be compressed (kv_cache.disk.compress): expand it to the
@@ -150,17 +155,35 @@ class PrefixCache:
         lc.llama_memory_seq_rm(mem, seq_id, n_tokens, -1)  # a longer entry: keep the matched blocks
         return n_tokens, hit.tier
 
-    def save(self, ctx: lc.llama_context_p, seq_id: int, keys: list[bytes]) -> None:
-        """Save the sequence's state, which must hold exactly len(keys) blocks of cells."""
+    def prunes(self, n_tokens: int) -> bool:
+        """Whether a state of `n_tokens` cells leaves window-layer cells out (see n_swa)."""
+        return bool(self.n_swa) and n_tokens > self.n_swa
+
+    def settle(self, ctx: lc.llama_context_p, mem, seq_id: int, raw: bytes | bytearray | None = None) -> None:
+        """Lay the sequence's cells out as a restore of its state lays them out (`raw`: the state
+        just read, if any). A restore puts a pruned state's window-layer cells at other cells
+        than the prefill left them in, and the attention kernels sum over cells in blocks of cell
+        indices (EIE's decode path: chunks of 64, blocks of 32; llama.cpp's tiles of 64), so the
+        same keys in other cells give other roundings; a cold run that continues from its own
+        restored state computes what a hit computes, bit for bit."""
+        if raw is None:
+            raw = migrate.read_sequence(ctx, seq_id)
+        lc.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        migrate.write_sequence(ctx, seq_id, raw)
+
+    def save(self, ctx: lc.llama_context_p, seq_id: int, keys: list[bytes]) -> bytearray | None:
+        """Save the sequence's state, which must hold exactly len(keys) blocks of cells; returns
+        the state read (None where nothing was read)."""
         if not keys or self.store.contains(keys):
-            return
+            return None
         try:
             raw = migrate.read_sequence(ctx, seq_id)
             kv_state.with_streams(kv_state.parse(raw), 1)  # checks it: one stream with cells
         except (kv_state.StateFormatError, migrate.MigrationError) as e:
             log.warning("prefix cache: could not save a state: %s", e)
-            return
+            return None
         # Stored as llama.cpp wrote it, the other streams' empty headers included: a restore lays
         # it out for its own context (with_streams) anyway, and rewriting it here would copy the
         # whole state again on the request's path (up to 8 ms for SmolLM2's 500-token prefix).
         self.store.put(keys, raw)
+        return raw

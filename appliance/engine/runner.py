@@ -1115,7 +1115,12 @@ class ModelRunner:
             self._prefill_chunk(seq, take)
             budget -= take
             if self.prefix is not None and seq.n_prefilled == seq.save_at > seq.restored and not seq.migrated:
-                self.prefix.save(self.loaded.ctx, seq.seq_id, seq.prefix_keys)
+                raw = self.prefix.save(self.loaded.ctx, seq.seq_id, seq.prefix_keys)
+                if self.prefix.prunes(seq.save_at):
+                    # continue from the state as a hit restores it (same cells, same sums), and
+                    # never cut back below it: its window layers no longer hold the older cells
+                    self.prefix.settle(self.loaded.ctx, self._mem, seq.seq_id, raw)
+                    seq.cut_floor = max(seq.cut_floor, seq.save_at)
             if seq.n_prefilled == len(seq.req.prompt):
                 if seq.prompt_scores is not None:
                     seq.sink(PromptScored(tuple(seq.prompt_scores)))
@@ -1190,7 +1195,9 @@ class ModelRunner:
             return
         if n_tokens > seq.n_prefilled:
             seq.n_prefilled = seq.pos = seq.restored = n_tokens
-            seq.cut_floor = n_tokens if self.swa_window else 0  # what the saved state lost before is unknown
+            # what the saved state lost before is unknown (window-sized cache), or its window layers
+            # lack the cells that fell out of the window (llama.cpp leaves them out of a state)
+            seq.cut_floor = n_tokens if self.swa_window or prefix.prunes(n_tokens) else 0
             self.stats[f"prefix_{tier}_hits"] += 1
             self.stats["prefix_tokens_restored"] += n_tokens
 
